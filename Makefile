@@ -1,0 +1,32 @@
+# One entry point for set-up, the demo and the tests. Prerequisites: Python 3.11+ and Java 17+.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+JARS_STAMP := .cache/delta-jars/manifest.json
+
+.PHONY: setup demo test clean
+
+setup: $(STAMP) $(JARS_STAMP)
+
+# uv makes the install a matter of seconds once its cache is warm; it is bootstrapped into the venv
+# so that nothing outside the repository is touched.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check "uv>=0.5"
+	$(BIN)/uv pip install --quiet --python $(BIN)/python -e ".[test]"
+	touch $@
+
+# Resolved once into .cache/delta-jars; Spark sessions then use spark.jars with these files and never
+# touch the network again.
+$(JARS_STAMP): $(STAMP)
+	$(BIN)/feedapi-dagster setup-jars
+
+demo: setup
+	$(BIN)/feedapi-dagster demo
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) .cache
