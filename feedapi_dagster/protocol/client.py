@@ -1,0 +1,290 @@
+"""`FeedClient`: discovery and paged reading of one FeedAPI feed, in any dialect."""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+import requests
+from pydantic import ValidationError
+
+from .dialects import DIALECTS, DialectSpec, EventFilter
+from .errors import FeedAPIError, MalformedResponse, RediscoveryNeeded
+from .models import FIRST, FeedInfo, Page, Partition
+from .ndjson import LineParser, read_pages
+from .retry import TRANSIENT_STATUSES, RetryPolicy
+
+log = logging.getLogger(__name__)
+
+_CHUNK_BYTES = 256 * 1024
+_TRANSPORT_ERRORS = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
+
+
+class FeedClient:
+    """Reads one feed. One HTTP session per client, so connections are reused across pages.
+
+    The bearer token is sent in the Authorization header only and kept out of reprs, logs and errors.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        dialect: Literal["auto", "v1", "draft", "published"] = "auto",
+        partition_count: int | None = None,
+        token: str | None = None,
+        page_size_hint: int | None = 1000,
+        *,
+        event_filter: EventFilter | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: tuple[float, float] = (10.0, 60.0),
+        verify: bool | str = True,
+        max_page_bytes: int | None = 256 * 1024 * 1024,
+    ):
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise FeedAPIError(f"feed URL must be an http or https URL, got {_redact_url(url)!r}")
+        if dialect not in ("auto", *DIALECTS):
+            raise FeedAPIError(f"unknown dialect {dialect!r}; expected auto, v1, draft or published")
+        if partition_count is not None and not 1 <= partition_count <= 32768:
+            raise FeedAPIError(f"partition_count must be within 1..32768, got {partition_count}")
+        if dialect == "v1" and partition_count is None:
+            raise FeedAPIError(f"feed {_redact_url(url)}: the v1 dialect needs partition_count")
+        self.url = url
+        self.dialect = dialect
+        self.partition_count = partition_count
+        self.page_size_hint = page_size_hint
+        self.event_filter = event_filter
+        self.retry = retry or RetryPolicy()
+        self.timeout = timeout
+        self.max_page_bytes = max_page_bytes
+        self._token = token
+        self._session = requests.Session()
+        self._session.verify = verify
+        if token:
+            self._session.headers["Authorization"] = f"Bearer {token}"
+        self._info: FeedInfo | None = None
+
+    def __repr__(self) -> str:
+        return f"FeedClient({_redact_url(self.url)!r}, dialect={self.dialect!r})"
+
+    def close(self) -> None:
+        self._session.close()
+
+    def __enter__(self) -> "FeedClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def info(self) -> FeedInfo:
+        """The last discovery result (discovering first if needed)."""
+        return self._info or self.discover()
+
+    # ---------------------------------------------------------------- discovery
+    def discover(self) -> FeedInfo:
+        if self.dialect == "v1":
+            self._info = self._v1_info()
+            return self._info
+        response, _ = self._request(self.url, {}, partition=None, what="discovery")
+        with response:
+            status = response.status_code
+            if status == 400:
+                if self.dialect != "auto":
+                    raise self._status_error(response, None, "discovery")
+                if self.partition_count is None:
+                    raise FeedAPIError(
+                        f"feed {self._safe_url}: discovery answered 400, so the server speaks v1 "
+                        "(ZeroEventHub), which has no discovery: configure partition_count",
+                        status=400,
+                    )
+                self._info = self._v1_info()
+                return self._info
+            if status != 200:
+                raise self._status_error(response, None, "discovery")
+            try:
+                document = response.json()
+            except ValueError as error:
+                raise FeedAPIError(f"feed {self._safe_url}: discovery response is not JSON") from error
+        self._info = self._parse_discovery(document)
+        return self._info
+
+    def _v1_info(self) -> FeedInfo:
+        assert self.partition_count is not None
+        # v1 promises nothing about duplicates, so it is treated as at-least-once.
+        return FeedInfo(dialect="v1", exactly_once=False,
+                        partitions=[Partition(id=i) for i in range(self.partition_count)])
+
+    def _parse_discovery(self, document: Any) -> FeedInfo:
+        if not isinstance(document, dict) or not isinstance(document.get("partitions"), list):
+            raise FeedAPIError(f"feed {self._safe_url}: discovery document has no 'partitions' list")
+        token = document.get("token")
+        if token is not None and not isinstance(token, str):
+            raise FeedAPIError(f"feed {self._safe_url}: discovery 'token' must be a string")
+        dialect = self.dialect if self.dialect != "auto" else ("published" if token is not None else "draft")
+        if dialect == "published" and token is None:
+            raise FeedAPIError(f"feed {self._safe_url}: dialect 'published' forced, but discovery has no token")
+        partitions: list[Partition] = []
+        rejected: list[str] = []
+        for entry in document["partitions"]:
+            try:
+                partitions.append(Partition.model_validate(entry))
+            except ValidationError as error:
+                reasons = "; ".join(e["msg"].removeprefix("Value error, ") for e in error.errors())
+                rejected.append(f"partition entry {str(entry)[:120]} rejected: {reasons}")
+        for message in rejected:
+            log.error("feed %s: %s", self._safe_url, message)
+        if dialect == "published":
+            partitions = _infer_go_parent_zero(partitions)
+        filters = document.get("filters") or []
+        return FeedInfo(
+            dialect=dialect,
+            exactly_once=document.get("exactlyOnce") is True,
+            partitions=partitions,
+            token=token,
+            filters=[str(f) for f in filters] if isinstance(filters, list) else [],
+            rejected=rejected,
+        )
+
+    # ---------------------------------------------------------------- paging
+    def pages(self, partition_id: int, cursor: str = FIRST) -> Iterator[Page]:
+        """Pages of `partition_id` after `cursor`, until the partition is caught up.
+
+        Each page's events are covered by its cursor. Cursor-only pages are yielded too, so that a
+        filtered feed still advances. A transient failure mid-body resumes from the last yielded
+        cursor; a 409 raises `RediscoveryNeeded`.
+        """
+        info = self.info
+        spec = DIALECTS[info.dialect]
+        partition = info.partition(partition_id)
+        if partition is None and info.dialect != "v1":
+            raise FeedAPIError(f"feed {self._safe_url}: partition {partition_id} is not in discovery",
+                               partition=partition_id)
+        end_cursor = partition.last_cursor if partition is not None and partition.closed else None
+        while True:
+            advanced = False
+            for page in self._fetch(spec, info, partition_id, cursor):
+                if page.done:
+                    yield Page(partition_id, self._filtered(page), cursor, done=True)
+                    return
+                if not page.records and page.cursor == cursor:
+                    continue
+                advanced = True
+                cursor = page.cursor
+                yield Page(partition_id, self._filtered(page), cursor)
+            if not advanced or (end_cursor is not None and cursor == end_cursor):
+                return
+
+    def _filtered(self, page: Page) -> list:
+        if self.event_filter is None or self.info.dialect != "published":
+            return page.records
+        return [record for record in page.records if self.event_filter.keeps(record.value)]
+
+    def _fetch(self, spec: DialectSpec, info: FeedInfo, partition_id: int, cursor: str) -> Iterator[Page]:
+        """One logical fetch from `cursor`, retried (from the last good cursor) until it completes."""
+        parser = LineParser(spec.event_key)
+        attempt = 0
+        while True:
+            attempt += 1
+            request = spec.fetch(self.url, partition_id, cursor, self.page_size_hint, info.token,
+                                 self.partition_count, self.event_filter)
+            response, attempt = self._request(request.url, request.params, partition=partition_id,
+                                              what="fetch", first_attempt=attempt)
+            with response:
+                status = response.status_code
+                if status == 200:
+                    try:
+                        for page in read_pages(response.iter_content(_CHUNK_BYTES), partition_id, parser,
+                                               self.max_page_bytes):
+                            yield page
+                            if not page.done:
+                                cursor = page.cursor
+                            attempt = 0
+                        return
+                    except (MalformedResponse, *_TRANSPORT_ERRORS) as error:
+                        self._wait_or_raise(max(attempt, 1), partition_id, _describe(error), None, error)
+                        continue
+                if status == 409:
+                    raise RediscoveryNeeded(
+                        f"feed {self._safe_url}: partition {partition_id}: the discovery token changed (409); "
+                        "run discovery again", status=409, partition=partition_id)
+                raise self._status_error(response, partition_id, "fetch")
+
+    # ---------------------------------------------------------------- HTTP with retries
+    def _request(self, url: str, params: dict[str, str], *, partition: int | None, what: str,
+                 first_attempt: int = 1) -> tuple[requests.Response, int]:
+        """GET with retries on transport errors and transient statuses.
+
+        Returns the first other response and the number of attempts spent so far.
+        """
+        attempt = first_attempt
+        while True:
+            try:
+                response = self._session.get(url, params=params, stream=True, timeout=self.timeout)
+            except _TRANSPORT_ERRORS as error:
+                self._wait_or_raise(attempt, partition, f"{what}: {_describe(error)}", None, error)
+                attempt += 1
+                continue
+            if response.status_code not in TRANSIENT_STATUSES:
+                return response, attempt
+            retry_after = response.headers.get("Retry-After")
+            response.close()
+            self._wait_or_raise(attempt, partition, f"{what}: HTTP {response.status_code}", retry_after, None)
+            attempt += 1
+
+    def _wait_or_raise(self, attempt: int, partition: int | None, reason: str, retry_after: str | None,
+                       error: BaseException | None) -> None:
+        where = f"feed {self._safe_url}" + (f" partition {partition}" if partition is not None else "")
+        if attempt >= self.retry.max_attempts:
+            raise FeedAPIError(f"{where}: giving up after {attempt} attempts: {reason}",
+                               partition=partition) from error
+        delay = self.retry.delay(attempt, retry_after)
+        log.warning("%s: %s; retry %d/%d in %.2fs", where, reason, attempt, self.retry.max_attempts - 1, delay)
+        time.sleep(delay)
+
+    def _status_error(self, response: requests.Response, partition: int | None, what: str) -> FeedAPIError:
+        status = response.status_code
+        body = self._redact(response.text[:500].strip())
+        where = f"feed {self._safe_url}" + (f" partition {partition}" if partition is not None else "")
+        if status in (401, 403):
+            hint = "the token was refused" if self._token else "the server wants a bearer token"
+            return FeedAPIError(f"{where}: {what} not authorized (HTTP {status}): {hint}: {body}",
+                                status=status, partition=partition)
+        return FeedAPIError(f"{where}: {what} failed (HTTP {status}): {body}", status=status, partition=partition)
+
+    def _redact(self, text: str) -> str:
+        return text.replace(self._token, "***") if self._token else text
+
+    @property
+    def _safe_url(self) -> str:
+        return _redact_url(self.url)
+
+
+def _redact_url(url: str) -> str:
+    """The URL without userinfo, so credentials embedded in it never reach logs or errors."""
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {str(error)[:200]}"
+
+
+def _infer_go_parent_zero(partitions: list[Partition]) -> list[Partition]:
+    """feedapi-go omits `startsAfterPartition` when the parent is partition 0 (Go's omitempty on 0).
+
+    When partition 0 is closed, a partition without any split field may be one of its method-1
+    children; treating it as such only delays it until 0 is drained, while the opposite guess
+    would break the order of 0's aggregates.
+    """
+    zero = next((p for p in partitions if p.id == 0), None)
+    if zero is None or not zero.closed:
+        return partitions
+    return [
+        p.model_copy(update={"starts_after": 0, "starts_after_inferred": True})
+        if p.id != 0 and p.starts_after is None and not p.cursor_from else p
+        for p in partitions
+    ]

@@ -1,0 +1,101 @@
+"""The three FeedAPI dialects as small request builders.
+
+A dialect knows how to turn (partition, cursor, page size, filters) into a fetch request and which
+key holds an event on the wire; everything else (retries, paging, parsing) is shared.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .models import Dialect
+
+
+class EventFilter(BaseModel):
+    """Server-side filters. Draft servers take `filter-<name>=value`; published servers take either
+    `event-types` or `skip-event-types` (never both) and may ignore them, so the client re-applies those."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fields: dict[str, str] = Field(default_factory=dict, description="draft: filter-<name>=value")
+    event_types: tuple[str, ...] = ()
+    skip_event_types: tuple[str, ...] = ()
+    event_type_field: str = "type"
+
+    @model_validator(mode="after")
+    def _one_type_filter(self) -> "EventFilter":
+        if self.event_types and self.skip_event_types:
+            raise ValueError("event_types and skip_event_types cannot both be set")
+        return self
+
+    def keeps(self, value: object) -> bool:
+        """Client-side check of the event-type filter (string payloads have no type and are kept)."""
+        if not (self.event_types or self.skip_event_types) or not isinstance(value, dict):
+            return True
+        event_type = value.get(self.event_type_field)
+        if self.event_types:
+            return event_type in self.event_types
+        return event_type not in self.skip_event_types
+
+
+@dataclass(frozen=True)
+class FetchRequest:
+    url: str
+    params: dict[str, str]
+
+
+class DialectSpec:
+    name: ClassVar[Dialect]
+    event_key: ClassVar[str]
+
+    def fetch(
+        self, base_url: str, partition_id: int, cursor: str, page_size_hint: int | None,
+        token: str | None, partition_count: int | None, event_filter: EventFilter | None,
+    ) -> FetchRequest:
+        raise NotImplementedError
+
+
+class V1(DialectSpec):
+    """ZeroEventHub: no discovery, one `cursor<i>` per call, `n` is the configured partition count."""
+
+    name = "v1"
+    event_key = "data"
+
+    def fetch(self, base_url, partition_id, cursor, page_size_hint, token, partition_count, event_filter):
+        params = {"n": str(partition_count), f"cursor{partition_id}": cursor}
+        if page_size_hint:
+            params["pagesizehint"] = str(page_size_hint)
+        return FetchRequest(base_url, params)
+
+
+class Draft(DialectSpec):
+    name = "draft"
+    event_key = "event"
+
+    def fetch(self, base_url, partition_id, cursor, page_size_hint, token, partition_count, event_filter):
+        params = {"partition": str(partition_id), "cursor": cursor}
+        if page_size_hint:
+            params["pageSizeHint"] = str(page_size_hint)
+        if event_filter:
+            params.update({f"filter-{name}": value for name, value in event_filter.fields.items()})
+        return FetchRequest(base_url, params)
+
+
+class Published(DialectSpec):
+    name = "published"
+    event_key = "data"
+
+    def fetch(self, base_url, partition_id, cursor, page_size_hint, token, partition_count, event_filter):
+        params = {"token": token or "", "partition": str(partition_id), "cursor": cursor}
+        if page_size_hint:
+            params["pagesizehint"] = str(page_size_hint)
+        if event_filter and event_filter.event_types:
+            params["event-types"] = ";".join(event_filter.event_types)
+        if event_filter and event_filter.skip_event_types:
+            params["skip-event-types"] = ";".join(event_filter.skip_event_types)
+        return FetchRequest(base_url.rstrip("/") + "/events", params)
+
+
+DIALECTS: dict[str, DialectSpec] = {spec.name: spec for spec in (V1(), Draft(), Published())}

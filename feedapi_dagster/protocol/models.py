@@ -1,0 +1,137 @@
+"""Typed views of what a FeedAPI server says: the discovery document, events and pages."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+
+Dialect = Literal["v1", "draft", "published"]
+PayloadKind = Literal["object", "string", "array", "number", "boolean", "null"]
+
+MAX_PARTITION_ID = 32767
+# Cursor values that mean "this partition is finished"; never a resume point.
+DONE_CURSORS = frozenset({"", "_done"})
+FIRST = "_first"
+
+
+def _as_partition_id(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"partition id must be an integer, got {value!r}")
+    if isinstance(value, str):
+        if not value.strip().lstrip("-").isdigit():
+            raise ValueError(f"partition id must be an integer, got {value!r}")
+        value = int(value)
+    if not isinstance(value, int):
+        raise ValueError(f"partition id must be an integer, got {value!r}")
+    if not 0 <= value <= MAX_PARTITION_ID:
+        raise ValueError(f"partition id {value} is outside 0..{MAX_PARTITION_ID}")
+    return value
+
+
+class Partition(BaseModel):
+    """One entry of the discovery document's `partitions` list."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+    id: int
+    closed: bool = False
+    starts_after: int | None = Field(
+        default=None, validation_alias=AliasChoices("startsAfterPartition", "startsAfterParent", "starts_after")
+    )
+    cursor_from: list[int] = Field(
+        default_factory=list,
+        validation_alias=AliasChoices("cursorFromPartitions", "splitFromAncestors", "cursor_from"),
+    )
+    last_cursor: str | None = Field(default=None, validation_alias=AliasChoices("lastCursor", "last_cursor"))
+    # True when `starts_after` was not sent but inferred (see FeedInfo parsing for the Go server quirk).
+    starts_after_inferred: bool = False
+
+    @field_validator("id", mode="before")
+    @classmethod
+    def _id(cls, value: Any) -> int:
+        return _as_partition_id(value)
+
+    @field_validator("starts_after", mode="before")
+    @classmethod
+    def _starts_after(cls, value: Any) -> int | None:
+        return None if value is None or value == "" else _as_partition_id(value)
+
+    @field_validator("cursor_from", mode="before")
+    @classmethod
+    def _cursor_from(cls, value: Any) -> list[int]:
+        if value is None:
+            return []
+        if isinstance(value, (str, int)):
+            value = [value]
+        return [_as_partition_id(v) for v in value]
+
+    @field_validator("closed", mode="before")
+    @classmethod
+    def _closed(cls, value: Any) -> bool:
+        return bool(value) if value is not None else False
+
+
+class FeedInfo(BaseModel):
+    """The result of discovery, normalised across dialects."""
+
+    model_config = ConfigDict(frozen=True)
+
+    dialect: Dialect
+    exactly_once: bool
+    partitions: list[Partition]
+    token: str | None = None
+    filters: list[str] = Field(default_factory=list)
+    # Partitions the server listed but that could not be accepted (e.g. id out of range), one message each.
+    rejected: list[str] = Field(default_factory=list)
+
+    def partition(self, partition_id: int) -> Partition | None:
+        return next((p for p in self.partitions if p.id == partition_id), None)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One event as sent. `raw` is the payload's JSON text for objects and other JSON values, and the
+    string itself for string payloads, so that what the feed sent is what a sink stores."""
+
+    raw: str
+    kind: PayloadKind
+    value: Any
+
+    @property
+    def payload(self) -> Any:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """Events covered by one checkpoint, and the cursor to resume after them.
+
+    `done` marks a checkpoint of `""`/`"_done"`: the partition is finished, and `cursor` then stays the
+    last real resume point.
+    """
+
+    partition_id: int
+    records: list[Event]
+    cursor: str
+    done: bool = False
+
+    @property
+    def events(self) -> list[Any]:
+        """Payloads: dicts for object events, str for string events (other JSON values as decoded)."""
+        return [record.value for record in self.records]
+
+
+def payload_kind(value: Any) -> PayloadKind:
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, bool):
+        return "boolean"
+    if value is None:
+        return "null"
+    return "number"
+

@@ -1,0 +1,141 @@
+"""The page reader: chunking never matters, only checkpointed events come out, damage is detected."""
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from feedapi_dagster.protocol.errors import MalformedResponse
+from feedapi_dagster.protocol.ndjson import LineParser, read_pages
+
+DRAFT = LineParser("event")
+
+payloads = st.one_of(
+    st.text(max_size=30),
+    st.dictionaries(st.text(max_size=8), st.one_of(st.integers(), st.text(max_size=10), st.floats(allow_nan=False,
+                    allow_infinity=False), st.lists(st.integers(), max_size=3)), max_size=4),
+)
+# A body is a list of lines: ("event", payload) | ("cursor", str) | ("command", {...})
+line_items = st.one_of(
+    st.tuples(st.just("event"), payloads),
+    st.tuples(st.just("cursor"), st.text(alphabet="abcdef0123456789", min_size=1, max_size=12)),
+    st.tuples(st.just("command"), st.just({"resync": True})),
+    st.tuples(st.just("blank"), st.sampled_from(["", " ", "\r"])),
+)
+
+
+def render(items, crlf=False) -> bytes:
+    out = []
+    for kind, value in items:
+        if kind == "event":
+            out.append(json.dumps({"event": value}, ensure_ascii=False))
+        elif kind == "cursor":
+            out.append(json.dumps({"cursor": value}))
+        elif kind == "command":
+            out.append(json.dumps(value))
+        else:
+            out.append(value)
+    eol = "\r\n" if crlf else "\n"
+    return eol.join(out).encode() + eol.encode()
+
+
+def expected_pages(items):
+    pages, pending = [], []
+    for kind, value in items:
+        if kind == "event":
+            pending.append(value)
+        elif kind == "cursor":
+            pages.append((pending, value))
+            pending = []
+    return pages  # events after the last cursor are dropped
+
+
+def as_tuples(pages):
+    return [(page.events, page.cursor) for page in pages]
+
+
+def split_at(body: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({min(c, len(body)) for c in cuts})
+    chunks, last = [], 0
+    for point in points:
+        chunks.append(body[last:point])
+        last = point
+    chunks.append(body[last:])
+    return chunks
+
+
+@settings(max_examples=300, deadline=None)
+@given(items=st.lists(line_items, max_size=25), cuts=st.lists(st.integers(min_value=0, max_value=5000), max_size=12),
+       crlf=st.booleans())
+def test_any_chunking_yields_the_same_pages_and_nothing_after_the_last_checkpoint(items, cuts, crlf):
+    body = render(items, crlf)
+    whole = as_tuples(read_pages([body], 0, DRAFT))
+    chunked = as_tuples(read_pages(split_at(body, cuts), 0, DRAFT))
+    assert chunked == whole == expected_pages(items)
+
+
+@settings(max_examples=200, deadline=None)
+@given(items=st.lists(line_items, min_size=1, max_size=15), cut=st.integers(min_value=1, max_value=5000))
+def test_a_body_cut_short_never_yields_more_than_complete_checkpoints_cover(items, cut):
+    body = render(items)
+    cut = min(cut, len(body) - 1)
+    truncated = body[:cut]
+    pages = []
+    try:
+        for page in read_pages([truncated], 0, DRAFT):
+            pages.append(page)
+    except MalformedResponse:
+        pass
+    got = as_tuples(pages)
+    assert got == expected_pages(items)[: len(got)]
+
+
+def test_raw_payload_text_is_kept_byte_for_byte():
+    body = '{"event":{"b": 1.0,"a":"Gr\\u00fc\\u00dfe \\"q\\" 日本","n":{"x":[1e3]}}}\n{"cursor":"c1"}\n'
+    (page,) = read_pages([body.encode()], 0, DRAFT)
+    assert page.records[0].raw == '{"b": 1.0,"a":"Gr\\u00fc\\u00dfe \\"q\\" 日本","n":{"x":[1e3]}}'
+    assert page.records[0].kind == "object"
+
+
+def test_payload_kinds_and_spacing_around_keys():
+    body = (b'{"event":"s"}\n{ "event" : [1,2] , "extra": 1}\n{"event":3}\n{"event":true}\n{"event":null}\n'
+            b'{"cursor":"c"}\n')
+    (page,) = read_pages([body], 0, DRAFT)
+    assert [(r.kind, r.raw) for r in page.records] == [
+        ("string", "s"), ("array", "[1,2]"), ("number", "3"), ("boolean", "true"), ("null", "null")]
+
+
+def test_long_lines_have_no_cap():
+    big = "x" * (3 * 1024 * 1024)
+    body = json.dumps({"event": big}).encode() + b'\n{"cursor":"c"}\n'
+    (page,) = read_pages([body[i:i + 65536] for i in range(0, len(body), 65536)], 0, DRAFT)
+    assert page.events == [big]
+
+
+@pytest.mark.parametrize("body", [
+    b'{"event":{"a":1}}\n{"cursor":"c1"}\n{"event":{"a":2}}\nInternal server error',
+    b'{"event":{"a":1}}\n{"cursor":"c1"}\n{"event":{"a":',
+    b'{"event":{"a":1}}\n{"cursor":"c1"}\n\xff\xfe\n{"cursor":"c2"}\n',
+    b'{"event":{"a":1}}\n{"cursor":"c1"}\nnot json\n{"cursor":"c2"}\n',
+])
+def test_damaged_bodies_raise_after_the_good_pages(body):
+    pages = []
+    with pytest.raises(MalformedResponse, match="partition 7"):
+        for page in read_pages([body], 7, DRAFT):
+            pages.append(page)
+    assert as_tuples(pages) == [([{"a": 1}], "c1")]
+
+
+def test_done_cursor_finishes_the_partition():
+    body = b'{"event":"a"}\n{"cursor":"_done"}\n{"event":"b"}\n{"cursor":"c9"}\n'
+    pages = list(read_pages([body], 0, DRAFT))
+    assert len(pages) == 1 and pages[0].done and pages[0].events == ["a"]
+
+
+def test_page_byte_bound_stops_an_endless_body():
+    def endless():
+        while True:
+            yield b'{"event":"' + b"y" * 1000 + b'"}\n'
+    with pytest.raises(MalformedResponse, match="without a checkpoint"):
+        for _ in read_pages(endless(), 0, DRAFT, max_page_bytes=100_000):
+            pass
