@@ -1,0 +1,64 @@
+import json
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+# A canned reply: (status, headers, body bytes)
+Reply = tuple[int, dict[str, str], bytes]
+
+
+class CannedServer:
+    """A real HTTP server on 127.0.0.1 whose replies a test scripts, for documents no demo feed produces."""
+
+    def __init__(self, respond: Callable[[str, dict[str, list[str]], dict[str, str]], Reply]):
+        self.requests: list[tuple[str, dict[str, list[str]], dict[str, str]]] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self):  # noqa: N802
+                parts = urlsplit(self.path)
+                query = parse_qs(parts.query, keep_blank_values=True)
+                headers = dict(self.headers.items())
+                server.requests.append((parts.path, query, headers))
+                status, extra, body = respond(parts.path, query, headers)
+                self.send_response(status)
+                for name, value in extra.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}/feed"
+        threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self):
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+def json_reply(document, status=200) -> Reply:
+    return status, {"Content-Type": "application/json"}, json.dumps(document).encode()
+
+
+@pytest.fixture
+def canned():
+    servers = []
+
+    def start(respond):
+        server = CannedServer(respond)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.close()
