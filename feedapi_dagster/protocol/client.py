@@ -7,13 +7,14 @@ from collections.abc import Iterator
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
+import msgspec
 import requests
 from pydantic import ValidationError
 
 from .dialects import DIALECTS, DialectSpec, EventFilter
 from .errors import FeedAPIError, MalformedResponse, RediscoveryNeeded
 from .models import FIRST, FeedInfo, Page, Partition
-from .ndjson import LineParser, read_pages
+from .ndjson import PageReader
 from .retry import TRANSIENT_STATUSES, RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -169,7 +170,7 @@ class FeedClient:
                 if page.done:
                     yield Page(partition_id, self._filtered(page), cursor, done=True)
                     return
-                if not page.records and page.cursor == cursor:
+                if not page.raw_events and page.cursor == cursor:
                     continue
                 advanced = True
                 cursor = page.cursor
@@ -177,14 +178,14 @@ class FeedClient:
             if not advanced or (end_cursor is not None and cursor == end_cursor):
                 return
 
-    def _filtered(self, page: Page) -> list:
+    def _filtered(self, page: Page) -> list[bytes]:
         if self.event_filter is None or self.info.dialect != "published":
-            return page.records
-        return [record for record in page.records if self.event_filter.keeps(record.value)]
+            return page.raw_events
+        return [raw for raw in page.raw_events if self.event_filter.keeps(msgspec.json.decode(raw))]
 
     def _fetch(self, spec: DialectSpec, info: FeedInfo, partition_id: int, cursor: str) -> Iterator[Page]:
         """One logical fetch from `cursor`, retried (from the last good cursor) until it completes."""
-        parser = LineParser(spec.event_key)
+        reader = PageReader(partition_id, spec.event_key, self.max_page_bytes)
         attempt = 0
         while True:
             attempt += 1
@@ -196,8 +197,7 @@ class FeedClient:
                 status = response.status_code
                 if status == 200:
                     try:
-                        for page in read_pages(response.iter_content(_CHUNK_BYTES), partition_id, parser,
-                                               self.max_page_bytes):
+                        for page in reader.pages(response.iter_content(_CHUNK_BYTES)):
                             yield page
                             if not page.done:
                                 cursor = page.cursor

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import msgspec
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 Dialect = Literal["v1", "draft", "published"]
@@ -91,35 +92,42 @@ class FeedInfo(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """One event as sent. `raw` is the payload's JSON text for objects and other JSON values, and the
-    string itself for string payloads, so that what the feed sent is what a sink stores."""
+    """One event for callers that want it decoded. `raw` is the payload's JSON text for objects and
+    other JSON values, and the string itself for string payloads: what a sink stores."""
 
     raw: str
     kind: PayloadKind
     value: Any
 
-    @property
-    def payload(self) -> Any:
-        return self.value
+    @classmethod
+    def from_json(cls, payload: bytes) -> "Event":
+        value = msgspec.json.decode(payload)
+        kind = payload_kind(value)
+        return cls(raw=value if kind == "string" else payload.decode("utf-8"), kind=kind, value=value)
 
 
 @dataclass(frozen=True, slots=True)
 class Page:
     """Events covered by one checkpoint, and the cursor to resume after them.
 
-    `done` marks a checkpoint of `""`/`"_done"`: the partition is finished, and `cursor` then stays the
-    last real resume point.
+    `raw_events` holds each payload's JSON text exactly as the server sent it (UTF-8). `done` marks a
+    checkpoint of `""`/`"_done"`: the partition is finished; the client then sets `cursor` to the last
+    real resume point.
     """
 
     partition_id: int
-    records: list[Event]
+    raw_events: list[bytes]
     cursor: str
     done: bool = False
 
     @property
     def events(self) -> list[Any]:
         """Payloads: dicts for object events, str for string events (other JSON values as decoded)."""
-        return [record.value for record in self.records]
+        return [msgspec.json.decode(raw) for raw in self.raw_events]
+
+    @property
+    def records(self) -> list[Event]:
+        return [Event.from_json(raw) for raw in self.raw_events]
 
 
 def payload_kind(value: Any) -> PayloadKind:
@@ -134,4 +142,3 @@ def payload_kind(value: Any) -> PayloadKind:
     if value is None:
         return "null"
     return "number"
-

@@ -6,9 +6,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from feedapi_dagster.protocol.errors import MalformedResponse
-from feedapi_dagster.protocol.ndjson import LineParser, read_pages
+from feedapi_dagster.protocol.ndjson import PageReader
 
-DRAFT = LineParser("event")
+
+
+def read_pages(chunks, partition_id=0, max_page_bytes=None):
+    return PageReader(partition_id, "event", max_page_bytes).pages(chunks)
 
 payloads = st.one_of(
     st.text(max_size=30),
@@ -69,8 +72,8 @@ def split_at(body: bytes, cuts: list[int]) -> list[bytes]:
        crlf=st.booleans())
 def test_any_chunking_yields_the_same_pages_and_nothing_after_the_last_checkpoint(items, cuts, crlf):
     body = render(items, crlf)
-    whole = as_tuples(read_pages([body], 0, DRAFT))
-    chunked = as_tuples(read_pages(split_at(body, cuts), 0, DRAFT))
+    whole = as_tuples(read_pages([body], 0))
+    chunked = as_tuples(read_pages(split_at(body, cuts), 0))
     assert chunked == whole == expected_pages(items)
 
 
@@ -82,7 +85,7 @@ def test_a_body_cut_short_never_yields_more_than_complete_checkpoints_cover(item
     truncated = body[:cut]
     pages = []
     try:
-        for page in read_pages([truncated], 0, DRAFT):
+        for page in read_pages([truncated], 0):
             pages.append(page)
     except MalformedResponse:
         pass
@@ -92,7 +95,7 @@ def test_a_body_cut_short_never_yields_more_than_complete_checkpoints_cover(item
 
 def test_raw_payload_text_is_kept_byte_for_byte():
     body = '{"event":{"b": 1.0,"a":"Gr\\u00fc\\u00dfe \\"q\\" 日本","n":{"x":[1e3]}}}\n{"cursor":"c1"}\n'
-    (page,) = read_pages([body.encode()], 0, DRAFT)
+    (page,) = read_pages([body.encode()], 0)
     assert page.records[0].raw == '{"b": 1.0,"a":"Gr\\u00fc\\u00dfe \\"q\\" 日本","n":{"x":[1e3]}}'
     assert page.records[0].kind == "object"
 
@@ -100,7 +103,7 @@ def test_raw_payload_text_is_kept_byte_for_byte():
 def test_payload_kinds_and_spacing_around_keys():
     body = (b'{"event":"s"}\n{ "event" : [1,2] , "extra": 1}\n{"event":3}\n{"event":true}\n{"event":null}\n'
             b'{"cursor":"c"}\n')
-    (page,) = read_pages([body], 0, DRAFT)
+    (page,) = read_pages([body], 0)
     assert [(r.kind, r.raw) for r in page.records] == [
         ("string", "s"), ("array", "[1,2]"), ("number", "3"), ("boolean", "true"), ("null", "null")]
 
@@ -108,7 +111,7 @@ def test_payload_kinds_and_spacing_around_keys():
 def test_long_lines_have_no_cap():
     big = "x" * (3 * 1024 * 1024)
     body = json.dumps({"event": big}).encode() + b'\n{"cursor":"c"}\n'
-    (page,) = read_pages([body[i:i + 65536] for i in range(0, len(body), 65536)], 0, DRAFT)
+    (page,) = read_pages([body[i:i + 65536] for i in range(0, len(body), 65536)], 0)
     assert page.events == [big]
 
 
@@ -121,14 +124,14 @@ def test_long_lines_have_no_cap():
 def test_damaged_bodies_raise_after_the_good_pages(body):
     pages = []
     with pytest.raises(MalformedResponse, match="partition 7"):
-        for page in read_pages([body], 7, DRAFT):
+        for page in read_pages([body], 7):
             pages.append(page)
     assert as_tuples(pages) == [([{"a": 1}], "c1")]
 
 
 def test_done_cursor_finishes_the_partition():
     body = b'{"event":"a"}\n{"cursor":"_done"}\n{"event":"b"}\n{"cursor":"c9"}\n'
-    pages = list(read_pages([body], 0, DRAFT))
+    pages = list(read_pages([body], 0))
     assert len(pages) == 1 and pages[0].done and pages[0].events == ["a"]
 
 
@@ -137,5 +140,5 @@ def test_page_byte_bound_stops_an_endless_body():
         while True:
             yield b'{"event":"' + b"y" * 1000 + b'"}\n'
     with pytest.raises(MalformedResponse, match="without a checkpoint"):
-        for _ in read_pages(endless(), 0, DRAFT, max_page_bytes=100_000):
+        for _ in read_pages(endless(), 0, max_page_bytes=100_000):
             pass
