@@ -108,7 +108,10 @@ class DemoFeedServer:
             self.fault_counts[kind] = self.fault_counts.get(kind, 0) + 1
 
     def start(self) -> DemoFeedServer:
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="demo-feed-server", daemon=True)
+        # a short poll interval: `stop` waits for it, and tests start and stop many servers
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, name="demo-feed-server", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -127,7 +130,7 @@ class DemoFeedServer:
 
     # ---- pages ---------------------------------------------------------------------------------
 
-    def page(self, fetch: _Fetch) -> bytes:
+    def _page(self, fetch: _Fetch) -> bytes:
         """The NDJSON body for one fetch."""
         feed = self.feed
         try:
@@ -181,7 +184,7 @@ class DemoFeedServer:
             return b'{"partition":%d,"cursor":"%s"}' % (partition, encode_cursor(seq).encode())
         return b'{"cursor":"%s"}' % encode_cursor(seq).encode()
 
-    def discovery(self) -> dict[str, object]:
+    def _discovery(self) -> dict[str, object]:
         partitions: list[dict[str, object]] = []
         for p in self.feed.discovery():
             entry: dict[str, object] = {"id": str(p.id)}
@@ -198,7 +201,7 @@ class DemoFeedServer:
             return {"token": self.discovery_token, "partitions": partitions, "exactlyOnce": self.feed.exactly_once}
         return {"partitions": partitions, "exactlyOnce": self.feed.exactly_once, "filters": list(DRAFT_FILTERS)}
 
-    def parse_fetch(self, query: str) -> _Fetch:
+    def _parse_fetch(self, query: str) -> _Fetch:
         """Validate a fetch's query string for this dialect (400, or 409 for an old token)."""
         pairs = parse_qsl(query, keep_blank_values=True)
         params = dict(pairs)
@@ -326,11 +329,11 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             # v1 has no discovery: its argument-less GET falls through to the fetch and gets a 400
             if url.path == "/feed" and (demo.dialect == "published" or (demo.dialect == "draft" and not url.query)):
-                self._send_json(200, demo.discovery())
+                self._send_json(200, demo._discovery())
                 return
             if url.path != ("/feed/events" if demo.dialect == "published" else "/feed"):
                 raise _HttpError(404, "not found")
-            body = demo.page(demo.parse_fetch(url.query))
+            body = demo._page(demo._parse_fetch(url.query))
         except _HttpError as e:
             self._send(e.status, e.message.encode() + b"\n", "text/plain; charset=utf-8")
             return
