@@ -21,8 +21,8 @@ PAGE_SIZE_PARAM = {"v1": "pagesizehint", "draft": "pageSizeHint", "published": "
 
 def payload(line: bytes) -> str:
     """The raw payload text of an event line as the server frames it (a JSON string comes decoded)."""
-    start = line.index(b'"event":' if line.startswith(b'{"event":') else b'"data":')
-    text = line[line.index(b":", start) + 1 : -1].decode()
+    key = b'"event":' if line.startswith(b'{"event":') else b'"data":'
+    text = line[line.index(key) + len(key) : -1].decode()
     return json.loads(text) if text.startswith('"') else text
 
 
