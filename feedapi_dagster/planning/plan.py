@@ -1,0 +1,87 @@
+"""Which partitions to read next, and from which cursor. Pure: discovery + state in, plans out.
+
+Rules (see docs/feedapi-protocol.md, "Partitions and splits"):
+* a drained partition (closed and read to its end) needs nothing more;
+* a method-1 child (`starts_after`) waits until its parent is drained, then starts from `_first`;
+* a method-2 child (`cursor_from`) starts from the stored cursor of the first listed ancestor that
+  has one, so the redistributed history is not loaded twice; with none, from `_first`;
+* everything else continues from its own cursor.
+"""
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict
+
+from feedapi_dagster.protocol.models import FIRST, FeedInfo, Partition
+
+from .state import FeedState, PartitionState
+
+
+class PlanStatus(str, Enum):
+    DUE = "due"  # load it now
+    DRAINED = "drained"  # closed and read to its end
+    WAITING = "waiting"  # a method-1 child whose parent is not drained yet
+    INVALID = "invalid"  # discovery contradicts itself for this partition
+
+
+class PartitionPlan(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    partition_id: int
+    status: PlanStatus
+    cursor: str = FIRST
+    position: int = 0
+    closed: bool = False
+    # The ancestor whose cursor a method-2 child starts from (first load only).
+    inherited_from: int | None = None
+    reason: str = ""
+
+    @property
+    def due(self) -> bool:
+        return self.status is PlanStatus.DUE
+
+    def start_state(self) -> PartitionState:
+        return PartitionState(cursor=self.cursor, position=self.position, inherited_from=self.inherited_from)
+
+
+def plan_partition(partition: Partition, info: FeedInfo, state: FeedState) -> PartitionPlan:
+    own = state.get(partition.id)
+    common = {"partition_id": partition.id, "closed": partition.closed}
+    if own is not None and own.drained:
+        return PartitionPlan(status=PlanStatus.DRAINED, cursor=own.cursor, position=own.position, **common)
+    if partition.starts_after is not None:
+        waiting = _parent_block(partition, info, state)
+        if waiting is not None:
+            return PartitionPlan(cursor=own.cursor if own else FIRST, position=own.position if own else 0,
+                                 **waiting, **common)
+    if own is not None:
+        return PartitionPlan(status=PlanStatus.DUE, cursor=own.cursor, position=own.position,
+                             inherited_from=own.inherited_from, **common)
+    for ancestor in partition.cursor_from:
+        ancestor_state = state.get(ancestor)
+        if ancestor_state is not None and ancestor_state.cursor != FIRST:
+            return PartitionPlan(status=PlanStatus.DUE, cursor=ancestor_state.cursor, inherited_from=ancestor,
+                                 reason=f"continues from partition {ancestor}'s cursor (method-2 split)", **common)
+    return PartitionPlan(status=PlanStatus.DUE, **common)
+
+
+def _parent_block(partition: Partition, info: FeedInfo, state: FeedState) -> dict | None:
+    """Why a method-1 child cannot start yet (None when it can)."""
+    parent_id = partition.starts_after
+    parent_state = state.get(parent_id)
+    if parent_state is not None and parent_state.drained:
+        return None
+    parent = info.partition(parent_id)
+    if parent is None:
+        return {"status": PlanStatus.INVALID,
+                "reason": f"startsAfterPartition points at partition {parent_id}, which discovery does not list"}
+    if not parent.closed:
+        return {"status": PlanStatus.INVALID,
+                "reason": f"startsAfterPartition points at partition {parent_id}, which is still open"}
+    return {"status": PlanStatus.WAITING, "reason": f"waits until partition {parent_id} is drained (method-1 split)"}
+
+
+def plan_feed(info: FeedInfo, state: FeedState) -> list[PartitionPlan]:
+    """A plan for every partition discovery lists, in id order."""
+    return [plan_partition(p, info, state) for p in sorted(info.partitions, key=lambda p: p.id)]
