@@ -1,0 +1,394 @@
+"""Delta Lake jars, resolved from Maven once and cached next to the virtualenv.
+
+Spark re-resolves ``spark.jars.packages`` at every start (network, ~30 s). Instead, `setup_delta_jars`
+resolves the Delta coordinates ONCE (Spark's own Ivy resolver in a child process, falling back to
+``mvn dependency:copy-dependencies``), drops every jar that pyspark already ships (same artifact
+name, whatever the version, or every class already provided by ``pyspark/jars``), copies the rest
+into the cache folder and writes ``manifest.json``. Spark sessions then get ``spark.jars`` =
+`delta_jars()` and never need the network.
+
+Cache folder: ``$FEEDAPI_DAGSTER_JARS_DIR`` or ``<sys.prefix>/share/feedapi-dagster/delta-jars``.
+
+Delta Connect: Delta 4.4.0 publishes no Spark Connect server plugin on Maven Central (no
+``delta-connect-server_2.13`` nor ``delta-connect-server_4.2_2.13``), so the Delta *Python* API
+(``DeltaTable``) does not work over Spark Connect; SQL (``DESCRIBE HISTORY``, ``MERGE``, ...) and
+DataFrame ``format("delta")`` reads/writes do.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Literal
+
+log = logging.getLogger(__name__)
+
+DELTA_VERSION = "4.4.0"
+SCALA_BINARY_VERSION = "2.13"
+# delta-spark_2.13:4.4.0 is built against Spark 4.2.0 (its POM declares spark-sql 4.2.0 as provided).
+DELTA_SPARK_COORDINATE = f"io.delta:delta-spark_{SCALA_BINARY_VERSION}:{DELTA_VERSION}"
+# Not published for Delta 4.4.0 (checked on Maven Central); kept here so it is one line to add.
+DELTA_CONNECT_SERVER_COORDINATE: str | None = None
+
+JARS_DIR_ENV = "FEEDAPI_DAGSTER_JARS_DIR"
+MANIFEST_NAME = "manifest.json"
+MANIFEST_FORMAT = 1
+NOT_SET_UP_MESSAGE = "Delta jars not set up: run `make setup` or `feedapi-dagster setup-jars`"
+
+Resolver = Literal["auto", "ivy", "maven"]
+
+
+class DeltaJarsError(RuntimeError):
+    """Resolving or locating the Delta jars failed."""
+
+
+class DeltaJarsNotSetUp(DeltaJarsError):
+    """The jar cache is missing or incomplete."""
+
+
+@dataclass(frozen=True)
+class ResolvedJar:
+    group: str
+    artifact: str
+    version: str
+    path: Path
+
+
+# --------------------------------------------------------------------------------------------
+# locations
+
+
+def pyspark_home() -> Path:
+    """The pip-installed pyspark distribution (it is a complete SPARK_HOME)."""
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent
+
+
+def pyspark_jars_dir() -> Path:
+    return pyspark_home() / "jars"
+
+
+def jars_dir() -> Path:
+    """The cache folder: ``$FEEDAPI_DAGSTER_JARS_DIR`` or ``<sys.prefix>/share/feedapi-dagster/delta-jars``."""
+    override = os.environ.get(JARS_DIR_ENV)
+    if override:
+        return Path(override).expanduser().resolve()
+    return Path(sys.prefix) / "share" / "feedapi-dagster" / "delta-jars"
+
+
+# --------------------------------------------------------------------------------------------
+# what to resolve
+
+
+def _pyspark_artifact_versions() -> dict[str, str]:
+    """artifact name -> version for every jar in pyspark/jars (all ``name-version`` splits)."""
+    found: dict[str, str] = {}
+    for jar in pyspark_jars_dir().glob("*.jar"):
+        for name, version in _name_version_splits(jar.name):
+            found.setdefault(name, version)
+    return found
+
+
+def _name_version_splits(file_name: str) -> list[tuple[str, str]]:
+    """Every way to read ``<artifact>-<version>.jar``: the version starts with a digit after a '-'.
+
+    ``log4j-1.2-api-2.25.4.jar`` -> [("log4j", "1.2-api-2.25.4"), ("log4j-1.2-api", "2.25.4")]
+    """
+    stem = file_name[: -len(".jar")] if file_name.endswith(".jar") else file_name
+    return [(stem[: m.start()], stem[m.start() + 1 :]) for m in re.finditer(r"-(?=\d)", stem)]
+
+
+def delta_coordinates() -> list[str]:
+    """Maven coordinates to resolve.
+
+    Besides delta-spark, jackson-datatype-jdk8 (a dependency of delta-kernel-defaults, which asks for
+    2.13.x) is pinned to the jackson version pyspark ships, so that the one jackson module we add
+    matches Spark's jackson-databind instead of being a 2.13 module on a 2.2x databind.
+    """
+    coords = [DELTA_SPARK_COORDINATE]
+    if DELTA_CONNECT_SERVER_COORDINATE:
+        coords.append(DELTA_CONNECT_SERVER_COORDINATE)
+    jackson = _pyspark_artifact_versions().get("jackson-databind")
+    if jackson:
+        coords.append(f"com.fasterxml.jackson.datatype:jackson-datatype-jdk8:{jackson}")
+    return coords
+
+
+# --------------------------------------------------------------------------------------------
+# public API
+
+
+def read_manifest(directory: Path | None = None) -> dict | None:
+    path = (directory or jars_dir()) / MANIFEST_NAME
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def delta_jars(directory: Path | None = None) -> list[Path]:
+    """The cached Delta jars (absolute paths, manifest order); raises `DeltaJarsNotSetUp`."""
+    directory = directory or jars_dir()
+    manifest = read_manifest(directory)
+    if manifest is None or not manifest.get("jars"):
+        raise DeltaJarsNotSetUp(f"{NOT_SET_UP_MESSAGE} (no manifest at {directory / MANIFEST_NAME})")
+    paths = [directory / entry["file"] for entry in manifest["jars"]]
+    missing = [p.name for p in paths if not p.is_file()]
+    if missing:
+        raise DeltaJarsNotSetUp(f"{NOT_SET_UP_MESSAGE} (missing in {directory}: {', '.join(missing)})")
+    return paths
+
+
+def setup_delta_jars(
+    force: bool = False,
+    *,
+    resolver: Resolver = "auto",
+    directory: Path | None = None,
+) -> list[Path]:
+    """Resolve the Delta jars into the cache folder once; a no-op (no network) when already done.
+
+    ``resolver``: "ivy" (Spark's own resolver), "maven" (``mvn`` on PATH) or "auto" (Ivy, then Maven).
+    """
+    directory = directory or jars_dir()
+    coordinates = delta_coordinates()
+    if not force:
+        manifest = read_manifest(directory)
+        if manifest and manifest.get("coordinates") == coordinates:
+            try:
+                jars = delta_jars(directory)
+            except DeltaJarsNotSetUp:
+                pass
+            else:
+                log.info("Delta jars already set up in %s (%d jars)", directory, len(jars))
+                return jars
+
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="feedapi-dagster-jars-") as tmp:
+        work = Path(tmp)
+        resolved, used = _resolve(coordinates, work, resolver)
+        staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+        try:
+            manifest = _stage(resolved, coordinates, used, staging)
+            _replace_dir(staging, directory)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    jars = delta_jars(directory)
+    log.info(
+        "Delta jars set up in %s with %s: kept %d, dropped %d already shipped by pyspark",
+        directory, used, len(jars), len(manifest["dropped"]),
+    )
+    return jars
+
+
+# --------------------------------------------------------------------------------------------
+# resolution
+
+
+def _resolve(coordinates: list[str], work: Path, resolver: Resolver) -> tuple[list[ResolvedJar], str]:
+    order = {"auto": ["ivy", "maven"], "ivy": ["ivy"], "maven": ["maven"]}[resolver]
+    errors = []
+    for name in order:
+        log.info("Resolving %s with %s ...", ", ".join(coordinates), name)
+        try:
+            if name == "ivy":
+                jars = _resolve_with_ivy(coordinates, work / "ivy")
+            else:
+                jars = _resolve_with_maven(coordinates, work / "maven")
+        except DeltaJarsError as exc:
+            log.warning("%s resolution failed: %s", name, exc)
+            errors.append(f"{name}: {exc}")
+            continue
+        return jars, name
+    raise DeltaJarsError("could not resolve the Delta jars:\n" + "\n".join(errors))
+
+
+def _run(cmd: list[str], *, cwd: Path, env: dict[str, str] | None, log_path: Path, timeout: float) -> None:
+    with open(log_path, "wb") as out:
+        try:
+            proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, timeout=timeout, check=False)
+        except FileNotFoundError as exc:
+            raise DeltaJarsError(f"cannot run {cmd[0]}: {exc}") from exc
+        except subprocess.TimeoutExpired as exc:
+            raise DeltaJarsError(f"{cmd[0]} timed out after {timeout:.0f} s; log tail:\n{_tail(log_path)}") from exc
+    if proc.returncode != 0:
+        raise DeltaJarsError(f"{Path(cmd[0]).name} exited with {proc.returncode}; log tail:\n{_tail(log_path)}")
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _resolve_with_ivy(coordinates: list[str], work: Path, timeout: float = 900) -> list[ResolvedJar]:
+    """spark-submit --packages with a private Ivy home and a no-op Python app."""
+    work.mkdir(parents=True)
+    ivy = work / "ivy-home"
+    app = work / "noop.py"
+    app.write_text("# resolution happens in spark-submit before this runs\n")
+    home = pyspark_home()
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED")}
+    env.update(SPARK_HOME=str(home), PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    cmd = [
+        str(home / "bin" / "spark-submit"),
+        "--master", "local[1]",
+        "--conf", f"spark.jars.ivy={ivy}",
+        "--conf", "spark.ui.enabled=false",
+        "--packages", ",".join(coordinates),
+        str(app),
+    ]
+    _run(cmd, cwd=work, env=env, log_path=work / "spark-submit.log", timeout=timeout)
+    retrieved = sorted((ivy / "jars").glob("*.jar"))
+    if not retrieved:
+        raise DeltaJarsError(f"Ivy retrieved no jars; log tail:\n{_tail(work / 'spark-submit.log')}")
+    return [_parse_ivy_jar(p, ivy / "cache") for p in retrieved]
+
+
+def _parse_ivy_jar(path: Path, cache: Path) -> ResolvedJar:
+    """Ivy retrieves as ``<org>_<artifact>-<rev>.jar``; the cache tells where the artifact name ends."""
+    group, _, rest = path.name.partition("_")
+    stem = rest[: -len(".jar")]
+    artifacts = [d.name for d in (cache / group).iterdir() if d.is_dir()] if (cache / group).is_dir() else []
+    matches = [a for a in artifacts if stem.startswith(a + "-")]
+    if matches:
+        artifact = max(matches, key=len)
+        return ResolvedJar(group, artifact, stem[len(artifact) + 1 :], path)
+    splits = _name_version_splits(rest)
+    if not splits:
+        raise DeltaJarsError(f"cannot parse the retrieved jar name {path.name}")
+    artifact, version = splits[-1]
+    return ResolvedJar(group, artifact, version, path)
+
+
+def _resolve_with_maven(coordinates: list[str], work: Path, timeout: float = 900) -> list[ResolvedJar]:
+    """``mvn dependency:copy-dependencies`` on a generated pom, repository layout kept."""
+    work.mkdir(parents=True)
+    deps = []
+    for coordinate in coordinates:
+        group, artifact, version = coordinate.split(":")
+        deps.append(f"<dependency><groupId>{group}</groupId><artifactId>{artifact}</artifactId>"
+                    f"<version>{version}</version></dependency>")
+    pom = textwrap.dedent("""\
+        <project xmlns="http://maven.apache.org/POM/4.0.0">
+          <modelVersion>4.0.0</modelVersion>
+          <groupId>feedapi-dagster</groupId>
+          <artifactId>delta-jars</artifactId>
+          <version>0</version>
+          <packaging>pom</packaging>
+          <dependencies>
+            {deps}
+          </dependencies>
+        </project>
+        """).format(deps="\n    ".join(deps))
+    (work / "pom.xml").write_text(pom)
+    out = work / "out"
+    cmd = [
+        shutil.which("mvn") or "mvn", "-B", "-q", "-f", str(work / "pom.xml"),
+        "org.apache.maven.plugins:maven-dependency-plugin:3.6.1:copy-dependencies",
+        f"-DoutputDirectory={out}", "-Dmdep.useRepositoryLayout=true", "-DincludeScope=runtime",
+    ]
+    _run(cmd, cwd=work, env=None, log_path=work / "mvn.log", timeout=timeout)
+    jars = []
+    for path in sorted(out.rglob("*.jar")):
+        parts = path.relative_to(out).parts  # group/as/dirs/artifact/version/file.jar
+        if len(parts) < 4:
+            raise DeltaJarsError(f"unexpected layout from maven: {path}")
+        jars.append(ResolvedJar(".".join(parts[:-3]), parts[-3], parts[-2], path))
+    if not jars:
+        raise DeltaJarsError(f"maven copied no jars; log tail:\n{_tail(work / 'mvn.log')}")
+    return jars
+
+
+# --------------------------------------------------------------------------------------------
+# filtering and staging
+
+
+def _class_entries(jar: Path) -> set[str]:
+    with zipfile.ZipFile(jar) as zf:
+        return {
+            n for n in zf.namelist()
+            if n.endswith(".class") and not n.startswith("META-INF/") and not n.endswith("module-info.class")
+        }
+
+
+def _pyspark_classes(jars: Iterable[Path]) -> set[str]:
+    classes: set[str] = set()
+    for jar in jars:
+        try:
+            classes |= _class_entries(jar)
+        except (OSError, zipfile.BadZipFile):
+            continue
+    return classes
+
+
+def _stage(resolved: list[ResolvedJar], coordinates: list[str], resolver: str, staging: Path) -> dict:
+    shipped = _pyspark_artifact_versions()
+    kept: list[dict] = []
+    dropped: list[dict] = []
+    candidates: list[ResolvedJar] = []
+    for jar in resolved:
+        if jar.artifact in shipped:
+            dropped.append({"group": jar.group, "artifact": jar.artifact, "version": jar.version,
+                            "reason": f"pyspark ships {jar.artifact} {shipped[jar.artifact]}"})
+        else:
+            candidates.append(jar)
+
+    spark_classes = _pyspark_classes(pyspark_jars_dir().glob("*.jar")) if candidates else set()
+    for jar in candidates:
+        classes = _class_entries(jar.path)
+        shadowed = len(classes & spark_classes)
+        if classes and shadowed == len(classes):
+            dropped.append({"group": jar.group, "artifact": jar.artifact, "version": jar.version,
+                            "reason": "every class is already in pyspark/jars"})
+            continue
+        file_name = f"{jar.artifact}-{jar.version}.jar"
+        shutil.copy2(jar.path, staging / file_name)
+        entry = {"group": jar.group, "artifact": jar.artifact, "version": jar.version, "file": file_name,
+                 "sha256": hashlib.sha256((staging / file_name).read_bytes()).hexdigest()}
+        if shadowed:
+            entry["classes_also_in_pyspark"] = shadowed
+        kept.append(entry)
+
+    if not any(e["artifact"].startswith("delta-spark") for e in kept):
+        raise DeltaJarsError(f"resolution did not yield delta-spark (kept: {[e['file'] for e in kept]})")
+    import pyspark
+
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "delta_version": DELTA_VERSION,
+        "scala_binary_version": SCALA_BINARY_VERSION,
+        "pyspark_version": pyspark.__version__,
+        "coordinates": coordinates,
+        "delta_connect_server": DELTA_CONNECT_SERVER_COORDINATE,
+        "resolver": resolver,
+        "jars": kept,
+        "dropped": sorted(dropped, key=lambda d: (d["group"], d["artifact"])),
+    }
+    (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def _replace_dir(staging: Path, target: Path) -> None:
+    """Swap the staged folder in; the manifest is inside, so a half-done set-up is never visible."""
+    os.chmod(staging, 0o755)
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        os.replace(target, old)
+        os.replace(staging, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(staging, target)
