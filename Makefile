@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-JARS_STAMP := .cache/delta-jars/manifest.json
+JARS_STAMP := $(VENV)/share/feedapi-dagster/delta-jars/manifest.json
 
 .PHONY: setup demo test clean
 
