@@ -1,0 +1,82 @@
+"""`feedapi-dagster setup-jars` and `feedapi-dagster spark-server`."""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+
+def _configure_logging() -> None:
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+
+def _setup_jars(args: argparse.Namespace) -> int:
+    from feedapi_dagster.lakehouse.jars import DeltaJarsError, jars_dir, setup_delta_jars
+
+    _configure_logging()
+    try:
+        jars = setup_delta_jars(force=args.force, resolver=args.resolver)
+    except DeltaJarsError as exc:
+        print(f"setup-jars failed: {exc}", file=sys.stderr)
+        return 1
+    print(f"{len(jars)} Delta jars in {jars_dir()}")
+    return 0
+
+
+def _spark_server(args: argparse.Namespace) -> int:
+    from feedapi_dagster.lakehouse.jars import DeltaJarsNotSetUp
+    from feedapi_dagster.lakehouse.spark import SparkConnectServer, SparkStartupError
+
+    _configure_logging()
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: object) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    server = SparkConnectServer(args.port, work_dir=args.work_dir)
+    try:
+        try:
+            server.start()
+        except (SparkStartupError, DeltaJarsNotSetUp) as exc:
+            print(str(exc), file=sys.stderr)
+            return 1
+        print(f"Spark Connect server listening on {server.url} (pid {server.pid}, log {server.log_path}); "
+              "Ctrl-C to stop", flush=True)
+        while not stop.wait(1.0):
+            if not server.is_running():
+                print(f"Spark Connect server exited with code {server.wait(0)}; see {server.log_path}",
+                      file=sys.stderr)
+                return 1
+        print("Stopping the Spark Connect server ...", flush=True)
+        return 0
+    finally:
+        server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from feedapi_dagster.lakehouse.spark import DEFAULT_PORT
+
+    setup = subparsers.add_parser(
+        "setup-jars",
+        help="resolve the Delta Lake jars once into the local cache (the only step that needs Maven)",
+    )
+    setup.add_argument("--force", action="store_true", help="resolve again even if the cache is complete")
+    setup.add_argument("--resolver", choices=("auto", "ivy", "maven"), default="auto",
+                       help="Spark's Ivy resolver, mvn, or Ivy then mvn (default)")
+    setup.set_defaults(func=_setup_jars)
+
+    server = subparsers.add_parser(
+        "spark-server",
+        help="run the embedded Spark Connect server (Delta enabled, 127.0.0.1 only) until Ctrl-C",
+    )
+    server.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    server.add_argument("--work-dir", type=Path, default=None,
+                        help="warehouse/derby/scratch/log dir (default: a temp dir removed at exit)")
+    server.set_defaults(func=_spark_server)
