@@ -40,7 +40,12 @@ def check_id_field(event_id_field: str) -> str:
 
 
 def ensure_table(spark: "SparkSession", path: str) -> None:
-    spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{path}` ({TABLE_DDL}) USING delta PARTITIONED BY (partition_id)")
+    try:
+        spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{path}` ({TABLE_DDL}) USING delta PARTITIONED BY (partition_id)")
+    except Exception as error:  # noqa: BLE001 - Spark's error types differ between classic and Connect
+        # Two first loads racing to create the table: the loser's CREATE conflicts; the table exists.
+        if "DELTA_PROTOCOL_CHANGED" not in str(error) and "already exists" not in str(error):
+            raise
 
 
 def arrow_batch(partition_ids: list[int], positions: list[int], cursors: list[str], raws: list[bytes]) -> pa.Table:

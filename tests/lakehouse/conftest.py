@@ -1,0 +1,28 @@
+import pytest
+
+from feedapi_dagster.lakehouse.loader import FeedLoader, LoadSettings
+from feedapi_dagster.lakehouse.sink import DeltaSink
+from feedapi_dagster.protocol import FeedClient, RetryPolicy
+
+
+@pytest.fixture
+def table_path(tmp_path):
+    return str(tmp_path / "lakehouse" / "feed")
+
+
+@pytest.fixture
+def make_loader(spark, table_path):
+    def make(server, *, path=None, settings=None, **client_kwargs):
+        client_kwargs.setdefault("retry", RetryPolicy(base_delay=0.001, max_delay=0.01))
+        client = FeedClient(server.url, **client_kwargs)
+        return FeedLoader(client, DeltaSink(spark, path or table_path), settings or LoadSettings())
+    return make
+
+
+def table_rows(spark, path, partition_id):
+    frame = spark.read.format("delta").load(path).where(f"partition_id = {partition_id}").orderBy("position")
+    return frame.select("position", "payload", "payload_type", "event_id", "cursor").collect()
+
+
+def payloads(spark, path, partition_id):
+    return [row.payload for row in table_rows(spark, path, partition_id)]

@@ -1,0 +1,200 @@
+"""The Delta sink with real Spark, real Delta and real HTTP against the demo server."""
+import json
+import threading
+
+import pytest
+
+from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults
+from feedapi_dagster.lakehouse.loader import LoadSettings
+from feedapi_dagster.lakehouse.sink import CompactionSettings, DeltaSink, PartitionConflict
+from feedapi_dagster.lakehouse.state import read_committed_state
+from feedapi_dagster.protocol import EventFilter
+
+from .conftest import payloads, table_rows
+
+ODD_PAYLOADS = [
+    '{"id":"u1","text":"Grüße 日本 🎉 \\ud83d\\ude00","esc":"\\"q\\" \\\\ \\n \\u0000 \\/"}',
+    '{"id":"u2","nested":{"a":[1,{"b":{"c":[true,false,null]}}],"n":1.0,"e":1e3,"big":12345678901234567890}}',
+    '{ "id" : "u3" ,  "spaced" : [ 1 , 2 ] }',
+    '"a plain string with \\"escapes\\" and \\u00e9 and \\ud83d\\ude00"',
+    '[1,"two",{"three":3}]',
+    '42.50',
+    'true',
+    'null',
+    '{"no_id":1}',
+    '{"id":7,"numeric":"id"}',
+]
+
+
+def test_every_payload_kind_round_trips_byte_for_byte(spark, make_loader, table_path):
+    feed = DemoFeed(partitions=1, events=20, seed=1)
+    for text in ODD_PAYLOADS:
+        feed.add_event(text, partition=0)
+    big = '{"id":"big","blob":"' + "ü" * (3 * 1024 * 1024) + '"}'
+    feed.add_event(big, partition=0)
+    with DemoFeedServer(feed, dialect="draft") as server:
+        make_loader(server, page_size_hint=7).sync()
+    rows = table_rows(spark, table_path, 0)
+    assert [r.payload for r in rows] == feed.published(0)
+    assert [r.position for r in rows] == list(range(len(rows)))
+    odd = {r.payload: r for r in rows[20:]}
+    kinds = [odd[json.loads(t) if t.startswith('"') else t].payload_type for t in ODD_PAYLOADS]
+    assert kinds == ["object", "object", "object", "string", "array", "number", "boolean", "null", "object", "object"]
+    ids = [odd[json.loads(t) if t.startswith('"') else t].event_id for t in ODD_PAYLOADS]
+    assert ids == ["u1", "u2", "u3", None, None, None, None, None, None, "7"]
+    assert rows[-1].payload == big
+    assert rows[-1].cursor == read_committed_state(spark, table_path).state.get(0).cursor
+
+
+def test_the_table_is_standard_delta_for_an_independent_reader(spark, make_loader, table_path):
+    from deltalake import DeltaTable
+
+    feed = DemoFeed(partitions=2, events=300, seed=2)
+    with DemoFeedServer(feed, dialect="published") as server:
+        make_loader(server).sync()
+    table = DeltaTable(table_path).to_pyarrow_table().to_pylist()
+    for partition in (0, 1):
+        rows = sorted((r for r in table if r["partition_id"] == partition), key=lambda r: r["position"])
+        assert [r["payload"] for r in rows] == feed.published(partition)
+    assert DeltaTable(table_path).metadata().partition_columns == ["partition_id"]
+
+
+def test_at_least_once_feeds_are_deduplicated_across_loads(spark, make_loader, table_path):
+    feed = DemoFeed(partitions=2, events=400, seed=3, exactly_once=False, duplicate_ratio=0.2)
+    with DemoFeedServer(feed, dialect="draft", faults=Faults(rate=0.2, seed=3, retry_after=0)) as server:
+        loader = make_loader(server, page_size_hint=25)
+        first = loader.sync()
+        assert sum(r.duplicates for r in first.values()) > 0
+        # republish already loaded events: the same ids again, later in the partition
+        for text in feed.published(0)[:30]:
+            if text.startswith("{"):
+                feed.add_event(text, partition=0)
+        feed.append(40)
+        loader.sync()
+    for partition in (0, 1):
+        rows = table_rows(spark, table_path, partition)
+        assert [r.payload for r in rows] == feed.expected_events(partition)
+        assert [r.position for r in rows] == list(range(len(rows)))
+        ids = [r.event_id for r in rows if r.event_id is not None]
+        assert len(ids) == len(set(ids))
+
+
+def test_cursor_only_pages_advance_the_stored_cursor(spark, make_loader, table_path):
+    feed = DemoFeed(partitions=1, events=200, seed=4, string_ratio=0)
+    with DemoFeedServer(feed, dialect="draft") as server:
+        loader = make_loader(server, event_filter=EventFilter(fields={"type": "order.paid"}), page_size_hint=10)
+        loader.sync()
+        state = read_committed_state(spark, table_path).state.get(0)
+        rows = table_rows(spark, table_path, 0)
+        assert [json.loads(r.payload)["type"] for r in rows] == ["order.paid"] * len(rows)
+        # the cursor covers the whole partition, also past the last matching event
+        last_seq = max(json.loads(p)["seq"] for p in feed.published(0))
+        assert state.cursor == f"c{last_seq:012x}"
+        assert state.cursor != rows[-1].cursor or json.loads(rows[-1].payload)["seq"] == last_seq
+
+
+def test_closed_partition_is_drained_and_not_read_again(spark, make_loader, table_path):
+    feed = DemoFeed(partitions=2, events=200, seed=5)
+    feed.close(1)
+    with DemoFeedServer(feed, dialect="draft") as server:
+        loader = make_loader(server)
+        reports = loader.sync()
+        assert reports[1].drained and not reports[0].drained
+        again = loader.sync()
+        assert again[1].status == "drained" and again[1].events == 0
+    assert payloads(spark, table_path, 1) == feed.published(1)
+
+
+def test_rebuild_replaces_a_partition_in_one_commit(spark, make_loader, table_path):
+    feed = DemoFeed(partitions=2, events=300, seed=6)
+    with DemoFeedServer(feed, dialect="draft") as server:
+        make_loader(server).sync()
+        feed.close(0)
+        before = read_committed_state(spark, table_path).delta_version
+        # tiny batches: the rebuild stages several of them, then swaps them in with one commit
+        reports = make_loader(server, settings=LoadSettings(batch_events=40)).rebuild([0])
+        after = read_committed_state(spark, table_path)
+        assert after.delta_version == before + 1 and reports[0].rebuilt
+        assert payloads(spark, table_path, 0) == feed.published(0)
+        assert payloads(spark, table_path, 1) == feed.published(1)
+        for version in range(before, after.delta_version + 1):  # every version readers could see is whole
+            count = spark.read.format("delta").option("versionAsOf", version).load(table_path) \
+                .where("partition_id = 0").count()
+            assert count == len(feed.published(0))
+        assert after.state.get(0).position == len(feed.published(0))
+
+
+def test_a_failed_rebuild_replaces_nothing(spark, make_loader, table_path):
+    feed = DemoFeed(partitions=1, events=300, seed=7)
+    with DemoFeedServer(feed, dialect="draft") as server:
+        make_loader(server).sync()
+        before = read_committed_state(spark, table_path)
+        server.faults = Faults(rate=1.0, seed=1, retry_after=0, kinds=("500",))
+        from feedapi_dagster.protocol import RetryPolicy
+        loader = make_loader(server, settings=LoadSettings(batch_events=40),
+                             retry=RetryPolicy(max_attempts=2, base_delay=0))
+        with pytest.raises(RuntimeError, match="rebuild .* abandoned, nothing replaced"):
+            loader.rebuild([0])
+    assert read_committed_state(spark, table_path).delta_version == before.delta_version
+    assert payloads(spark, table_path, 0) == feed.published(0)
+
+
+def test_concurrent_loads_of_one_partition_never_both_commit(spark, make_loader, table_path):
+    feed = DemoFeed(partitions=1, events=300, seed=8)
+    with DemoFeedServer(feed, dialect="draft", faults=Faults(rate=0.3, seed=8, retry_after=0, kinds=("slow",))) as server:
+        loaders = [make_loader(server) for _ in range(2)]
+        outcomes = []
+
+        def run(loader):
+            try:
+                outcomes.append(loader.sync())
+            except PartitionConflict as conflict:
+                outcomes.append(conflict)
+
+        threads = [threading.Thread(target=run, args=(loader,)) for loader in loaders]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert sum(isinstance(o, PartitionConflict) for o in outcomes) == 1
+    assert payloads(spark, table_path, 0) == feed.published(0)
+
+
+def test_concurrent_loads_of_different_partitions_both_commit(spark, make_loader, table_path):
+    feed = DemoFeed(partitions=2, events=300, seed=9)
+    with DemoFeedServer(feed, dialect="draft") as server:
+        errors = []
+
+        def run(partition):
+            try:
+                make_loader(server).sync([partition])
+            except Exception as error:  # noqa: BLE001
+                errors.append(error)
+
+        threads = [threading.Thread(target=run, args=(p,)) for p in (0, 1)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert errors == []
+    state = read_committed_state(spark, table_path).state
+    for partition in (0, 1):
+        assert payloads(spark, table_path, partition) == feed.published(partition)
+        assert state.get(partition).position == len(feed.published(partition))
+
+
+def test_compaction_runs_when_small_commits_pile_up(spark, make_loader, table_path):
+    feed = DemoFeed(partitions=1, events=20, seed=10)
+    with DemoFeedServer(feed, dialect="draft") as server:
+        loader = make_loader(server)
+        sink = DeltaSink(spark, table_path, compaction=CompactionSettings(every_commits=5))
+        loader.sink = sink
+        for _ in range(5):
+            feed.append(3, partition=0)
+            loader.sync()
+        files_before = spark.sql(f"DESCRIBE DETAIL delta.`{table_path}`").collect()[0]["numFiles"]
+        assert sink.compact_if_due()
+        assert not sink.compact_if_due()  # just ran
+    assert spark.sql(f"DESCRIBE DETAIL delta.`{table_path}`").collect()[0]["numFiles"] < files_before
+    assert payloads(spark, table_path, 0) == feed.published(0)
+    assert read_committed_state(spark, table_path).state.get(0).position == len(feed.published(0))
