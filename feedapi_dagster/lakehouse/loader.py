@@ -22,7 +22,7 @@ import msgspec
 from pydantic import BaseModel, ConfigDict, Field
 
 from feedapi_dagster.planning import PartitionPlan, PartitionState, PlanStatus, plan_feed
-from feedapi_dagster.protocol import FeedClient, FeedInfo, Page
+from feedapi_dagster.protocol import FeedClient, FeedInfo, Page, RediscoveryNeeded
 
 from .sink import DeltaSink
 from .table import arrow_batch, rows_frame
@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 # Moments a load passes through, reported to `on_moment` (progress logs; tests kill the process there).
 BEFORE_COMMIT = "before_commit"
+_MAX_REDISCOVERIES = 3
 AFTER_COMMIT = "after_commit"
 
 
@@ -94,6 +95,7 @@ class FeedLoader:
         self.sink = sink
         self.settings = settings or LoadSettings()
         self.on_moment = on_moment or (lambda moment, updates: None)
+        self._discovery_lock = threading.Lock()
         self._id_decoder = msgspec.json.Decoder(
             msgspec.defstruct("EventId", [(sink.event_id_field, msgspec.Raw | msgspec.UnsetType, msgspec.UNSET)]))
 
@@ -189,11 +191,25 @@ class FeedLoader:
 
     def _fetch(self, plan: PartitionPlan, pages: queue.Queue, stop: threading.Event) -> None:
         done = False
+        cursor = plan.cursor
         try:
-            for page in self.client.pages(plan.partition_id, plan.cursor):
-                if not _put(pages, ("page", plan.partition_id, page), stop):
-                    return
-                done = page.done
+            for attempt in range(1, _MAX_REDISCOVERIES + 2):
+                try:
+                    for page in self.client.pages(plan.partition_id, cursor):
+                        if not _put(pages, ("page", plan.partition_id, page), stop):
+                            return
+                        cursor, done = page.cursor, page.done
+                    break
+                except RediscoveryNeeded:
+                    # the discovery token changed (published dialect): discover again and go on
+                    # from the last cursor, unless the partition vanished in a method-2 split
+                    if attempt > _MAX_REDISCOVERIES:
+                        raise
+                    with self._discovery_lock:
+                        info = self.client.discover()
+                    log.info("partition %s: discovery token changed; rediscovered", plan.partition_id)
+                    if info.partition(plan.partition_id) is None:
+                        break
         except Exception as error:  # noqa: BLE001 - reported per partition; the others go on
             log.error("partition %s: %s", plan.partition_id, error)
             _put(pages, ("error", plan.partition_id, str(error)), stop)

@@ -1,0 +1,96 @@
+"""What every Dagster entry point shares: building a loader for a feed, keeping two runs off one
+partition, and turning load reports into materializations with the cursor in their metadata."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import dagster as dg
+
+from feedapi_dagster.lakehouse.loader import FeedLoader, PartitionReport
+from feedapi_dagster.lakehouse.sink import DeltaSink
+
+from .config import FeedConfig, ProjectConfig
+from .resources import SparkResource
+
+FEED_TAG = "feedapi/feed"
+PARTITIONS_TAG = "feedapi/partitions"  # comma-separated partition ids a multi-partition run loads
+# One value per feed for multi-partition runs: dagster.yaml limits each value to one run at a time.
+# (One-partition runs are limited by Dagster's own `dagster/partition` tag.)
+LOCK_TAG = "feedapi/lock"
+REBUILD_TAG = "feedapi/rebuild"
+_ACTIVE = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
+
+
+def asset_key(feed: FeedConfig) -> dg.AssetKey:
+    return dg.AssetKey(["feedapi", feed.name])
+
+
+def partitions_def_name(feed: FeedConfig) -> str:
+    return f"feedapi_{feed.name}"
+
+
+def sync_run_tags(feed: FeedConfig, partition_ids: Iterable[int], rebuild: bool = False) -> dict[str, str]:
+    tags = {FEED_TAG: feed.name, PARTITIONS_TAG: ",".join(map(str, sorted(partition_ids))),
+            LOCK_TAG: f"{feed.name}:sync"}
+    if rebuild:
+        tags[REBUILD_TAG] = "true"
+    return tags
+
+
+def active_partitions(instance: dg.DagsterInstance, feed: FeedConfig, exclude_run_id: str | None = None) -> set[int]:
+    """Partitions that runs in progress are loading: syncs list theirs in a tag, one-partition runs
+    of the asset (also those launched from the UI, without our tags) carry `dagster/partition`."""
+    key = asset_key(feed)
+    busy: set[int] = set()
+    for run in instance.get_runs(dg.RunsFilter(statuses=_ACTIVE)):
+        if run.run_id == exclude_run_id:
+            continue
+        if run.tags.get(FEED_TAG) == feed.name:
+            listed = run.tags.get(PARTITIONS_TAG, "")
+        elif run.asset_selection and key in run.asset_selection:
+            listed = run.tags.get("dagster/partition", "")
+        else:
+            continue
+        busy.update(int(p) for p in listed.split(",") if p.strip().isdigit())
+    return busy
+
+
+def make_loader(project: ProjectConfig, feed: FeedConfig, spark: SparkResource, run_id: str | None) -> FeedLoader:
+    sink = DeltaSink(spark.session(), project.table_path(feed), event_id_field=feed.event_id_field, run_id=run_id,
+                     compaction=feed.compaction)
+    return FeedLoader(feed.client(), sink, feed.load)
+
+
+def report_metadata(report: PartitionReport, loader: FeedLoader) -> dict[str, dg.RawMetadataValue]:
+    return {
+        "cursor": report.cursor,
+        "position": report.position,
+        "events": report.events,
+        "pages": report.pages,
+        "duplicates_skipped": report.duplicates,
+        "drained": report.drained,
+        "rebuilt": report.rebuilt,
+        "start_cursor": report.start_cursor,
+        "dialect": loader.client.info.dialect,
+        "table": dg.MetadataValue.path(loader.sink.path),
+        "delta_version": report.delta_version if report.delta_version is not None else -1,
+    }
+
+
+def materializations(feed: FeedConfig, reports: Iterable[PartitionReport],
+                     loader: FeedLoader) -> list[dg.AssetMaterialization]:
+    """One materialization per partition this load committed something for."""
+    return [
+        dg.AssetMaterialization(asset_key(feed), partition=str(r.partition_id), metadata=report_metadata(r, loader))
+        for r in reports if r.status == "loaded"
+    ]
+
+
+def raise_for_failures(feed: FeedConfig, reports: Iterable[PartitionReport]) -> None:
+    problems = [f"partition {r.partition_id}: {r.error}" for r in reports if r.status in ("failed", "invalid")]
+    if problems:
+        raise dg.Failure(
+            description=f"feed {feed.name}: {len(problems)} partition(s) could not be loaded "
+                        "(what was committed before the failure is kept): " + "; ".join(problems),
+            allow_retries=True,
+        )
