@@ -198,3 +198,15 @@ def test_compaction_runs_when_small_commits_pile_up(spark, make_loader, table_pa
     assert spark.sql(f"DESCRIBE DETAIL delta.`{table_path}`").collect()[0]["numFiles"] < files_before
     assert payloads(spark, table_path, 0) == feed.published(0)
     assert read_committed_state(spark, table_path).state.get(0).position == len(feed.published(0))
+
+
+def test_a_409_mid_load_rediscovers_and_goes_on(spark, make_loader, table_path):
+    feed = DemoFeed(partitions=2, events=200, seed=11)
+    with DemoFeedServer(feed, dialect="published") as server:
+        loader = make_loader(server)
+        loader.client.discover()
+        server.rotate_token()  # the loader holds a stale token: its first fetches get 409
+        reports = loader.sync()
+    assert all(r.status == "loaded" for r in reports.values())
+    for partition in (0, 1):
+        assert payloads(spark, table_path, partition) == feed.published(partition)

@@ -1,0 +1,89 @@
+from dataclasses import dataclass, field
+
+import dagster as dg
+import pytest
+
+from feedapi_dagster.demo import DemoFeed, DemoFeedServer
+from feedapi_dagster.lakehouse.spark import SparkSettings
+from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, SparkResource, build_definitions
+from feedapi_dagster.orchestration.config import ScheduleConfig
+from feedapi_dagster.protocol import RetryPolicy
+
+
+@pytest.fixture
+def instance(tmp_path):
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    with dg.instance_for_test(temp_dir=str(home)) as instance:
+        yield instance
+
+
+@dataclass
+class Harness:
+    """A feed served by the demo server, its project config, Definitions and a Dagster instance."""
+
+    feed: DemoFeed
+    server: DemoFeedServer
+    project: ProjectConfig
+    defs: dg.Definitions
+    instance: dg.DagsterInstance
+    cursor: str | None = None
+    runs: list = field(default_factory=list)
+
+    @property
+    def feed_config(self) -> FeedConfig:
+        return self.project.feeds[0]
+
+    @property
+    def name(self) -> str:
+        return self.feed_config.name
+
+    @property
+    def table(self) -> str:
+        return self.project.table_path(self.feed_config)
+
+    def tick_sensor(self) -> dg.SensorResult:
+        sensor = self.defs.get_sensor_def(f"feedapi_{self.name}_discovery")
+        with dg.build_sensor_context(instance=self.instance, cursor=self.cursor, definitions=self.defs) as context:
+            result = sensor(context)
+        self.cursor = result.cursor
+        for request in result.dynamic_partitions_requests or []:
+            self.instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+        return result
+
+    def tick_schedule(self):
+        schedule = self.defs.get_schedule_def(f"feedapi_{self.name}_schedule")
+        with dg.build_schedule_context(instance=self.instance) as context:
+            return schedule.evaluate_tick(context)
+
+    def launch(self, request: dg.RunRequest) -> dg.ExecuteInProcessResult:
+        job = self.defs.get_job_def(f"feedapi_{self.name}_sync")
+        result = job.execute_in_process(run_config=request.run_config, instance=self.instance, tags=request.tags)
+        self.runs.append(result)
+        return result
+
+    def materialize_partition(self, partition: int, tags=None) -> dg.ExecuteInProcessResult:
+        asset = self.defs.get_assets_def(dg.AssetKey(["feedapi", self.name]))
+        return dg.materialize([asset], partition_key=str(partition), instance=self.instance,
+                              resources={"spark": self.defs.resources["spark"]}, tags=tags or {})
+
+    def metadata(self, partition: int) -> dict:
+        records = self.instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey(["feedapi", self.name]), asset_partitions=[str(partition)]),
+            limit=1).records
+        return {k: v.value for k, v in records[0].asset_materialization.metadata.items()} if records else {}
+
+
+@pytest.fixture
+def harness(spark, instance, tmp_path, request):
+    options = getattr(request, "param", {})
+    feed = DemoFeed(partitions=options.get("partitions", 3), events=options.get("events", 300), seed=31,
+                    exactly_once=options.get("exactly_once", True), duplicate_ratio=options.get("duplicate_ratio", 0.0))
+    with DemoFeedServer(feed, dialect=options.get("dialect", "published")) as server:
+        feed_config = FeedConfig(name="orders", url=server.url, page_size_hint=40,
+                                 retry=RetryPolicy(base_delay=0.001, max_delay=0.01),
+                                 schedule=ScheduleConfig(rebuild_on_split=options.get("rebuild_on_split", False)))
+        project = ProjectConfig(lakehouse=str(tmp_path / "lakehouse"), spark=SparkSettings(mode="local"),
+                                feeds=[feed_config])
+        defs = build_definitions(project, spark=SparkResource(mode="local"))
+        yield Harness(feed, server, project, defs, instance)

@@ -1,0 +1,135 @@
+"""Sensor ticks and the runs they request, against the demo server, a real Dagster instance in a
+temporary DAGSTER_HOME, real Spark and Delta. After each step the table must hold every published
+event exactly once, in order within each partition."""
+import dagster as dg
+import pytest
+
+from feedapi_dagster.lakehouse.state import read_committed_state, read_history
+
+from ..lakehouse.conftest import payloads
+
+
+def assert_exactly_once(spark, harness, partitions=None):
+    state = read_committed_state(spark, harness.table).state
+    for partition in partitions or sorted(state.partitions):
+        rows = payloads(spark, harness.table, partition)
+        assert rows == harness.feed.expected_events(partition), f"partition {partition}"
+        meta = harness.metadata(partition)
+        if meta:  # the materialization mirrors the cursor of record
+            assert meta["cursor"] == state.get(partition).cursor
+            assert meta["position"] == state.get(partition).position == len(rows)
+
+
+def test_discovery_appends_close_and_schedule(spark, harness):
+    result = harness.tick_sensor()
+    assert sorted(harness.instance.get_dynamic_partitions("feedapi_orders")) == ["0", "1", "2"]
+    (request,) = result.run_requests
+    run = harness.launch(request)
+    assert run.success
+    materialized = {e.partition for e in run.get_asset_materialization_events()}
+    assert materialized == {"0", "1", "2"}  # one materialization per partition the run loaded
+    assert_exactly_once(spark, harness, [0, 1, 2])
+    assert harness.metadata(0)["dialect"] == "published" and harness.metadata(0)["events"] > 0
+
+    # nothing changed: the sensor requests nothing, the same run key is not repeated
+    assert not harness.tick_sensor().run_requests
+
+    harness.feed.append(60)
+    harness.feed.close(1)
+    result = harness.tick_sensor()
+    (request,) = result.run_requests  # a final run for the partition that closed
+    assert request.tags["feedapi/partitions"] == "1"
+    assert harness.launch(request).success
+    assert harness.metadata(1)["drained"] is True
+
+    schedule_requests = harness.tick_schedule().run_requests
+    (request,) = schedule_requests
+    assert request.tags["feedapi/partitions"] == "0,2"  # drained partition 1 is not due any more
+    assert harness.launch(request).success
+    assert_exactly_once(spark, harness, [0, 1, 2])
+
+
+def test_method1_split_children_after_parent_is_drained(spark, harness):
+    harness.launch(harness.tick_sensor().run_requests[0])
+    harness.feed.append(30, partition=0)  # not loaded yet when the split happens
+    children = harness.feed.split_method1(0, children=2)
+    harness.feed.append(80)
+    (request,) = harness.tick_sensor().run_requests
+    assert set(map(int, request.tags["feedapi/partitions"].split(","))) >= {0, *children}
+    assert harness.launch(request).success
+    assert_exactly_once(spark, harness, [0, *children])
+    history = list(reversed(read_history(spark, harness.table, limit=None)))
+    drained_at = next(h.delta_version for h in history if h.state.get(0) and h.state.get(0).drained)
+    for child in children:
+        first = next(h.delta_version for h in history if h.state.get(child) and h.state.get(child).position > 0)
+        assert drained_at < first, "a method-1 child was loaded before its parent was drained"
+
+
+def test_method2_split_children_continue_from_the_parent_cursor(spark, harness):
+    harness.launch(harness.tick_sensor().run_requests[0])
+    parent_rows = payloads(spark, harness.table, 2)
+    harness.feed.append(40, partition=2)
+    children = harness.feed.split_method2(2, children=2)
+    harness.feed.append(60)
+    result = harness.tick_sensor()
+    assert sorted(harness.instance.get_dynamic_partitions("feedapi_orders")) == sorted(
+        ["0", "1", "2", *map(str, children)])  # the vanished parent stays visible
+    (request,) = result.run_requests
+    assert harness.launch(request).success
+    assert payloads(spark, harness.table, 2) == parent_rows  # history stays where it was loaded
+    for child in children:
+        rows = payloads(spark, harness.table, child)
+        assert rows == [e for e in harness.feed.published(child) if e not in set(parent_rows)]
+        assert harness.metadata(child)["start_cursor"] == read_committed_state(spark, harness.table).state.get(2).cursor
+    assert harness.launch(harness.tick_schedule().run_requests[0]).success
+    assert_exactly_once(spark, harness, [0, 1])
+
+
+@pytest.mark.parametrize("harness", [{"rebuild_on_split": True}], indirect=True)
+def test_rebuild_after_a_method2_split(spark, harness):
+    harness.launch(harness.tick_sensor().run_requests[0])
+    children = harness.feed.split_method2(2, children=2)
+    harness.feed.append(30)
+    requests = harness.tick_sensor().run_requests
+    rebuild = next(r for r in requests if r.tags.get("feedapi/rebuild") == "true")
+    assert harness.launch(rebuild).success
+    assert payloads(spark, harness.table, 2) == []  # the parent's rows were replaced by its children's
+    for child in children:
+        assert payloads(spark, harness.table, child) == harness.feed.published(child)
+        assert harness.metadata(child)["rebuilt"] is True
+
+
+def test_backfill_of_a_closed_partition_rebuilds_it_atomically(spark, harness):
+    harness.feed.close(1)
+    harness.launch(harness.tick_sensor().run_requests[0])
+    before = read_committed_state(spark, harness.table).delta_version
+    result = harness.materialize_partition(1, tags={"dagster/backfill": "bf1"})
+    assert result.success
+    assert read_committed_state(spark, harness.table).delta_version == before + 1
+    assert harness.metadata(1)["rebuilt"] is True
+    assert_exactly_once(spark, harness, [0, 1, 2])
+
+
+def test_token_change_triggers_rediscovery_and_loading_goes_on(spark, harness):
+    harness.launch(harness.tick_sensor().run_requests[0])
+    old_token = harness.server.discovery_token
+    harness.server.rotate_token()
+    harness.feed.append(50)
+    result = harness.tick_sensor()
+    assert '"token":"%s"' % harness.server.discovery_token in result.cursor and old_token not in result.cursor
+    (request,) = harness.tick_schedule().run_requests
+    assert harness.launch(request).success
+    assert_exactly_once(spark, harness, [0, 1, 2])
+
+
+def test_a_second_load_of_a_busy_partition_refuses_to_start(spark, harness, instance):
+    harness.launch(harness.tick_sensor().run_requests[0])
+    job = harness.defs.get_job_def("feedapi_orders_sync")
+    # a run in progress that loads partition 0
+    busy = instance.create_run_for_job(job, run_config={"ops": {"feedapi_orders_sync_op": {"config": {}}}},
+                                       tags={"feedapi/feed": "orders", "feedapi/partitions": "0"},
+                                       status=dg.DagsterRunStatus.STARTED)
+    with pytest.raises(dg.Failure, match="another run is loading it"):
+        harness.materialize_partition(0)
+    assert harness.tick_schedule().run_requests[0].tags["feedapi/partitions"] == "1,2"
+    instance.report_run_canceled(busy)
