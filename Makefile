@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 JARS_STAMP := $(VENV)/share/feedapi-dagster/delta-jars/manifest.json
 
-.PHONY: setup demo test clean
+.PHONY: setup demo dev test clean
 
 setup: $(STAMP) $(JARS_STAMP)
 
@@ -30,3 +30,6 @@ test: setup
 
 clean:
 	rm -rf $(VENV) .cache
+
+dev: setup
+	$(BIN)/feedapi-dagster dev

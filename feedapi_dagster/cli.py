@@ -10,7 +10,11 @@ import importlib
 import sys
 
 # module path of each subcommand provider, in the order shown by --help
-_COMMAND_MODULES: tuple[str, ...] = ("feedapi_dagster.lakehouse.cli", "feedapi_dagster.demo.cli")
+_COMMAND_MODULES: tuple[str, ...] = (
+    "feedapi_dagster.orchestration.demo",
+    "feedapi_dagster.lakehouse.cli",
+    "feedapi_dagster.demo.cli",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
