@@ -133,3 +133,23 @@ def test_a_second_load_of_a_busy_partition_refuses_to_start(spark, harness, inst
         harness.materialize_partition(0)
     assert harness.tick_schedule().run_requests[0].tags["feedapi/partitions"] == "1,2"
     instance.report_run_canceled(busy)
+
+
+def test_asset_checks_pass_on_a_good_table_and_catch_a_stale_mirror(spark, harness):
+    harness.launch(harness.tick_sensor().run_requests[0])
+    key = dg.AssetKey(["feedapi", "orders"])
+    asset = harness.defs.get_assets_def(key)
+    checks = next(c for c in harness.defs.asset_checks if key in {k.asset_key for k in c.check_keys})
+
+    def run_checks():
+        result = dg.materialize([asset, checks], selection=dg.AssetSelection.checks_for_assets(key),
+                                instance=harness.instance, resources={"spark": harness.defs.resources["spark"]})
+        return {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+
+    assert run_checks() == {"no_duplicate_event_ids": True, "positions_contiguous": True,
+                            "cursor_metadata_matches_delta": True}
+    # a load committed to Delta but the run died before recording its materialization
+    harness.feed.append(20, partition=0)
+    from feedapi_dagster.orchestration.loads import make_loader
+    make_loader(harness.project, harness.feed_config, harness.defs.resources["spark"], None).sync([0])
+    assert run_checks()["cursor_metadata_matches_delta"] is False
