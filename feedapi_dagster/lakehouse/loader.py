@@ -145,8 +145,10 @@ class FeedLoader:
                                      rebuilt=rebuild, inherited_from=plan.inherited_from)
             progress[plan.partition_id] = _Progress(plan, start, committed.get(plan.partition_id), report)
         if dedup:
-            for item in progress.values():
-                item.seen_ids = set() if rebuild else self.sink.event_ids(_dedup_group(info, item.plan))
+            groups = {pid: _dedup_group(info, item.plan) for pid, item in progress.items()}
+            stored = {} if rebuild else self.sink.event_ids(p for group in groups.values() for p in group)
+            for pid, item in progress.items():
+                item.seen_ids = set().union(*(stored.get(p, set()) for p in groups[pid]))
         staging = f"{self.sink.path}/_feedapi_staging/{uuid.uuid4().hex}" if rebuild else None
         pages: queue.Queue = queue.Queue(maxsize=self.settings.queued_pages)
         stop = threading.Event()

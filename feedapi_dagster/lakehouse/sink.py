@@ -77,15 +77,18 @@ class DeltaSink:
     def state(self) -> FeedState:
         return self.committed_state().state
 
-    def event_ids(self, partition_ids: Iterable[int]) -> set[str]:
-        """Event ids already stored for these partitions (deduplication of at-least-once feeds)."""
-        ids = ",".join(str(int(p)) for p in partition_ids)
+    def event_ids(self, partition_ids: Iterable[int]) -> dict[int, set[str]]:
+        """Event ids already stored per partition (deduplication of at-least-once feeds), one query."""
+        ids = ",".join(str(int(p)) for p in sorted(set(partition_ids)))
+        stored: dict[int, set[str]] = {}
         if not ids:
-            return set()
+            return stored
         rows = self.spark.sql(
-            f"SELECT DISTINCT event_id FROM delta.`{self.path}` WHERE partition_id IN ({ids}) AND event_id IS NOT NULL"
-        ).collect()
-        return {row[0] for row in rows}
+            f"SELECT DISTINCT partition_id, event_id FROM delta.`{self.path}` "
+            f"WHERE partition_id IN ({ids}) AND event_id IS NOT NULL").collect()
+        for partition_id, event_id in rows:
+            stored.setdefault(partition_id, set()).add(event_id)
+        return stored
 
     def frame(self) -> "DataFrame":
         return self.spark.read.format("delta").load(self.path)
