@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 JARS_STAMP := $(VENV)/share/feedapi-dagster/delta-jars/manifest.json
 
-.PHONY: setup demo dev test clean
+.PHONY: setup demo dev test clean browser
 
 setup: $(STAMP) $(JARS_STAMP)
 
@@ -25,7 +25,12 @@ $(JARS_STAMP): $(STAMP)
 demo: setup
 	$(BIN)/feedapi-dagster demo
 
-test: setup
+# Headless Chromium + chromedriver for the browser test (tests/browser); Debian packages.
+browser:
+	test -x /usr/bin/chromedriver || { SUDO=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
+		$$SUDO apt-get update && $$SUDO apt-get install -y --no-install-recommends chromium chromium-driver; }
+
+test: setup browser
 	$(BIN)/python -m pytest -q
 
 clean:
