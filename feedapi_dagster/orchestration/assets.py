@@ -29,11 +29,11 @@ def build_feed_asset(project: ProjectConfig, feed: FeedConfig) -> dg.AssetsDefin
         if len(keys) != 1:
             raise dg.Failure(f"feed {feed.name}: a run of this asset loads exactly one partition, got {keys}")
         partition_id = int(keys[0])
-        busy = active_partitions(context.instance, feed, exclude_run_id=context.run_id)
+        busy = active_partitions(context.instance, feed, exclude_run_id=context.run.run_id)
         if partition_id in busy:
             raise dg.Failure(f"feed {feed.name} partition {partition_id}: another run is loading it; not starting "
                              "a second load (see the runs tagged feedapi/feed)", allow_retries=False)
-        loader = make_loader(project, feed, spark, context.run_id)
+        loader = make_loader(project, feed, spark, context.run.run_id)
         partition = loader.client.info.partition(partition_id)
         backfill = BACKFILL_TAG in context.run.tags
         rebuild = context.run.tags.get(REBUILD_TAG) == "true" or (backfill and partition is not None and partition.closed)
@@ -64,8 +64,8 @@ def build_sync_job(project: ProjectConfig, feed: FeedConfig) -> dg.JobDefinition
 
     @dg.op(name=f"feedapi_{feed.name}_sync_op", tags={"kind": "spark"})
     def sync_op(context: dg.OpExecutionContext, config: SyncConfig, spark: SparkResource) -> None:
-        busy = active_partitions(context.instance, feed, exclude_run_id=context.run_id)
-        loader = make_loader(project, feed, spark, context.run_id)
+        busy = active_partitions(context.instance, feed, exclude_run_id=context.run.run_id)
+        loader = make_loader(project, feed, spark, context.run.run_id)
         _register_partitions(context.instance, feed, [str(p.id) for p in loader.client.info.partitions])
         if config.rebuild:
             clash = busy & {*config.rebuild, *config.drop}
