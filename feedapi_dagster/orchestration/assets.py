@@ -3,8 +3,8 @@
 import dagster as dg
 
 from .config import FeedConfig, ProjectConfig
-from .loads import (REBUILD_TAG, active_partitions, asset_key, make_loader, materializations, partitions_def_name,
-                    raise_for_failures, report_metadata)
+from .loads import (REBUILD_TAG, active_partitions, asset_key, make_loader, materializations, mirror_repairs,
+                    partitions_def_name, raise_for_failures, report_metadata)
 from .resources import SparkResource
 
 BACKFILL_TAG = "dagster/backfill"
@@ -82,6 +82,11 @@ def build_sync_job(project: ProjectConfig, feed: FeedConfig) -> dg.JobDefinition
                              report.partition_id, report.status, report.events, report.duplicates, report.cursor,
                              f" ({report.error})" if report.error else "")
         for event in materializations(feed, reports.values(), loader):
+            context.log_event(event)
+        loaded = [r.partition_id for r in reports.values() if r.status == "loaded"]
+        for event in mirror_repairs(context.instance, feed, loader, skip=loaded):
+            context.log.info("partition %s: materialization metadata was behind Delta; recorded the cursor of "
+                             "record", event.partition)
             context.log_event(event)
         loader.sink.compact_if_due()
         raise_for_failures(feed, reports.values())

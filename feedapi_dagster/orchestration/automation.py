@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 from feedapi_dagster.protocol import FeedAPIError, FeedInfo
 
 from .config import FeedConfig
-from .loads import active_partitions, asset_key, partitions_def_name, sync_run_tags
+from .loads import active_partitions, latest_metadata, partitions_def_name, sync_run_tags
 
 
 class DiscoveryCursor(BaseModel):
@@ -100,15 +100,7 @@ def build_discovery_sensor(feed: FeedConfig, sync_job: dg.JobDefinition) -> dg.S
 
 def drained_partitions(instance: dg.DagsterInstance, feed: FeedConfig, keys: list[str]) -> set[str]:
     """Partitions whose latest materialization says they are closed and read to their end."""
-    drained = set()
-    for key in keys:
-        records = instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=asset_key(feed), asset_partitions=[key]), limit=1).records
-        if records:
-            value = records[0].asset_materialization.metadata.get("drained")
-            if value is not None and value.value is True:
-                drained.add(key)
-    return drained
+    return {key for key in keys if latest_metadata(instance, feed, key).get("drained") is True}
 
 
 def build_sync_schedule(feed: FeedConfig, sync_job: dg.JobDefinition) -> dg.ScheduleDefinition:

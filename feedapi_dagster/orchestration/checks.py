@@ -5,7 +5,7 @@ import dagster as dg
 from feedapi_dagster.lakehouse.state import read_committed_state
 
 from .config import FeedConfig, ProjectConfig
-from .loads import asset_key
+from .loads import asset_key, latest_metadata
 from .resources import SparkResource
 
 NO_DUPLICATES = "no_duplicate_event_ids"
@@ -53,13 +53,9 @@ def build_feed_checks(project: ProjectConfig, feed: FeedConfig) -> dg.AssetCheck
 
         mismatched = []
         for partition_id, committed in sorted(state.partitions.items()):
-            records = context.instance.fetch_materializations(
-                dg.AssetRecordsFilter(asset_key=key, asset_partitions=[str(partition_id)]), limit=1).records
-            if not records:
-                continue
-            mirrored = records[0].asset_materialization.metadata.get("cursor")
-            if mirrored is None or mirrored.value != committed.cursor:
-                mismatched.append(f"partition {partition_id}: metadata {mirrored.value if mirrored else None!r}, "
+            mirrored = latest_metadata(context.instance, feed, str(partition_id))
+            if mirrored and mirrored.get("cursor") != committed.cursor:
+                mismatched.append(f"partition {partition_id}: metadata {mirrored.get('cursor')!r}, "
                                   f"Delta {committed.cursor!r}")
         yield dg.AssetCheckResult(check_name=CURSOR_MIRRORED, passed=not mismatched,
                                   metadata={"problems": mismatched[:20]})

@@ -86,6 +86,30 @@ def materializations(feed: FeedConfig, reports: Iterable[PartitionReport],
     ]
 
 
+def latest_metadata(instance: dg.DagsterInstance, feed: FeedConfig, partition_key: str) -> dict:
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=asset_key(feed), asset_partitions=[partition_key]), limit=1).records
+    return {k: v.value for k, v in records[0].asset_materialization.metadata.items()} if records else {}
+
+
+def mirror_repairs(instance: dg.DagsterInstance, feed: FeedConfig, loader: FeedLoader,
+                   skip: Iterable[int]) -> list[dg.AssetMaterialization]:
+    """Materializations for partitions whose latest one disagrees with the cursor of record in Delta
+    (a run killed between its commit and its materialization): the next run sets the mirror right."""
+    skip = set(skip)
+    repairs = []
+    for partition_id, state in sorted(loader.sink.state.partitions.items()):
+        if partition_id in skip or loader.client.info.partition(partition_id) is None:
+            continue
+        mirrored = latest_metadata(instance, feed, str(partition_id))
+        if mirrored.get("cursor") == state.cursor and mirrored.get("drained") == state.drained:
+            continue
+        report = PartitionReport(partition_id, "loaded", state.cursor, state.position, state.cursor,
+                                 drained=state.drained, inherited_from=state.inherited_from)
+        repairs.extend(materializations(feed, [report], loader))
+    return repairs
+
+
 def raise_for_failures(feed: FeedConfig, reports: Iterable[PartitionReport]) -> None:
     problems = [f"partition {r.partition_id}: {r.error}" for r in reports if r.status in ("failed", "invalid")]
     if problems:

@@ -7,6 +7,7 @@ from feedapi_dagster.demo import DemoFeed, DemoFeedServer
 from feedapi_dagster.lakehouse.spark import SparkSettings
 from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, SparkResource, build_definitions
 from feedapi_dagster.orchestration.config import ScheduleConfig
+from feedapi_dagster.orchestration.loads import latest_metadata
 from feedapi_dagster.protocol import RetryPolicy
 
 
@@ -68,10 +69,7 @@ class Harness:
                               resources={"spark": self.defs.resources["spark"]}, tags=tags or {})
 
     def metadata(self, partition: int) -> dict:
-        records = self.instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=dg.AssetKey(["feedapi", self.name]), asset_partitions=[str(partition)]),
-            limit=1).records
-        return {k: v.value for k, v in records[0].asset_materialization.metadata.items()} if records else {}
+        return latest_metadata(self.instance, self.feed_config, str(partition))
 
 
 @pytest.fixture

@@ -153,3 +153,6 @@ def test_asset_checks_pass_on_a_good_table_and_catch_a_stale_mirror(spark, harne
     from feedapi_dagster.orchestration.loads import make_loader
     make_loader(harness.project, harness.feed_config, harness.defs.resources["spark"], None).sync([0])
     assert run_checks()["cursor_metadata_matches_delta"] is False
+    # the next sync records the cursor of record for the partition it finds stale
+    harness.launch(harness.tick_schedule().run_requests[0])
+    assert run_checks()["cursor_metadata_matches_delta"] is True
