@@ -1,0 +1,313 @@
+"""The chaos suite: a seeded random sequence of publisher actions, Dagster runs (in their own
+processes, some SIGKILLed) and wire faults, with the exactly-once invariant checked after every step
+against the demo server's own log, read back with an independent Delta reader (`deltalake`)."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import dagster as dg
+import yaml
+from dagster._core.instance.ref import InstanceRef
+from deltalake import DeltaTable
+
+from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults
+from feedapi_dagster.lakehouse.spark import ensure_embedded_server, find_free_port
+from feedapi_dagster.lakehouse.state import decode
+from feedapi_dagster.orchestration import build_definitions, load_config
+from feedapi_dagster.orchestration.automation import DiscoveryCursor, evaluate_discovery, sync_request
+from feedapi_dagster.orchestration.loads import latest_metadata
+from feedapi_dagster.planning import FeedState
+from feedapi_dagster.protocol import FeedClient
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN_JOB = Path(__file__).with_name("run_job.py")
+MAX_PARTITIONS = 10
+# Each step is one publisher action, then one consumer action. action: weight
+PUBLISHER_ACTIONS = {"append": 5, "close": 1, "split_method1": 1, "split_method2": 1, "rotate_token": 1}
+CONSUMER_ACTIONS = {"sensor": 3, "schedule": 4, "backfill": 1, "rebuild": 1, "same_partition_twice": 1}
+
+
+class InvariantBroken(AssertionError):
+    pass
+
+
+@dataclass
+class Tally:
+    steps: Counter = field(default_factory=Counter)
+    runs: Counter = field(default_factory=Counter)
+    kills: Counter = field(default_factory=Counter)
+    checks: int = 0
+    published: int = 0
+
+
+class ChaosRun:
+    def __init__(self, seed: int, work_dir: Path, fault_rate: float = 0.2, kill_rate: float = 0.3):
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.work_dir = work_dir
+        self.fault_rate = fault_rate
+        self.kill_rate = kill_rate
+        self.tally = Tally()
+        at_least_once = seed % 2 == 1
+        self.feed = DemoFeed(partitions=3, events=300, seed=seed, exactly_once=not at_least_once,
+                             duplicate_ratio=0.1 if at_least_once else 0.0)
+        self.server = DemoFeedServer(self.feed, dialect="published",
+                                     faults=Faults(fault_rate, seed=seed, retry_after=0)).start()
+        self.spark = ensure_embedded_server(find_free_port(), work_dir=work_dir / "spark")
+        home = work_dir / "dagster_home"
+        home.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / "dagster_project" / "dagster.yaml", home / "dagster.yaml")
+        config_path = work_dir / "feeds.yaml"
+        config_path.write_text(yaml.safe_dump({
+            "lakehouse": str(work_dir / "lakehouse"),
+            "spark": {"mode": "embedded", "port": int(self.spark.url.rsplit(":", 1)[1])},
+            "feeds": [{"name": "chaos", "url": self.server.url, "page_size_hint": 50,
+                       "retry": {"max_attempts": 30, "base_delay": 0.01, "max_delay": 0.2},
+                       "load": {"batch_events": 150, "fetch_workers": 4}}],
+        }))
+        self.env = {**os.environ, "DAGSTER_HOME": str(home), "FEEDAPI_DAGSTER_CONFIG": str(config_path)}
+        self.env.pop("FEEDAPI_LAKEHOUSE", None)
+        self.config = load_config(config_path)
+        self.feed_config = self.config.feeds[0]
+        self.table = self.config.table_path(self.feed_config)
+        self.instance = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home)))
+        self.defs = build_definitions(self.config)
+        self.sensor_cursor: str | None = None
+        self.log = (work_dir / "runs.log").open("ab")
+
+    def close(self) -> None:
+        self.server.stop()
+        self.spark.stop()
+        self.instance.dispose()
+        self.log.close()
+
+    # ------------------------------------------------------------------ the run
+    def run(self, steps: int | None = None, minutes: float | None = None) -> Tally:
+        deadline = time.monotonic() + 60 * minutes if minutes else None
+        step = 0
+        while (steps is None or step < steps) and (deadline is None or time.monotonic() < deadline):
+            step += 1
+            for actions in (PUBLISHER_ACTIONS, CONSUMER_ACTIONS):
+                action = self.rng.choices(list(actions), weights=list(actions.values()))[0]
+                getattr(self, f"_{action}")()
+                self.tally.steps[action] += 1
+            self.check(final=False, where=f"step {step}")
+        self.chaos_runs = sum(self.tally.runs.values())
+        self.chaos_faults = sum(self.server.fault_counts.values())
+        self.catch_up()
+        self.check(final=True, where="after catching up")
+        return self.tally
+
+    def summary(self) -> str:
+        t = self.tally
+        return (f"chaos seed={self.seed} feed={'at-least-once' if not self.feed.exactly_once else 'exactly-once'} "
+                f"published_events={sum(len(self.feed.published(p)) for p in self._all_partitions())} "
+                f"steps={dict(t.steps)} runs={dict(t.runs)} (under chaos: {getattr(self, 'chaos_runs', '?')}) "
+                f"kills={dict(t.kills)} "
+                f"faults={dict(self.server.fault_counts)} invariant_checks={t.checks}")
+
+    # ------------------------------------------------------------------ publisher actions
+    def _open(self) -> list[int]:
+        return [p.id for p in self._discovery().partitions if not p.closed]
+
+    def _discovery(self):
+        return FeedClient(self.server.url).discover()
+
+    def _append(self) -> None:
+        self.feed.append(self.rng.randint(1, 150))
+
+    def _close(self) -> None:
+        open_ids = self._open()
+        if len(open_ids) > 1:
+            self.feed.close(self.rng.choice(open_ids))
+
+    def _split(self, method: int) -> None:
+        if len(self._discovery().partitions) >= MAX_PARTITIONS:
+            return
+        candidates = self._open()
+        self.rng.shuffle(candidates)
+        for partition in candidates:
+            try:
+                getattr(self.feed, f"split_method{method}")(partition, children=2)
+                self.feed.append(self.rng.randint(1, 60))
+                return
+            except ValueError:
+                continue
+
+    def _split_method1(self) -> None:
+        self._split(1)
+
+    def _split_method2(self) -> None:
+        self._split(2)
+
+    def _rotate_token(self) -> None:
+        self.server.rotate_token()
+
+    # ------------------------------------------------------------------ consumer actions
+    def _sensor(self) -> None:
+        info = self._discovery()
+        result = evaluate_discovery(self.feed_config, info, DiscoveryCursor.parse(self.sensor_cursor))
+        self.sensor_cursor = result.cursor
+        for request in result.dynamic_partitions_requests or []:
+            self.instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+        for request in result.run_requests:
+            self._launch({"kind": "sync", "run_config": request.run_config, "tags": request.tags})
+
+    def _schedule(self) -> None:
+        schedule = self.defs.get_schedule_def("feedapi_chaos_schedule")
+        with dg.build_schedule_context(instance=self.instance) as context:
+            for request in schedule.evaluate_tick(context).run_requests or []:
+                self._launch({"kind": "sync", "run_config": request.run_config, "tags": request.tags})
+
+    def _backfill(self) -> None:
+        closed = [p.id for p in self._discovery().partitions if p.closed]
+        if closed:
+            partition = str(self.rng.choice(closed))
+            self.instance.add_dynamic_partitions("feedapi_chaos", [partition])
+            self._launch({"kind": "asset", "partition": partition, "tags": {"dagster/backfill": f"chaos-{partition}"}})
+
+    def _rebuild(self) -> None:
+        live = [p.id for p in self._discovery().partitions]
+        chosen = self.rng.sample(live, k=min(len(live), self.rng.randint(1, 2)))
+        request = sync_request(self.feed_config, [], f"chaos-rebuild-{time.time()}", rebuild=chosen)
+        self._launch({"kind": "sync", "run_config": request.run_config, "tags": request.tags})
+
+    def _same_partition_twice(self) -> None:
+        partition = self.rng.choice([p.id for p in self._discovery().partitions])
+        self.instance.add_dynamic_partitions("feedapi_chaos", [str(partition)])
+        request = sync_request(self.feed_config, [partition], f"chaos-twice-{time.time()}")
+        self._launch({"kind": "sync", "run_config": request.run_config, "tags": request.tags},
+                     {"kind": "asset", "partition": str(partition), "tags": {}})
+
+    # ------------------------------------------------------------------ runs in their own processes
+    def _launch(self, *specs: dict, kill: bool | None = None) -> None:
+        version = self._table_version()
+        processes = [subprocess.Popen([sys.executable, str(RUN_JOB), json.dumps(spec)], env=self.env, cwd=ROOT,
+                                      stdout=self.log, stderr=subprocess.STDOUT) for spec in specs]
+        kill = self.rng.random() < self.kill_rate if kill is None else kill
+        if kill:
+            how = self.rng.choice(["timer", "after_commit"])
+            self.tally.kills[how] += 1
+            self._kill_later(processes, how, version)
+        for process in processes:
+            code = process.wait(timeout=600)
+            self.tally.runs["killed" if code == -signal.SIGKILL else "succeeded" if code == 0 else "failed"] += 1
+        self._fail_dead_runs()
+
+    def _kill_later(self, processes: list[subprocess.Popen], how: str, version: int | None) -> None:
+        # a run spends its first seconds importing and connecting; kill anywhere after that
+        deadline = time.monotonic() + (self.rng.uniform(2, 20) if how == "timer" else 120)
+        while time.monotonic() < deadline and any(p.poll() is None for p in processes):
+            if how == "after_commit" and self._table_version() != version:
+                break  # a commit just landed: the run is between its commit and its end
+            time.sleep(0.05)
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGKILL)
+
+    def _fail_dead_runs(self) -> None:
+        """What run monitoring does for a run whose process died: mark it failed."""
+        for run in self.instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED,
+                                                                  dg.DagsterRunStatus.STARTING])):
+            self.instance.report_run_failed(run)
+
+    def catch_up(self) -> None:
+        """No faults, no kills: runs until every live partition holds everything published."""
+        self.server.faults = None
+        for _ in range(3):
+            self._sensor_no_kill()
+            self._launch({"kind": "sync", "run_config": {}, "tags": {}}, kill=False)
+
+    def _sensor_no_kill(self) -> None:
+        saved, self.kill_rate = self.kill_rate, 0.0
+        try:
+            self._sensor()
+        finally:
+            self.kill_rate = saved
+
+    # ------------------------------------------------------------------ the invariant
+    def _table_version(self) -> int | None:
+        try:
+            return DeltaTable(self.table).version()
+        except Exception:  # noqa: BLE001 - no table yet
+            return None
+
+    def _all_partitions(self) -> list[int]:
+        return sorted({p.id for p in self._discovery().partitions} | set(self._state().partitions))
+
+    def _state(self) -> FeedState:
+        if self._table_version() is None:
+            return FeedState()
+        for commit in DeltaTable(self.table).history():
+            decoded = decode(commit.get("userMetadata"))
+            if decoded is not None:
+                return decoded[0]
+        return FeedState()
+
+    def check(self, final: bool, where: str) -> None:
+        self.tally.checks += 1
+        if self._table_version() is None:
+            if final:
+                raise InvariantBroken(f"seed {self.seed}, {where}: nothing was ever loaded")
+            return
+        table = DeltaTable(self.table)
+        rows: dict[int, list[dict]] = {}
+        for row in table.to_pyarrow_table(columns=["partition_id", "position", "payload", "event_id"]).to_pylist():
+            rows.setdefault(row["partition_id"], []).append(row)
+        for partition_rows in rows.values():
+            partition_rows.sort(key=lambda r: r["position"])
+        state = self._state()
+        info = self._discovery()
+        live = {p.id: p for p in info.partitions}
+        problems = []
+        for partition in sorted(set(rows) | set(state.partitions) | (set(live) if final else set())):
+            got = [r["payload"] for r in rows.get(partition, [])]
+            if [r["position"] for r in rows.get(partition, [])] != list(range(len(got))):
+                problems.append(f"partition {partition}: positions are not 0..{len(got) - 1}")
+            committed = state.get(partition)
+            if committed is not None and committed.position != len(got):
+                problems.append(f"partition {partition}: {len(got)} rows but committed position {committed.position}")
+            expected = self.feed.expected_events(partition)
+            ancestors = live[partition].cursor_from if partition in live else []
+            if ancestors:
+                inherited = {r["payload"] for a in ancestors for r in rows.get(a, [])}
+                expected = [e for e in expected if e not in inherited]
+            complete = final and partition in live
+            if (got != expected) if complete else (got != expected[: len(got)]):
+                problems.append(f"partition {partition}: {len(got)} rows are not {'all' if complete else 'a prefix'} "
+                                f"of the {len(expected)} events published for it")
+        ids = Counter(r["event_id"] for part in rows.values() for r in part if r["event_id"] is not None)
+        repeated = [i for i, n in ids.items() if n > 1]
+        if repeated:
+            problems.append(f"event ids stored twice: {repeated[:5]}")
+        problems += self._method1_order(table, live)
+        if final:
+            for partition, committed in state.partitions.items():
+                mirrored = latest_metadata(self.instance, self.feed_config, str(partition))
+                if partition in live and mirrored.get("cursor") != committed.cursor:
+                    problems.append(f"partition {partition}: metadata cursor {mirrored.get('cursor')!r} "
+                                    f"!= Delta {committed.cursor!r}")
+        if problems:
+            raise InvariantBroken(f"seed {self.seed}, {where}:\n  " + "\n  ".join(problems))
+
+    def _method1_order(self, table: DeltaTable, live: dict) -> list[str]:
+        history = [(c["version"], decode(c.get("userMetadata"))) for c in table.history()]
+        states = sorted((version, d[0]) for version, d in history if d is not None)
+        problems = []
+        for child in (p for p in live.values() if p.starts_after is not None):
+            first = next((v for v, s in states if s.get(child.id) and s.get(child.id).position > 0), None)
+            drained = next((v for v, s in states if s.get(child.starts_after) and s.get(child.starts_after).drained),
+                           None)
+            if first is not None and (drained is None or drained >= first):
+                problems.append(f"partition {child.id} was loaded before its parent {child.starts_after} was drained")
+        return problems

@@ -1,0 +1,14 @@
+"""The short chaos run (CI). The long form: `python -m tests.chaos --minutes 30 --seed N`."""
+from .harness import ChaosRun
+
+
+def test_short_chaos_run_keeps_exactly_once(tmp_path):
+    chaos = ChaosRun(seed=7, work_dir=tmp_path)
+    try:
+        tally = chaos.run(steps=8)
+    finally:
+        print(chaos.summary())
+        chaos.close()
+    # the run was not empty: runs under faults, kills, and a check after every step
+    assert tally.checks == 9
+    assert chaos.chaos_runs >= 5 and chaos.chaos_faults > 0 and sum(tally.kills.values()) > 0
