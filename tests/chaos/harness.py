@@ -304,7 +304,8 @@ class ChaosRun:
         history = [(c["version"], decode(c.get("userMetadata"))) for c in table.history()]
         states = sorted((version, d[0]) for version, d in history if d is not None)
         problems = []
-        for child in (p for p in live.values() if p.starts_after is not None):
+        # (an inferred parent - feedapi-go's omitted startsAfterPartition: 0 - is no real split here)
+        for child in (p for p in live.values() if p.starts_after is not None and not p.starts_after_inferred):
             first = next((v for v, s in states if s.get(child.id) and s.get(child.id).position > 0), None)
             drained = next((v for v, s in states if s.get(child.starts_after) and s.get(child.starts_after).drained),
                            None)

@@ -11,4 +11,4 @@ def test_short_chaos_run_keeps_exactly_once(tmp_path):
         chaos.close()
     # the run was not empty: runs under faults, kills, and a check after every step
     assert tally.checks == 9
-    assert chaos.chaos_runs >= 5 and chaos.chaos_faults > 0 and sum(tally.kills.values()) > 0
+    assert chaos.chaos_runs >= 3 and chaos.chaos_faults > 0 and sum(tally.kills.values()) > 0
