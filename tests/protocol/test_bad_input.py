@@ -1,0 +1,105 @@
+"""Bad input on the wire: clear errors naming the feed and partition, bounded memory, timeouts."""
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from feedapi_dagster.demo import DemoFeed, DemoFeedServer
+from feedapi_dagster.protocol import FeedAPIError, FeedClient, RetryPolicy
+
+NO_WAIT = RetryPolicy(max_attempts=2, base_delay=0)
+
+
+class StreamingServer:
+    """Answers discovery, then streams fetch bodies produced by `body(handler)`."""
+
+    def __init__(self, body):
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self):  # noqa: N802
+                if "partition=" not in self.path:
+                    payload = json.dumps({"partitions": [{"id": "0"}]}).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
+                body(self)
+
+            def log_message(self, *args):
+                pass
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}/feed"
+        threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self):
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+@pytest.fixture
+def streaming():
+    servers = []
+    yield lambda body: servers.append(StreamingServer(body)) or servers[-1]
+    for server in servers:
+        server.close()
+
+
+def test_an_endless_body_is_cut_at_the_page_bound(streaming):
+    def endless(handler):
+        handler.send_response(200)
+        handler.end_headers()  # no length: the body ends when the connection does, i.e. never
+        line = b'{"event":"' + b"z" * 10_000 + b'"}\n'
+        try:
+            while True:
+                handler.wfile.write(line)
+        except OSError:
+            pass
+
+    server = streaming(endless)
+    client = FeedClient(server.url, max_page_bytes=2_000_000, retry=NO_WAIT)
+    with pytest.raises(FeedAPIError, match=r"partition 0: .*more than 2000000 bytes of events without a checkpoint"):
+        list(client.pages(0))
+
+
+def test_a_server_that_hangs_times_out(streaming):
+    def hang(handler):
+        time.sleep(3)
+
+    server = streaming(hang)
+    client = FeedClient(server.url, timeout=(1.0, 0.3), retry=NO_WAIT)
+    started = time.monotonic()
+    with pytest.raises(FeedAPIError, match=r"partition 0: giving up after 2 attempts: .*(Timeout|timed out)"):
+        list(client.pages(0))
+    assert time.monotonic() - started < 3
+
+
+@pytest.mark.parametrize("body, reason", [
+    (b'{"event":1}\n\xc3\x28 not utf-8\n{"cursor":"c1"}\n', "not valid UTF-8"),
+    (b'{"event":1}\nthis is not json\n{"cursor":"c1"}\n', "not a FeedAPI JSON object"),
+])
+def test_bad_lines_fail_clearly_after_retries(streaming, body, reason):
+    def send(handler):
+        handler.send_response(200)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    server = streaming(send)
+    with pytest.raises(FeedAPIError, match=f"feed http://127.0.0.1:.*partition 0: giving up after 2 attempts: .*{reason}"):
+        list(FeedClient(server.url, retry=NO_WAIT).pages(0))
+
+
+def test_a_50_megabyte_event_is_read_whole():
+    feed = DemoFeed(partitions=1, events=2, seed=1)
+    big = '{"id":"huge","blob":"' + "x" * (50 * 1024 * 1024) + '"}'
+    feed.add_event(big, partition=0)
+    with DemoFeedServer(feed, dialect="draft") as server:
+        pages = list(FeedClient(server.url).pages(0))
+    raws = [raw for page in pages for raw in page.raw_events]
+    assert len(raws) == 3 and raws[-1] == big.encode()
