@@ -51,7 +51,8 @@ class Tally:
 
 
 class ChaosRun:
-    def __init__(self, seed: int, work_dir: Path, fault_rate: float = 0.2, kill_rate: float = 0.3):
+    def __init__(self, seed: int, work_dir: Path, fault_rate: float = 0.2, kill_rate: float = 0.3,
+                 spark_port: int | None = None):
         self.seed = seed
         self.rng = random.Random(seed)
         self.work_dir = work_dir
@@ -63,14 +64,14 @@ class ChaosRun:
                              duplicate_ratio=0.1 if at_least_once else 0.0)
         self.server = DemoFeedServer(self.feed, dialect="published",
                                      faults=Faults(fault_rate, seed=seed, retry_after=0)).start()
-        self.spark = ensure_embedded_server(find_free_port(), work_dir=work_dir / "spark")
+        self.spark = ensure_embedded_server(spark_port or find_free_port(), work_dir=work_dir / "spark")
         home = work_dir / "dagster_home"
         home.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / "dagster_project" / "dagster.yaml", home / "dagster.yaml")
         config_path = work_dir / "feeds.yaml"
         config_path.write_text(yaml.safe_dump({
             "lakehouse": str(work_dir / "lakehouse"),
-            "spark": {"mode": "embedded", "port": int(self.spark.url.rsplit(":", 1)[1])},
+            "spark": {"mode": "embedded", "port": self.spark.port},
             "feeds": [{"name": "chaos", "url": self.server.url, "page_size_hint": 50,
                        "retry": {"max_attempts": 30, "base_delay": 0.01, "max_delay": 0.2},
                        "load": {"batch_events": 150, "fetch_workers": 4}}],

@@ -2,8 +2,8 @@
 from .harness import ChaosRun
 
 
-def test_short_chaos_run_keeps_exactly_once(tmp_path):
-    chaos = ChaosRun(seed=7, work_dir=tmp_path)
+def test_short_chaos_run_keeps_exactly_once(tmp_path, connect_server):
+    chaos = ChaosRun(seed=7, work_dir=tmp_path, spark_port=connect_server.port)
     try:
         tally = chaos.run(steps=8)
     finally:

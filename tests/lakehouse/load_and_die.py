@@ -1,6 +1,6 @@
 """Run one sync of a feed into a Delta table and SIGKILL this process at a given moment.
 
-    python load_and_die.py FEED_URL TABLE_PATH MOMENT WORK_DIR BATCH_EVENTS
+    python load_and_die.py FEED_URL TABLE_PATH MOMENT SPARK_CONNECT_URL BATCH_EVENTS
 
 MOMENT is `before_commit` or `after_commit`; the process dies the second time it gets there, so that
 one batch is committed and the next is not (before) or is (after).
@@ -11,10 +11,10 @@ import sys
 
 from feedapi_dagster.lakehouse.loader import FeedLoader, LoadSettings
 from feedapi_dagster.lakehouse.sink import DeltaSink
-from feedapi_dagster.lakehouse.spark import local_spark_session
+from feedapi_dagster.lakehouse.spark import connect_session
 from feedapi_dagster.protocol import FeedClient
 
-url, path, moment, work_dir, batch_events = sys.argv[1:6]
+url, path, moment, spark_url, batch_events = sys.argv[1:6]
 seen = []
 
 
@@ -26,7 +26,7 @@ def die_at(name, updates):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-spark = local_spark_session(work_dir=work_dir)
+spark = connect_session(spark_url)
 loader = FeedLoader(FeedClient(url, page_size_hint=50), DeltaSink(spark, path),
                     LoadSettings(batch_events=int(batch_events), fetch_workers=1), on_moment=die_at)
 loader.sync()
