@@ -10,28 +10,15 @@ import pytest
 Reply = tuple[int, dict[str, str], bytes]
 
 
-class CannedServer:
-    """A real HTTP server on 127.0.0.1 whose replies a test scripts, for documents no demo feed produces."""
+class LocalServer:
+    """A real HTTP server on 127.0.0.1; `handle(handler)` answers each GET however a test needs."""
 
-    def __init__(self, respond: Callable[[str, dict[str, list[str]], dict[str, str]], Reply]):
-        self.requests: list[tuple[str, dict[str, list[str]], dict[str, str]]] = []
-        server = self
-
+    def __init__(self, handle: Callable[[BaseHTTPRequestHandler], None]):
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
             def do_GET(self):  # noqa: N802
-                parts = urlsplit(self.path)
-                query = parse_qs(parts.query, keep_blank_values=True)
-                headers = dict(self.headers.items())
-                server.requests.append((parts.path, query, headers))
-                status, extra, body = respond(parts.path, query, headers)
-                self.send_response(status)
-                for name, value in extra.items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                handle(self)
 
             def log_message(self, *args):
                 pass
@@ -44,6 +31,28 @@ class CannedServer:
     def close(self):
         self._httpd.shutdown()
         self._httpd.server_close()
+
+
+class CannedServer(LocalServer):
+    """Replies a test scripts, for documents no demo feed produces; records the requests."""
+
+    def __init__(self, respond: Callable[[str, dict[str, list[str]], dict[str, str]], Reply]):
+        self.requests: list[tuple[str, dict[str, list[str]], dict[str, str]]] = []
+        super().__init__(self._answer)
+        self._respond = respond
+
+    def _answer(self, handler: BaseHTTPRequestHandler) -> None:
+        parts = urlsplit(handler.path)
+        query = parse_qs(parts.query, keep_blank_values=True)
+        headers = dict(handler.headers.items())
+        self.requests.append((parts.path, query, headers))
+        status, extra, body = self._respond(parts.path, query, headers)
+        handler.send_response(status)
+        for name, value in extra.items():
+            handler.send_header(name, value)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
 
 
 def json_reply(document, status=200) -> Reply:

@@ -1,51 +1,36 @@
 """Bad input on the wire: clear errors naming the feed and partition, bounded memory, timeouts."""
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
 from feedapi_dagster.protocol import FeedAPIError, FeedClient, RetryPolicy
 
+from .conftest import LocalServer
+
 NO_WAIT = RetryPolicy(max_attempts=2, base_delay=0)
 
 
-class StreamingServer:
-    """Answers discovery, then streams fetch bodies produced by `body(handler)`."""
+def streaming_server(body) -> LocalServer:
+    """Answers discovery with one partition, then fetches with `body(handler)`."""
 
-    def __init__(self, body):
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+    def handle(handler):
+        if "partition=" in handler.path:
+            return body(handler)
+        payload = json.dumps({"partitions": [{"id": "0"}]}).encode()
+        handler.send_response(200)
+        handler.send_header("Content-Length", str(len(payload)))
+        handler.end_headers()
+        handler.wfile.write(payload)
 
-            def do_GET(self):  # noqa: N802
-                if "partition=" not in self.path:
-                    payload = json.dumps({"partitions": [{"id": "0"}]}).encode()
-                    self.send_response(200)
-                    self.send_header("Content-Length", str(len(payload)))
-                    self.end_headers()
-                    self.wfile.write(payload)
-                    return
-                body(self)
-
-            def log_message(self, *args):
-                pass
-
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}/feed"
-        threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-
-    def close(self):
-        self._httpd.shutdown()
-        self._httpd.server_close()
+    return LocalServer(handle)
 
 
 @pytest.fixture
 def streaming():
     servers = []
-    yield lambda body: servers.append(StreamingServer(body)) or servers[-1]
+    yield lambda body: servers.append(streaming_server(body)) or servers[-1]
     for server in servers:
         server.close()
 
