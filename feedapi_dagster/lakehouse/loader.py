@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import msgspec
 from pydantic import BaseModel, ConfigDict, Field
 
-from feedapi_dagster.planning import PartitionPlan, PartitionState, PlanStatus, plan_feed
+from feedapi_dagster.planning import PartitionPlan, PartitionState, PlanStatus, plan_feed, plan_rebuild
 from feedapi_dagster.protocol import FeedClient, FeedInfo, Page, RediscoveryNeeded
 
 from .sink import DeltaSink
@@ -125,13 +125,15 @@ class FeedLoader:
         """Reload partitions from `_first` and replace their rows (and the rows of `drop`, e.g. the
         vanished parent of a method-2 split) in one commit: readers never see a half-rebuilt table."""
         info = self.client.info
+        partition_ids, drop = list(partition_ids), list(drop)
+        replaced = {*partition_ids, *drop}
         plans = []
         for partition_id in partition_ids:
-            if info.partition(partition_id) is None:
+            partition = info.partition(partition_id)
+            if partition is None:
                 raise ValueError(f"partition {partition_id} is not in discovery; it cannot be rebuilt")
-            plans.append(PartitionPlan(partition_id=partition_id, status=PlanStatus.DUE,
-                                       closed=info.partition(partition_id).closed))
-        return self._load(info, plans, rebuild=True, drop=list(drop))
+            plans.append(plan_rebuild(partition, self.sink.state, replaced))
+        return self._load(info, plans, rebuild=True, drop=drop)
 
     # ------------------------------------------------------------------ the pipeline
     def _load(self, info: FeedInfo, plans: list[PartitionPlan], *, rebuild: bool,
@@ -145,8 +147,11 @@ class FeedLoader:
                                      rebuilt=rebuild, inherited_from=plan.inherited_from)
             progress[plan.partition_id] = _Progress(plan, start, committed.get(plan.partition_id), report)
         if dedup:
-            groups = {pid: _dedup_group(info, item.plan) for pid, item in progress.items()}
-            stored = {} if rebuild else self.sink.event_ids(p for group in groups.values() for p in group)
+            # a rebuild starts its partitions (and the dropped ones) afresh; ancestors' rows stay
+            replaced = {*progress, *drop} if rebuild else set()
+            groups = {pid: [p for p in _dedup_group(info, item.plan) if p not in replaced]
+                      for pid, item in progress.items()}
+            stored = self.sink.event_ids(p for group in groups.values() for p in group)
             for pid, item in progress.items():
                 item.seen_ids = set().union(*(stored.get(p, set()) for p in groups[pid]))
         staging = f"{self.sink.path}/_feedapi_staging/{uuid.uuid4().hex}" if rebuild else None

@@ -1,5 +1,5 @@
 """Planning: which partition to read next from which cursor. Pure (no I/O, no Spark, no Dagster)."""
-from .plan import PartitionPlan, PlanStatus, plan_feed, plan_partition
+from .plan import PartitionPlan, PlanStatus, plan_feed, plan_partition, plan_rebuild
 from .state import FeedState, PartitionState
 
-__all__ = ["FeedState", "PartitionPlan", "PartitionState", "PlanStatus", "plan_feed", "plan_partition"]
+__all__ = ["FeedState", "PartitionPlan", "PartitionState", "PlanStatus", "plan_feed", "plan_partition", "plan_rebuild"]

@@ -85,3 +85,20 @@ def _parent_block(partition: Partition, info: FeedInfo, state: FeedState) -> dic
 def plan_feed(info: FeedInfo, state: FeedState) -> list[PartitionPlan]:
     """A plan for every partition discovery lists, in id order."""
     return [plan_partition(p, info, state) for p in sorted(info.partitions, key=lambda p: p.id)]
+
+
+def plan_rebuild(partition: Partition, state: FeedState, replaced: set[int]) -> PartitionPlan:
+    """Where a rebuild of `partition` starts: its rows are replaced, so it re-reads what it owns.
+
+    A method-2 child owns only what came after the cursor it inherited, as long as that ancestor's rows
+    stay in the table; ancestors whose rows are replaced too (`replaced`) give their history back.
+    """
+    for ancestor in partition.cursor_from:
+        if ancestor in replaced:
+            continue
+        ancestor_state = state.get(ancestor)
+        if ancestor_state is not None and ancestor_state.cursor != FIRST:
+            return PartitionPlan(partition_id=partition.id, status=PlanStatus.DUE, closed=partition.closed,
+                                 cursor=ancestor_state.cursor, inherited_from=ancestor,
+                                 reason=f"rebuilt from partition {ancestor}'s cursor, whose rows stay")
+    return PartitionPlan(partition_id=partition.id, status=PlanStatus.DUE, closed=partition.closed)

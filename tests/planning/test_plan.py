@@ -58,3 +58,15 @@ def test_state_generation_advances_and_keeps_vanished_partitions():
     state = FeedState(partitions={0: PartitionState(cursor="c1")})
     later = state.advanced({1: PartitionState(cursor="c2")})
     assert later.generation == 1 and set(later.partitions) == {0, 1}
+
+
+def test_a_rebuild_of_a_method2_child_starts_where_its_kept_ancestors_end():
+    from feedapi_dagster.planning import plan_rebuild
+
+    child = Partition.model_validate({"id": 7, "cursorFromPartitions": [3, 1]})
+    state = FeedState(partitions={3: PartitionState(cursor="c40"), 1: PartitionState(cursor="c10"),
+                                  7: PartitionState(cursor="c90", position=12, inherited_from=3)})
+    assert (plan_rebuild(child, state, {7}).cursor, plan_rebuild(child, state, {7}).inherited_from) == ("c40", 3)
+    assert plan_rebuild(child, state, {7, 3}).cursor == "c10"  # the parent's rows go too: from the grandparent
+    assert plan_rebuild(child, state, {7, 3, 1}).cursor == "_first"
+    assert plan_rebuild(Partition(id=2), state, {2}).cursor == "_first"
