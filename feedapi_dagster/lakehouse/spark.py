@@ -67,6 +67,7 @@ SMALL_WORK_CONF: dict[str, str] = {
 # instead of ~13-14 s, first Delta client on a cold server ~22 s instead of ~30-39 s. Long, CPU-heavy
 # jobs want C2 back: pass spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=4 (the last flag wins).
 QUICK_START_JAVA_OPTIONS: tuple[str, ...] = ("-XX:TieredStopAtLevel=1",)
+FULL_JIT_JAVA_OPTION = "-XX:TieredStopAtLevel=4"
 
 _LOOPBACK_CONF: dict[str, str] = {
     "spark.driver.host": LOOPBACK,
@@ -357,7 +358,10 @@ class SparkConnectServer:
         """The spark-submit command line (configuration included)."""
         if self._work_dir is None:
             raise RuntimeError("work dir not prepared")
-        conf = build_conf(self._work_dir, self._conf, jars=self._jars, java_options=self._java_options)
+        # The server lives long and does the loads' heavy lifting (JSON functions, Parquet encoding),
+        # where C1-only code is slow (the benchmark's JVM time per commit): full JIT (C2) back.
+        conf = build_conf(self._work_dir, self._conf, jars=self._jars,
+                          java_options=(FULL_JIT_JAVA_OPTION, *self._java_options))
         conf.update({
             "spark.connect.grpc.binding.address": self.host,
             "spark.connect.grpc.binding.port": str(self.port),
