@@ -61,6 +61,10 @@ SMALL_WORK_CONF: dict[str, str] = {
     "spark.ui.showConsoleProgress": "false",
     "spark.databricks.delta.snapshotPartitions": "2",
     "spark.sql.session.timeZone": "UTC",
+    # A load hands Spark an Arrow batch (a LocalRelation); this rule would evaluate the sink's
+    # projection over every row in the driver, interpreted and single-threaded (45% of the JVM's
+    # samples in benchmarks/bench_sink.py --jfr); without it the projection runs in the tasks.
+    "spark.sql.optimizer.excludedRules": "org.apache.spark.sql.catalyst.optimizer.ConvertToLocalRelation",
 }
 
 # Short-lived JVMs doing small jobs: C1 only. Measured on 2 cores: Connect server ready in ~7-10 s
