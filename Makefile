@@ -10,11 +10,12 @@ JARS_STAMP := $(VENV)/share/feedapi-dagster/delta-jars/manifest.json
 setup: $(STAMP) $(JARS_STAMP)
 
 # uv makes the install a matter of seconds once its cache is warm; it is bootstrapped into the venv
-# so that nothing outside the repository is touched.
+# so that nothing outside the repository is touched. Bytecode is compiled once here, so that every
+# Dagster run process does not recompile dagster and pyspark on import.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check "uv>=0.5"
-	$(BIN)/uv pip install --quiet --python $(BIN)/python -e ".[test]"
+	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -e ".[test]"
 	touch $@
 
 # Resolved once into .cache/delta-jars; Spark sessions then use spark.jars with these files and never
