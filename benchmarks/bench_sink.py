@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import datetime as dt
+import faulthandler
 import functools
 import json
 import logging
@@ -406,9 +407,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--partitions", type=int, default=16)
     parser.add_argument("--page-size", type=int, default=1000, help="page size hint (raw and sink)")
     parser.add_argument("--spark", choices=("embedded", "local"), default="embedded")
-    parser.add_argument("--port", type=int, default=15002,
-                        help="embedded Spark Connect server port: reused if a server listens there, "
-                             "else started (and stopped at the end)")
+    parser.add_argument("--port", type=int, default=0,
+                        help="embedded Spark Connect server port: reused if a server listens there, else "
+                             "started (and stopped at the end); default 0: a free port, i.e. always a server "
+                             "of this run's own (a shared one, e.g. on 15002, may be stopped by its owner "
+                             "mid-run and carries other sessions' state)")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="Spark conf for a server/session started here (repeatable)")
     parser.add_argument("--fetch-workers", type=int, default=8,
@@ -434,6 +437,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.port = args.port or free_port()
+    # SIGTERM runs the cleanup (feed server, Spark server) like Ctrl-C; SIGUSR1 dumps every thread's stack
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     command_line = shlex.join(sys.orig_argv if argv is None else [sys.executable, __file__, *argv])
