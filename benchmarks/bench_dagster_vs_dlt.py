@@ -3,9 +3,10 @@
 
     .venv/bin/python benchmarks/bench_dagster_vs_dlt.py                     # 16 x 25,000 events
     .venv/bin/python benchmarks/bench_dagster_vs_dlt.py --events-per-partition 5000   # quick
+    .venv/bin/python benchmarks/bench_dagster_vs_dlt.py --writer spark      # Spark writes the table
 
-Needs the `bench` extra (`uv pip install -e ".[bench]"`: dlt with deltalake) and the Delta jars
-(`make setup`). Steps (see benchmarks/README.md):
+Needs the `bench` extra (`uv pip install -e ".[bench]"`: dlt with deltalake) and, for `--writer spark`,
+the Delta jars (`make setup`). Steps (see benchmarks/README.md):
 
 1. the bundled demo feed (`feedapi-dagster demo-server --dialect published`) runs in its own process
    with P partitions and P*E events (`--events` is the total; events spread over partitions by
@@ -17,31 +18,31 @@ Needs the `bench` extra (`uv pip install -e ".[bench]"`: dlt with deltalake) and
    `data`, parsed with msgspec or `--dlt-parser json`), `write_disposition="append"` into the
    `filesystem` destination with `table_format="delta"` in a temp folder; `pipeline.run` is timed end
    to end and the Delta table must hold N rows;
-4. Dagster: a temp feeds file (lakehouse in tmp, embedded Spark on a free port, one feed `bench`), a
-   temp DAGSTER_HOME with the project's dagster.yaml, partitions registered as the discovery sensor
-   does; the Spark Connect server is started (and warmed by a small load into another table) before
-   the clock starts, as in production where it is already running. Timed: the schedule's evaluation
-   and the run it requests, launched in a subprocess the way Dagster launches runs (`dagster job
-   execute`: a run process whose default multiprocess executor spawns a step process; or
-   `--launch inprocess`: one process doing `execute_in_process`), so process start, imports and the
-   Spark client are paid inside the timing. Verified afterwards: N rows in the Delta table
-   (`deltalake`), one materialization per partition with `cursor` metadata;
+4. Dagster: a temp feeds file (lakehouse in tmp, `writer: deltalake|spark` from `--writer`, embedded
+   Spark on a free port, one feed `bench`), a temp DAGSTER_HOME with the project's dagster.yaml,
+   partitions registered as the discovery sensor does. With `writer: deltalake` (the default) the run
+   writes through delta-rs and needs no Spark session: no Spark server is started, and one that
+   appears on the feeds file's port during the run is an error. With `writer: spark` the Spark Connect
+   server is started (and warmed by a small load into another table) before the clock starts, as in
+   production where it is already running. Timed: the schedule's evaluation and the run it requests,
+   launched in a subprocess the way Dagster launches runs (`dagster job execute`: one run process, the
+   sync job's in-process executor running the op in it; or `--launch inprocess`: a process doing
+   `execute_in_process`), so process start, imports (and for Spark, the Spark client) are paid inside
+   the timing. Verified afterwards, with `deltalake` for either writer: N rows and positions 0..n-1
+   per partition in the Delta table, one materialization per partition with `cursor` metadata;
 5. one table of figures and ratios (the lower median of `--repeat` runs; ratios within each
    repetition), then where the Dagster run's time went: the run's event-log timestamps plus spans
    recorded by a `sitecustomize` hook installed through PYTHONPATH in the run's processes
    (`--no-profile` runs without it), summed into consecutive stages.
 
-Measured fixes (none changes the package; each is a flag):
+Measured changes (none changes the package; each is a flag):
 
-* `--executor in_process`: run config `execution: {config: {in_process: {}}}`, what
-  `executor_def=dg.in_process_executor` on the sync job would do: no step process;
+* `--writer spark`: the feed table written by the Spark session (`SparkEngine`) instead of delta-rs;
 * `--pycache DIR`: the run's processes get a bytecode cache (PYTHONPYCACHEPREFIX), as every deployment
   without PYTHONDONTWRITEBYTECODE (or installed with `uv pip install --compile-bytecode`) has;
-* `--spark-conf KEY=VALUE`: configuration of the Spark Connect server started here (e.g. C2 JIT);
-* `--sink-variants`: prototypes applied by the hook inside the run's processes: `deltars-commit` (the
-  commit written by delta-rs instead of a Spark job), `deltars-sink` (also table creation, history and
-  compaction by delta-rs: the sync needs no Spark session), and those of benchmarks/sink_variants.py
-  (`coalesce-pages`, `parquet-handoff`, `python-derive`).
+* `--spark-conf KEY=VALUE` (with `--writer spark`): configuration of the Spark Connect server started
+  here (e.g. C2 JIT);
+* `--load KEY=VALUE`: the feed's `load` settings (batch_events, queued_pages, ...).
 
 Everything started here (feed server, Spark server) is stopped at the end; the temp folder is
 removed unless `--keep`. Exit status 0 when both ratios meet their targets, 2 when not, 1 on errors.
@@ -390,144 +391,28 @@ def _spark(module):
 
 
 def _state(module):
-    timed(module, "read_history", "DESCRIBE HISTORY (read_history)")
+    timed(module, "read_history", "history read (read_history)")
 
 
-def _deltars_commit(module):
-    """Prototype: the commit written by delta-rs (the `deltalake` package, what dlt uses) instead of a
-    Spark job: same rows and columns, the same FeedState in the commit's userMetadata and the same
-    txn (app id, generation). Rebuilds and staged rows still go through Spark. Not production code:
-    a lost race is an error here, where the real sink would rebase."""
-    import uuid
-
-    import msgspec
-    import pyarrow as pa
-    from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-
-    from feedapi_dagster.lakehouse import state as committed
-
-    original = module.DeltaSink.commit
-    kinds = {"{": "object", '"': "string", "[": "array", "t": "boolean", "f": "boolean", "n": "null"}
-
-    def arrow_rows(self, rows):
-        field = self.event_id_field
-        decoder = msgspec.json.Decoder(msgspec.defstruct("Id", [(field, msgspec.Raw | msgspec.UnsetType, msgspec.UNSET)]))
-        payloads, types, ids = [], [], []
-        for text in rows.column("raw").to_pylist():
-            kind = kinds.get(text[:1], "number")
-            types.append(kind)
-            event_id = None
-            if kind == "object":
-                raw = getattr(decoder.decode(text), field)
-                if raw is not msgspec.UNSET:
-                    raw = bytes(raw)
-                    event_id = msgspec.json.decode(raw) if raw[:1] == b'"' else raw.decode()
-                    event_id = event_id if isinstance(event_id, str) else str(event_id)
-            ids.append(event_id)
-            payloads.append(msgspec.json.decode(text) if kind == "string" else text)
-        count = rows.num_rows
-        return pa.table({
-            "partition_id": rows.column("partition_id"), "position": rows.column("position"),
-            "cursor": rows.column("cursor"), "payload": pa.array(payloads, pa.string()),
-            "payload_type": pa.array(types, pa.string()), "event_id": pa.array(ids, pa.string()),
-            "loaded_at": pa.array([int(time.time() * 1e6)] * count, pa.timestamp("us", tz="UTC")),
-            "run_id": pa.array([self.run_id] * count, pa.string()),
-        })
-
-    def commit(self, rows, updates, expected, *, replace=(), staged=None):
-        if replace or staged is not None:
-            return original(self, rows, updates, expected, replace=replace, staged=staged)
-        start = time.time()
-        base = self.committed_state()
-        for partition_id, want in expected.items():
-            found = base.state.get(partition_id)
-            if found != want:
-                raise module.PartitionConflict(partition_id, want, found)
-        state = base.state.advanced(dict(updates))
-        commit_id = uuid.uuid4().hex
-        table = DeltaTable(self.path)
-        if (table.transaction_version(committed.TXN_APP_ID) or -1) >= state.generation:
-            raise RuntimeError("deltars-commit prototype: another writer committed this generation")
-        frame = arrow_rows(self, rows)
-        span("rows to Arrow (msgspec derive)", start)
-        began = time.time()
-        write_deltalake(table, frame, mode="append", commit_properties=CommitProperties(
-            custom_metadata={"userMetadata": committed.encode(state, commit_id, self.run_id)},
-            app_transactions=[Transaction(app_id=committed.TXN_APP_ID, version=state.generation)]))
-        span("Delta write + commit (delta-rs)", began)
-        self._committed = committed.CommittedState(state, commit_id, DeltaTable(self.path).version())
-        self._commits += 1
-        return self._committed
-
-    module.DeltaSink.commit = commit
+def _engines(module):
+    timed(module.DeltaRsEngine, "ensure_table", "ensure_table (create if missing)")
+    timed(module.SparkEngine, "ensure_table", "ensure_table (create if missing)")
+    timed(module.DeltaRsEngine, "write", "Delta write + commit (delta-rs)")
+    timed(module.SparkEngine, "write", "Delta write + commit (Spark)")
+    timed(module.SparkEngine, "_frame", "createDataFrame(Arrow)")  # inside SparkEngine.write
 
 
-def _deltars_table(module):
-    """Prototype, on top of deltars-commit: the table created, its history read and compacted by
-    delta-rs as well, so a sync needs no Spark session at all (Spark stays the readers' engine)."""
-    from deltalake import DeltaTable, Field, Schema
-
-    from feedapi_dagster.lakehouse import state as committed
-    from feedapi_dagster.lakehouse.table import TABLE_COLUMNS
-
-    kinds = {"INT": "integer", "BIGINT": "long", "STRING": "string", "TIMESTAMP": "timestamp"}
-
-    def ensure_table(spark, path):  # timed as "CREATE TABLE IF NOT EXISTS" by _sink
-        DeltaTable.create(path, Schema([Field(name, kinds[kind]) for name, kind in TABLE_COLUMNS]),
-                          partition_by=["partition_id"], mode="ignore")
-
-    def read_history(spark, path, limit=committed.RECENT_HISTORY):
-        start = time.time()
-        entries = DeltaTable(path).history(limit)
-        states = []
-        for entry in sorted(entries, key=lambda e: int(e["version"]), reverse=True):
-            decoded = committed.decode(entry.get("userMetadata"))
-            if decoded is not None:
-                states.append(committed.CommittedState(decoded[0], decoded[1], int(entry["version"])))
-        span("history read (delta-rs)", start)
-        if not states and limit and len(entries) >= limit:
-            return read_history(spark, path, None)
-        return states
-
-    def compact_if_due(self):  # timed by _sink
-        every = self.compaction.every_commits
-        operations = [entry["operation"] for entry in DeltaTable(self.path).history(every)]
-        due = self.compaction.enabled and len(operations) >= every and "OPTIMIZE" not in operations
-        if due:
-            DeltaTable(self.path).optimize.compact()
-        return due
-
-    module.ensure_table = ensure_table
-    committed.read_history = read_history
-    module.DeltaSink.compact_if_due = compact_if_due
+def _table(module):
+    timed(module.EventBatch, "to_arrow", "rows to Arrow (EventBatch.to_arrow)")
 
 
 def _sink(module):
-    variants = [v for v in os.environ.get("BENCH_SINK_VARIANTS", "").split(",") if v]
-    if "deltars-sink" in variants:
-        variants = [v for v in variants if v not in ("deltars-sink", "deltars-commit")]
-        _deltars_commit(module)
-        _deltars_table(module)
-        span("sink variant deltars-sink", time.time())
-    if "deltars-commit" in variants:
-        _deltars_commit(module)
-        variants.remove("deltars-commit")
-        span("sink variant deltars-commit", time.time())
-    if variants:  # prototypes of sink changes (benchmarks/sink_variants.py), applied before the timers
-        sys.path.insert(0, os.environ["BENCH_VARIANTS_DIR"])
-        import sink_variants
-        staging = __import__("pathlib").Path(os.environ["BENCH_STAGING"]) / str(os.getpid())
-        sink_variants.apply(variants, staging)
-        span("sink variants " + ",".join(variants), time.time())
-    timed(module, "ensure_table", "CREATE TABLE IF NOT EXISTS")
-    timed(module, "rows_frame", "createDataFrame(Arrow) + select")
-    timed(module.DeltaSink, "_write", "Delta write + commit (save)")
+    timed(module.DeltaSink, "event_ids", "stored event ids (dedup read)")
     timed(module.DeltaSink, "_landed", "commit check (history read)")
-    timed(module.DeltaSink, "compact_if_due", "compact_if_due (DESCRIBE HISTORY)")
+    timed(module.DeltaSink, "compact_if_due", "compact_if_due (history + OPTIMIZE)")
 
 
 def _loader(module):
-    timed(module, "arrow_batch", "arrow_batch (rows to Arrow)")
     timed(module, "plan_feed", "plan_feed")
     timed(module.FeedLoader, "_flush", "flush (Arrow + commit)")
     timed(module.FeedLoader, "sync", "FeedLoader.sync")
@@ -581,24 +466,26 @@ def _client(module):
 def _assets(module):
     timed(module, "active_partitions", "active_partitions (run query)")
     timed(module, "_register_partitions", "register dynamic partitions")
-    timed(module, "make_loader", "make_loader (Spark session + sink)")
+    timed(module, "make_loader", "make_loader (table engine + sink)")
     timed(module, "materializations", "build materializations")
 
 
 def _resources(module):
-    if "deltars-sink" in os.environ.get("BENCH_SINK_VARIANTS", "").split(","):
-        module.SparkResource.session = lambda self: None  # the sync path needs no Spark then
     timed(module.SparkResource, "session", "SparkResource.session")
 
 
 _PATCHES = {
     "feedapi_dagster.lakehouse.spark": _spark,
+    "feedapi_dagster.lakehouse.engines": _engines,
+    "feedapi_dagster.lakehouse.table": _table,
     "feedapi_dagster.lakehouse.state": _state,
     "feedapi_dagster.lakehouse.sink": _sink,
     "feedapi_dagster.lakehouse.loader": _loader,
     "feedapi_dagster.protocol.client": _client,
     "feedapi_dagster.orchestration.assets": _assets,
     "feedapi_dagster.orchestration.resources": _resources,
+    "deltalake": None,
+    "pandas": None,  # pyarrow imports it on the first pa.array() of a Python list
     "dagster_project.definitions": None,
     "dagster": None,
 }
@@ -629,7 +516,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
-if _FILE or os.environ.get("BENCH_SINK_VARIANTS"):
+if _FILE:
     sys.meta_path.insert(0, _Finder())
 '''
 
@@ -646,8 +533,8 @@ class DagsterSetup:
     profile_file: Path | None
 
 
-def prepare_dagster(work: Path, url: str, page_size: int, spark_port: int, index: int, profile: bool,
-                    pycache: Path | None, load: dict[str, str], sink_variants: list[str]) -> DagsterSetup:
+def prepare_dagster(work: Path, url: str, page_size: int, writer: str, spark_port: int, index: int, profile: bool,
+                    pycache: Path | None, load: dict[str, int]) -> DagsterSetup:
     """Feeds file, DAGSTER_HOME and partitions registered as the discovery sensor does (untimed)."""
     import dagster as dg
     import yaml
@@ -660,6 +547,7 @@ def prepare_dagster(work: Path, url: str, page_size: int, spark_port: int, index
     config_path.write_text(yaml.safe_dump({
         "lakehouse": str(base / "lakehouse"),
         "spark": {"mode": "embedded", "port": spark_port},
+        "writer": writer,
         "feeds": [{"name": "bench", "url": url, "dialect": "published", "page_size_hint": page_size,
                    **({"load": load} if load else {})}],
     }, sort_keys=False))
@@ -671,17 +559,13 @@ def prepare_dagster(work: Path, url: str, page_size: int, spark_port: int, index
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["PYTHONPYCACHEPREFIX"] = str(pycache)
     profile_file = None
-    if profile or sink_variants:
+    if profile:
         site = work / "profile_site"
         site.mkdir(exist_ok=True)
         (site / "sitecustomize.py").write_text(PROFILE_HOOKS)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
-    if profile:
         profile_file = base / "profile.jsonl"
         env["BENCH_PROFILE_FILE"] = str(profile_file)
-    if sink_variants:
-        env.update(BENCH_SINK_VARIANTS=",".join(sink_variants), BENCH_VARIANTS_DIR=str(ROOT / "benchmarks"),
-                   BENCH_STAGING=str(base / "staging"))
 
     from feedapi_dagster.orchestration import build_definitions, load_config
     from feedapi_dagster.orchestration.automation import DiscoveryCursor, evaluate_discovery
@@ -702,6 +586,7 @@ def prepare_dagster(work: Path, url: str, page_size: int, spark_port: int, index
 
 WARM_UP = r'''
 import sys
+from feedapi_dagster.lakehouse.engines import SparkEngine
 from feedapi_dagster.lakehouse.loader import FeedLoader
 from feedapi_dagster.lakehouse.sink import DeltaSink
 from feedapi_dagster.lakehouse.spark import connect_session
@@ -710,7 +595,8 @@ from feedapi_dagster.orchestration import load_config
 project = load_config(sys.argv[1])
 feed = project.feeds[0]
 spark = connect_session(f"sc://127.0.0.1:{project.spark.port}")
-loader = FeedLoader(feed.client(), DeltaSink(spark, sys.argv[2]), feed.load)
+path = sys.argv[2]
+loader = FeedLoader(feed.client(), DeltaSink(path, engine=SparkEngine(spark, path)), feed.load)
 partitions = [p.id for p in loader.client.info.partitions][: int(sys.argv[3])]
 reports = loader.sync(partitions)
 print("warm-up loaded", sum(r.events for r in reports.values()), "events")
@@ -718,8 +604,8 @@ print("warm-up loaded", sum(r.events for r in reports.values()), "events")
 
 
 def warm_up(setup: DagsterSetup, partitions: int) -> float:
-    """A small load through the same code into another table: the long-running server has JIT-compiled
-    and loaded Delta's classes, as it has in production after its first runs (untimed)."""
+    """`--writer spark`: a small load through the same code into another table: the long-running server
+    has JIT-compiled and loaded Delta's classes, as it has in production after its first runs (untimed)."""
     started = time.perf_counter()
     env = {k: v for k, v in setup.env.items() if k != "BENCH_PROFILE_FILE"}
     subprocess.run([sys.executable, "-W", "ignore", "-c", WARM_UP, str(setup.config_path),
@@ -754,8 +640,7 @@ class DagsterRun:
     log_path: Path
 
 
-def run_dagster(setup: DagsterSetup, launch: str, executor: str, expected: int,
-                cpu_pids: dict[str, int | None]) -> DagsterRun:
+def run_dagster(setup: DagsterSetup, launch: str, expected: int, cpu_pids: dict[str, int | None]) -> DagsterRun:
     import dagster as dg
     import yaml
 
@@ -772,10 +657,7 @@ def run_dagster(setup: DagsterSetup, launch: str, executor: str, expected: int,
             raise RuntimeError(f"the schedule requested no run: {data.skip_message}")
         request = data.run_requests[0]
         tags = {**request.tags, "dagster/schedule_name": schedule.name}
-        run_config = dict(request.run_config)
-        if executor == "in_process" and launch == "cli":  # what `executor_def=dg.in_process_executor` on the sync job would do
-            run_config["execution"] = {"config": {"in_process": {}}}
-        run_config_path.write_text(yaml.safe_dump(run_config))
+        run_config_path.write_text(yaml.safe_dump(dict(request.run_config)))
         evaluation_seconds = time.perf_counter() - started
         if launch == "cli":
             command = [str(BIN / "dagster"), "job", "execute", "-m", "dagster_project.definitions", "-j", job_name,
@@ -795,9 +677,9 @@ def run_dagster(setup: DagsterSetup, launch: str, executor: str, expected: int,
         raise RuntimeError(f"no successful run of {job_name} in {setup.home}; see {log_path}")
     run_id = runs[0].run_id
     verify_dagster(setup, run_id, expected)
-    how = "execute_in_process" if launch == "inprocess" else "dagster job execute" + (
-        ", in_process executor" if executor == "in_process" else "")
-    figure = Figure(f"Dagster scheduled sync ({how})", expected, seconds, meter.result)
+    how = "execute_in_process" if launch == "inprocess" else "dagster job execute"
+    figure = Figure(f"Dagster scheduled sync ({how}, writer {setup.project.writer})", expected, seconds,
+                    meter.result)
     return DagsterRun(figure, command, run_id, started_wall, spawned_wall, ended_wall, evaluation_seconds, log_path)
 
 
@@ -827,6 +709,31 @@ def verify_dagster(setup: DagsterSetup, run_id: str, expected: int) -> None:
             raise RuntimeError(f"Dagster: the materialization of partition {partition_key} has no cursor metadata")
     if len(partition_keys) != len(counts):
         raise RuntimeError(f"Dagster: {len(partition_keys)} partitions registered, {len(counts)} in the table")
+
+
+def stop_stray_spark_server(port: int) -> list[int]:
+    """`writer: deltalake` needs no Spark: a Spark Connect server the run started (detached) on the feeds
+    file's port is stopped here; returns its pids (the port is a free one picked by this benchmark)."""
+    marker = f"spark.connect.grpc.binding.port={port}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            arguments = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker in arguments:
+            found.append(int(entry.name))
+    for pid in found:
+        try:
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, signal.SIGTERM)
+            else:
+                os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    return found
 
 
 # ----------------------------------------------------------------------------- 5. the Dagster breakdown
@@ -897,7 +804,7 @@ def dagster_breakdown(setup: DagsterSetup, run: DagsterRun) -> list[str]:
     for at, took, what in rows:
         lines.append(f"  {at:7.2f}  {'' if took is None else f'{took:7.2f}':>7}  {what}")
     if len(pids) > 1:
-        lines.append("  (the step process is the one Dagster's default multiprocess executor spawns for the op)")
+        lines.append("  (a step process: the op ran in a process of its own, not in the run process)")
     lines += time_summary(run, milestones, spans)
     return lines
 
@@ -918,28 +825,34 @@ def time_summary(run: DagsterRun, milestones: dict[str, float], spans: list[dict
 
     t0, end = run.started_wall, run.ended_wall
     step_start, step_end = milestones["STEP_START"], milestones.get("STEP_SUCCESS", end)
-    session, create = total("SparkResource.session"), total("CREATE TABLE IF NOT EXISTS")
-    write_loop, flush = total("write loop (pages to batches, commits)"), total("flush (Arrow + commit)")
-    arrow = (total("arrow_batch (rows to Arrow)") + total("createDataFrame(Arrow) + select")
-             + total("rows to Arrow (msgspec derive)"))
-    delta = total("Delta write + commit (save)") + total("Delta write + commit (delta-rs)")
+    session, create = total("SparkResource.session"), total("ensure_table (create if missing)")
+    dedup = total("stored event ids (dedup read)")
+    loops = [s for s in spans if s["pid"] == pid and s["name"] == "write loop (pages to batches, commits)"]
+    write_loop = sum(s["end"] - s["start"] for s in loops)
+    add_page = sum(s.get("add_page_seconds", 0.0) for s in loops)
+    flush = total("flush (Arrow + commit)")
+    frame = total("createDataFrame(Arrow)")  # nested in the Spark write
+    arrow = total("rows to Arrow (EventBatch.to_arrow)")
+    writes = total("Delta write + commit (delta-rs)") + total("Delta write + commit (Spark)")
     check = total("commit check (history read)")
-    history = (total("DESCRIBE HISTORY (read_history)") + total("history read (delta-rs)")
-               - total("commit check (history read)"))  # minus the reads nested in commit checks
-    compact = total("compact_if_due (DESCRIBE HISTORY)")
+    history = total("history read (read_history)") - check  # minus the reads nested in commit checks
+    compact = total("compact_if_due (history + OPTIMIZE)")
     in_step = step_end - step_start
-    accounted = session + create + history + write_loop + compact
+    accounted = session + create + history + dedup + write_loop + compact
     stages = [
         ("schedule evaluation (instance queries, bench process)", run.evaluation_seconds),
-        ("process start, imports, Dagster run/step start-up", step_start - run.spawned_wall),
-        ("Spark client (pyspark import + Connect session)", session),
-        ("CREATE TABLE IF NOT EXISTS", create),
-        ("history reads before the load (DESCRIBE HISTORY)", history),
-        ("waiting for pages (HTTP + NDJSON not overlapped by commits)", write_loop - flush),
-        ("rows to Arrow + createDataFrame", arrow),
-        ("Delta write + commit", delta),
-        ("commit checks (DESCRIBE HISTORY after each commit)", check),
-        ("compact_if_due (DESCRIBE HISTORY)", compact),
+        ("process start, imports, Dagster run start-up", step_start - run.spawned_wall),
+        ("Spark client (pyspark import + Connect session; writer spark only)", session),
+        ("table check / creation (engine ensure_table)", create),
+        ("history reads before the load (read_history)", history),
+        ("stored event ids (dedup read)", dedup),
+        ("waiting for pages (HTTP + NDJSON not overlapped by the write loop)", write_loop - flush - add_page),
+        ("pages to batch (EventBatch.add: msgspec derive of type and id)", add_page),
+        ("rows to Arrow (EventBatch.to_arrow" + (" + createDataFrame)" if frame else ")"), arrow + frame),
+        ("Delta write + commit", writes - frame),
+        ("commit checks (history read after each commit)", check),
+        ("rest of the flushes (stamping rows, encoding the state)", flush - arrow - writes - check),
+        ("compact_if_due (history + OPTIMIZE)", compact),
         ("rest of the op (instance queries, discovery, logs, materializations)", in_step - accounted),
         ("run end: step/run events, process exit", end - step_end),
     ]
@@ -961,35 +874,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=16)
     parser.add_argument("--events-per-partition", type=int, default=25000)
     parser.add_argument("--page-size", type=int, default=1000)
+    parser.add_argument("--writer", choices=("deltalake", "spark"), default="deltalake",
+                        help="`writer:` of the feeds file: deltalake (delta-rs in the run process, no Spark server "
+                             "started) or spark (the embedded Spark Connect server started here writes)")
     parser.add_argument("--launch", choices=("cli", "inprocess"), default="cli",
-                        help="cli: `dagster job execute` (run process + step process, Dagster's default executor); "
-                             "inprocess: one process calling execute_in_process")
-    parser.add_argument("--executor", choices=("default", "in_process"), default="default",
-                        help="with --launch cli: the job's default (multiprocess: a step process per op) or "
-                             "in_process (run config `execution: {config: {in_process: {}}}`)")
+                        help="cli: `dagster job execute` (a run process; the sync job's in-process executor runs "
+                             "the op in it); inprocess: one process calling execute_in_process")
     parser.add_argument("--dlt-parser", choices=("msgspec", "json"), default="msgspec")
     parser.add_argument("--spark-conf", metavar="KEY=VALUE", action="append", default=[],
-                        help="configuration of the Spark Connect server started here, e.g. "
+                        help="with --writer spark: configuration of the Spark Connect server started here, e.g. "
                              "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=4 (C2 JIT)")
     parser.add_argument("--load", metavar="KEY=VALUE", action="append", default=[],
                         help="the feed's `load` settings in the feeds file (batch_events, queued_pages, ...)")
-    parser.add_argument("--sink-variants", metavar="A,B", default="",
-                        help="prototypes applied inside the run's processes: deltars-commit (here: the commit "
-                             "through delta-rs instead of a Spark job), deltars-sink (also table creation, history "
-                             "and compaction: no Spark session in the run) and those of benchmarks/sink_variants.py")
     parser.add_argument("--pycache", metavar="DIR", type=Path,
                         help="give the Dagster processes a bytecode cache (PYTHONPYCACHEPREFIX=DIR, warmed before "
                              "the clock): what a deployment has when PYTHONDONTWRITEBYTECODE is not set")
     parser.add_argument("--warm-partitions", type=int, default=1,
-                        help="partitions the untimed Spark warm-up loads into another table (0: no warm-up)")
+                        help="with --writer spark: partitions the untimed Spark warm-up loads into another table "
+                             "(0: no warm-up)")
     parser.add_argument("--repeat", type=int, default=1, help="measure each figure this many times (median)")
     parser.add_argument("--no-profile", action="store_true", help="no span hooks in the Dagster processes")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (tables, logs, DAGSTER_HOME)")
     args = parser.parse_args(argv)
+    if args.spark_conf and args.writer != "spark":
+        parser.error("--spark-conf configures the Spark server started for --writer spark")
     warnings.filterwarnings("ignore", message=r".*(is currently in beta|get_schedule_def will return)")
     spark_conf = dict(item.split("=", 1) for item in args.spark_conf)
     load_settings = {key: int(value) for key, value in (item.split("=", 1) for item in args.load)}
-    sink_variants = [name for name in args.sink_variants.split(",") if name]
     events = args.partitions * args.events_per_partition
     command_line = shlex.join([Path(sys.executable).name, *sys.argv])
 
@@ -997,6 +908,7 @@ def main(argv: list[str] | None = None) -> int:
     say(f"work dir {work}; load average {load_average()}; {os.cpu_count()} cores")
     feed_server = FeedServer(args.partitions, events, work / "feed-server.log")
     spark_server = None
+    spark_port: int | None = None
     figures: dict[str, list[Figure]] = {"raw": [], "dlt": [], "dagster": []}
     notes: list[str] = []
     breakdowns: list[list[str]] = []
@@ -1007,24 +919,31 @@ def main(argv: list[str] | None = None) -> int:
         say(f"feed server {feed_server.url}: {args.partitions} partitions, {events} events "
             f"(ready after {time.perf_counter() - started:.1f} s)")
 
-        from feedapi_dagster.lakehouse.spark import ensure_embedded_server
-
+        # the feeds file names a free port either way; with writer deltalake nothing may listen on it
         spark_port = free_port()
-        started = time.perf_counter()
-        spark_server = ensure_embedded_server(spark_port, conf=spark_conf, work_dir=work / "spark", detach=True)
-        say(f"Spark Connect server {spark_server.url} ready after {time.perf_counter() - started:.1f} s "
-            f"(pid {spark_server.pid})")
+        if args.writer == "spark":
+            from feedapi_dagster.lakehouse.spark import ensure_embedded_server
+
+            started = time.perf_counter()
+            spark_server = ensure_embedded_server(spark_port, conf=spark_conf, work_dir=work / "spark", detach=True)
+            say(f"Spark Connect server {spark_server.url} ready after {time.perf_counter() - started:.1f} s "
+                f"(pid {spark_server.pid})")
+        else:
+            say(f"writer deltalake: no Spark server (the feeds file's port {spark_port} must stay closed)")
         if args.pycache is not None:
             args.pycache.mkdir(parents=True, exist_ok=True)
             env = {**os.environ, "PYTHONPYCACHEPREFIX": str(args.pycache)}
             env.pop("PYTHONDONTWRITEBYTECODE", None)
             started = time.perf_counter()
-            subprocess.run([sys.executable, "-W", "ignore", "-c", "import dagster_project.definitions, yaml, "
-                            "pyspark.sql.connect.session, dagster._core.executor.child_process_executor"],
+            modules = "dagster_project.definitions, yaml, deltalake, feedapi_dagster.lakehouse.engines" + (
+                ", pyspark.sql.connect.session" if args.writer == "spark" else "")
+            subprocess.run([sys.executable, "-W", "ignore", "-c", f"import {modules}"],
                            env={**env, "FEEDAPI_DAGSTER_CONFIG": str(ROOT / "dagster_project" / "feeds.yaml")},
                            cwd=ROOT, check=True)
             say(f"bytecode cache {args.pycache} warm ({time.perf_counter() - started:.1f} s)")
-        cpu_pids = {"feed server": feed_server.pid, "Spark server (JVM)": spark_server.pid}
+        cpu_pids = {"feed server": feed_server.pid}
+        if spark_server is not None:
+            cpu_pids["Spark server (JVM)"] = spark_server.pid
 
         for index in range(args.repeat):
             say(f"[{index + 1}/{args.repeat}] raw: {RAW_THREADS} threads; load average {load_average()}")
@@ -1044,13 +963,16 @@ def main(argv: list[str] | None = None) -> int:
             notes = dlt_notes
             say(f"  {figure.seconds:.2f} s: {figure.rate:,.0f} events/s")
 
-            setup = prepare_dagster(work, feed_server.url, args.page_size, spark_port, index, not args.no_profile,
-                                    args.pycache, load_settings, sink_variants)
-            if args.warm_partitions and index == 0:
+            setup = prepare_dagster(work, feed_server.url, args.page_size, args.writer, spark_port, index,
+                                    not args.no_profile, args.pycache, load_settings)
+            if args.writer == "spark" and args.warm_partitions and index == 0:
                 say(f"warming the Spark server: {args.warm_partitions} partitions into another table (untimed)")
                 say(f"  {warm_up(setup, args.warm_partitions):.1f} s")
             say(f"[{index + 1}/{args.repeat}] Dagster ({args.launch}); load average {load_average()}")
-            run = run_dagster(setup, args.launch, args.executor, events, cpu_pids)
+            run = run_dagster(setup, args.launch, events, cpu_pids)
+            if spark_server is None and stop_stray_spark_server(spark_port):
+                raise RuntimeError(f"writer deltalake, yet the Dagster run started a Spark server on port "
+                                   f"{spark_port} (stopped); see {run.log_path}")
             runs.append(run)
             figures["dagster"].append(run.figure)
             breakdowns.append(dagster_breakdown(setup, run))
@@ -1061,6 +983,8 @@ def main(argv: list[str] | None = None) -> int:
         feed_server.stop()
         if spark_server is not None and spark_server.owned:
             spark_server.stop()
+        elif spark_port is not None:
+            stop_stray_spark_server(spark_port)  # a failed run may have started one
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -1090,9 +1014,8 @@ def main(argv: list[str] | None = None) -> int:
           + (f"; bytecode cache {args.pycache}" if args.pycache else "; bytecode as the environment has it"
              + (" (PYTHONDONTWRITEBYTECODE=1: no cache)" if os.environ.get("PYTHONDONTWRITEBYTECODE") else "")))
     changes = [f"{name} {value}" for name, value in (
-        ("executor", args.executor if args.executor != "default" else ""),
-        ("Spark server conf", " ".join(args.spark_conf)), ("load", " ".join(args.load)),
-        ("sink variants", args.sink_variants)) if value]
+        ("writer", args.writer if args.writer != "deltalake" else ""),
+        ("Spark server conf", " ".join(args.spark_conf)), ("load", " ".join(args.load))) if value]
     print("changes from the defaults: " + ("; ".join(changes) if changes else "none"))
     print()
     print("CPU seconds per process during each figure (last repetition):")

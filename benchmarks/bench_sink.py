@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """The Delta sink's events/s next to the raw HTTP read rate of the same feed, in one run.
 
-    .venv/bin/python benchmarks/bench_sink.py                    # 1M events, 16 partitions
-    .venv/bin/python benchmarks/bench_sink.py --events 100000    # quick
+    .venv/bin/python benchmarks/bench_sink.py                          # 1M events, 16 partitions, delta-rs
+    .venv/bin/python benchmarks/bench_sink.py --events 100000          # quick
+    .venv/bin/python benchmarks/bench_sink.py --writer spark           # Spark writes (embedded Connect server)
 
 Steps (see benchmarks/README.md for what the figures mean):
 
@@ -11,12 +12,16 @@ Steps (see benchmarks/README.md for what the figures mean):
 2. raw baseline: one `requests.Session`, one thread per partition (at most `--fetch-workers`
    concurrently, the loader's default 8), every page from `_first`; each body is only searched for
    its last cursor (`rfind`) to request the next page, until every partition is caught up;
-3. sink: a Spark session (embedded Spark Connect server, started or reused on `--port`; or a
-   classic local session), then `FeedLoader(FeedClient(...), DeltaSink(spark, path)).sync()` into a
-   fresh Delta table; the row count is checked afterwards (untimed). Then the fixed cost of a load:
-   a sync with nothing new, and a sync of `--partitions` appended events (`POST /admin/append`),
-   each with the same sink and with a fresh one (what a new Dagster run pays);
-4. one table of figures, the command line, and where the CPU went (per thread group and process).
+3. sink: `FeedLoader(FeedClient(...), DeltaSink(path, engine=...)).sync()` into a fresh Delta table,
+   with the engine of `--writer` (the feeds file's `writer:`): `deltalake` (default), i.e.
+   `DeltaRsEngine`: delta-rs writes in this process and no Spark session or JVM is started at all;
+   or `spark`, i.e. `SparkEngine`: a Spark session (embedded Spark Connect server on a free port or
+   `--port`, or `--spark local`) writes. The row count is checked afterwards with delta-rs (untimed,
+   either writer). Then the fixed cost of a load: a sync with nothing new, and a sync of
+   `--partitions` appended events (`POST /admin/append`), each with the same sink and with a fresh
+   one (what a new Dagster run pays);
+4. one table of figures, the command line, where the wall time of the sink's steps and the CPU
+   (per thread group and process: this one, the JVM if any, the feed server) went.
 
 Everything started here is stopped at the end (the feed server; the Spark server if started here).
 """
@@ -48,8 +53,8 @@ from pathlib import Path
 import requests
 
 import jfr_summary
-from sink_variants import VARIANTS, apply as apply_variants
 
+WRITERS = ("deltalake", "spark")  # the feeds file's `writer:`
 RATIO_TARGET = 0.60
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 log = logging.getLogger("bench_sink")
@@ -309,6 +314,16 @@ def raw_read(url: str, page_size: int, workers: int, cpu: WorkerCpu) -> RawResul
 
 
 # ----------------------------------------------------------------------------- sink phases
+# labels of the timed steps (also the keys of "phases" in the JSON output)
+ADD_PAGE = "loader._add_page (per checkpoint)"
+TO_ARROW = "EventBatch.to_arrow (Arrow columns)"
+FLUSH = "loader._flush (whole commit step)"
+WRITE = "engine.write (Delta commit)"
+LANDED = "sink._landed (history read after commit)"
+READ_HISTORY = "state.read_history (table history)"
+ENSURE_TABLE = "engine.ensure_table (create if missing)"
+
+
 class Phases:
     """Wall time of the sink's steps, by wrapping them in this process only (a few calls per commit,
     plus `_add_page` once per checkpoint: ~1 µs each)."""
@@ -337,17 +352,23 @@ class Phases:
         setattr(owner, name, timed)
         self._undo.append((owner, name, original))
 
-    def install(self) -> None:
-        from feedapi_dagster.lakehouse import loader, sink, state
+    def install(self, engine: type) -> None:
+        """Wrap the loader's and the sink's steps, and `write`/`ensure_table` of the engine class in
+        use (`DeltaRsEngine` or `SparkEngine`)."""
+        from feedapi_dagster.lakehouse import loader, sink, state, table
 
-        self.wrap(loader.FeedLoader, "_add_page", "loader._add_page (per checkpoint)")
-        self.wrap(loader, "arrow_batch", "table.arrow_batch (Arrow columns)")
-        self.wrap(loader.FeedLoader, "_flush", "loader._flush (whole commit step)")
-        self.wrap(sink, "rows_frame", "table.rows_frame (createDataFrame: Arrow to Spark)")
-        self.wrap(sink.DeltaSink, "_write", "sink._write (Delta write job)")
-        self.wrap(sink.DeltaSink, "_landed", "sink._landed (history read after commit)")
-        self.wrap(state, "read_history", "state.read_history (DESCRIBE HISTORY)")
-        self.wrap(sink, "ensure_table", "table.ensure_table (CREATE TABLE IF NOT EXISTS)")
+        self.wrap(loader.FeedLoader, "_add_page", ADD_PAGE)
+        self.wrap(table.EventBatch, "to_arrow", TO_ARROW)
+        self.wrap(loader.FeedLoader, "_flush", FLUSH)
+        self.wrap(engine, "write", WRITE)
+        self.wrap(sink.DeltaSink, "_landed", LANDED)
+        # the sink calls it as `state.read_history`; it calls itself once more (counted twice) only
+        # when none of the newest RECENT_HISTORY commits carries a state
+        self.wrap(state, "read_history", READ_HISTORY)
+        self.wrap(engine, "ensure_table", ENSURE_TABLE)
+
+    def calls(self, label: str) -> int:
+        return int(self.totals.get(label, [0])[0])
 
     def uninstall(self) -> None:
         for owner, name, original in reversed(self._undo):
@@ -388,8 +409,8 @@ class ThreadProfiles:
 # ----------------------------------------------------------------------------- the run
 @dataclass
 class SinkResult:
-    session_seconds: float = 0.0
-    server: str = ""
+    session_seconds: float | None = None  # Spark session acquisition (--writer spark only)
+    server: str = ""  # the Spark server/session and its JVM (--writer spark only)
     sink_init_seconds: float = 0.0
     sync_seconds: float = 0.0
     events_loaded: int = 0
@@ -406,14 +427,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--partitions", type=int, default=16)
     parser.add_argument("--page-size", type=int, default=1000, help="page size hint (raw and sink)")
-    parser.add_argument("--spark", choices=("embedded", "local"), default="embedded")
-    parser.add_argument("--port", type=int, default=0,
-                        help="embedded Spark Connect server port: reused if a server listens there, else "
-                             "started (and stopped at the end); default 0: a free port, i.e. always a server "
-                             "of this run's own (a shared one, e.g. on 15002, may be stopped by its owner "
-                             "mid-run and carries other sessions' state)")
+    parser.add_argument("--writer", choices=WRITERS, default="deltalake",
+                        help="who writes the table, as the feeds file's `writer:`: deltalake (DeltaRsEngine: "
+                             "delta-rs in this process, no Spark at all; the default) or spark (SparkEngine)")
+    parser.add_argument("--spark", choices=("embedded", "local"), default=None,
+                        help="--writer spark: an embedded Spark Connect server (the default) or a classic "
+                             "local[*] session in this process")
+    parser.add_argument("--port", type=int, default=None,
+                        help="--writer spark: embedded Spark Connect server port: reused if a server listens "
+                             "there, else started (and stopped at the end); default: a free port, i.e. always "
+                             "a server of this run's own (a shared one, e.g. on 15002, may be stopped by its "
+                             "owner mid-run and carries other sessions' state)")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
-                        help="Spark conf for a server/session started here (repeatable)")
+                        help="--writer spark: Spark conf for a server/session started here (repeatable)")
     parser.add_argument("--fetch-workers", type=int, default=8,
                         help="concurrent partition readers, raw and loader (LoadSettings default 8)")
     parser.add_argument("--batch-events", type=int, default=None, help="LoadSettings.batch_events")
@@ -421,30 +447,48 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--raw-repeats", type=int, default=3,
                         help="raw read passes (the median counts: one short pass is noisy)")
     parser.add_argument("--feed-port", type=int, default=0, help="demo feed server port (0: a free one)")
-    parser.add_argument("--variant", action="append", default=[], choices=VARIANTS,
-                        help="apply a prototype of a proposed change (benchmarks/sink_variants.py; repeatable)")
     parser.add_argument("--keep", action="store_true", help="keep the lakehouse dir (the Delta table)")
     parser.add_argument("--profile", metavar="FILE",
                         help="cProfile the sink's first sync (main + fetch threads) into FILE and print the top; "
                              "slows Python down, so the figures of such a run are not comparable")
     parser.add_argument("--jfr", metavar="FILE",
-                        help="record the JVM during the first sync with Java Flight Recorder (jcmd) into FILE "
-                             "and print its CPU by component (benchmarks/jfr_summary.py)")
+                        help="--writer spark: record the JVM during the first sync with Java Flight Recorder "
+                             "(jcmd) into FILE and print its CPU by component (benchmarks/jfr_summary.py)")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     parser.add_argument("-v", "--verbose", action="store_true")
     return parser
 
 
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.writer == "spark":
+        args.spark = args.spark or "embedded"
+        args.port = args.port or free_port()
+    else:
+        spark_only = [flag for flag, given in (("--spark", args.spark), ("--port", args.port is not None),
+                                               ("--conf", args.conf), ("--jfr", args.jfr)) if given]
+        if spark_only:
+            parser.error(f"{', '.join(spark_only)}: only with --writer spark (--writer deltalake starts no "
+                         "Spark session and no JVM)")
+    return args
+
+
+def table_count(path: str) -> int:
+    """Rows in the Delta table, read with delta-rs (whichever engine wrote it)."""
+    from deltalake import DeltaTable
+
+    return DeltaTable(path).to_pyarrow_dataset().count_rows()
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    args.port = args.port or free_port()
+    args = parse_args(argv)
     # SIGTERM runs the cleanup (feed server, Spark server) like Ctrl-C; SIGUSR1 dumps every thread's stack
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     command_line = shlex.join(sys.orig_argv if argv is None else [sys.executable, __file__, *argv])
-    conf = dict(item.split("=", 1) for item in args.conf)
     work = Path(tempfile.mkdtemp(prefix="feedapi-bench-"))
     table_path = str(work / "lakehouse" / "events")
     feed = FeedServerProcess(args.events, args.partitions, args.feed_port or free_port(), work)
@@ -470,35 +514,49 @@ def main(argv: list[str] | None = None) -> int:
         raw = sorted(passes, key=lambda r: r.seconds)[len(passes) // 2]
         raw.all_seconds = [r.seconds for r in passes]
 
-        # ---- Spark session
-        from feedapi_dagster.lakehouse import spark as spark_mod
+        # ---- the engine (a Spark session only for --writer spark)
+        from feedapi_dagster.lakehouse.engines import DeltaRsEngine, SparkEngine
         from feedapi_dagster.lakehouse.loader import FeedLoader, LoadSettings
         from feedapi_dagster.lakehouse.sink import DeltaSink
         from feedapi_dagster.protocol import FeedClient
 
-        settings = spark_mod.SparkSettings(mode=args.spark, port=args.port, conf=conf)
-        reused = args.spark == "embedded" and spark_mod.port_open(args.port)
-        say(f"spark: {'reusing the server on' if reused else 'starting'} "
-            f"{'sc://127.0.0.1:%d' % args.port if args.spark == 'embedded' else 'a local[*] session'} ...")
-        started = time.perf_counter()
-        spark = spark_mod.spark_session(settings)
-        sink_result = SinkResult(session_seconds=time.perf_counter() - started)
-        if args.spark == "embedded":
-            server = spark_mod.ensure_embedded_server(args.port)  # the handle (no new start)
-            sink_result.server = f"reused sc://127.0.0.1:{args.port}" if not server.owned else \
-                f"started sc://127.0.0.1:{args.port}"
+        jvm_pid = None
+        sink_result = SinkResult()
+        if args.writer == "spark":
+            from feedapi_dagster.lakehouse import spark as spark_mod
+
+            settings = spark_mod.SparkSettings(mode=args.spark, port=args.port,
+                                               conf=dict(item.split("=", 1) for item in args.conf))
+            reused = args.spark == "embedded" and spark_mod.port_open(args.port)
+            say(f"spark: {'reusing the server on' if reused else 'starting'} "
+                f"{'sc://127.0.0.1:%d' % args.port if args.spark == 'embedded' else 'a local[*] session'} ...")
+            started = time.perf_counter()
+            spark = spark_mod.spark_session(settings)
+            sink_result.session_seconds = time.perf_counter() - started
+            if args.spark == "embedded":
+                server = spark_mod.ensure_embedded_server(args.port)  # the handle (no new start)
+                sink_result.server = f"reused sc://127.0.0.1:{args.port}" if not server.owned else \
+                    f"started sc://127.0.0.1:{args.port}"
+            else:
+                sink_result.server = "local[*] (classic, in-process)"
+            jvm_pid = find_jvm_pid(args.spark, args.port)
+            sink_result.server += f"; {jvm_flags(jvm_pid)}"
+            say(f"spark session in {sink_result.session_seconds:.1f} s ({sink_result.server}, JVM pid {jvm_pid})")
+            engine_class = SparkEngine
+
+            def make_sink() -> DeltaSink:
+                return DeltaSink(table_path, engine=SparkEngine(spark, table_path))
         else:
-            sink_result.server = "local[*] (classic, in-process)"
-        jvm_pid = find_jvm_pid(args.spark, args.port)
-        sink_result.server += f"; {jvm_flags(jvm_pid)}"
-        say(f"spark session in {sink_result.session_seconds:.1f} s ({sink_result.server}, JVM pid {jvm_pid})")
+            engine_class = DeltaRsEngine
+
+            def make_sink() -> DeltaSink:
+                return DeltaSink(table_path, engine=DeltaRsEngine(table_path))
 
         load_settings = LoadSettings(fetch_workers=args.fetch_workers,
                                      **({"batch_events": args.batch_events} if args.batch_events else {}),
                                      **({"queued_pages": args.queued_pages} if args.queued_pages else {}))
-        restore_variants = apply_variants(args.variant, work / "staging")
         phases = Phases()
-        phases.install()
+        phases.install(engine_class)
         fetch_cpu = WorkerCpu()
         profiles = ThreadProfiles() if args.profile else None
         original_fetch = FeedLoader._fetch
@@ -506,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
         FeedLoader._fetch = profiles.wrap(wrapped) if profiles else wrapped
         main_profile = cProfile.Profile() if profiles else None
         try:
-            # ---- the full load (timed: DeltaSink() with its CREATE TABLE, then sync)
+            # ---- the full load (timed: DeltaSink() with its engine.ensure_table, then sync)
             if args.jfr:
                 if jvm_pid is None:
                     raise RuntimeError("--jfr: the Spark JVM was not found")
@@ -516,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
                 main_profile.enable()
             t0 = time.perf_counter()
             client = FeedClient(feed.url, page_size_hint=args.page_size)
-            sink = DeltaSink(spark, table_path)
+            sink = make_sink()
             t1 = time.perf_counter()
             loader = FeedLoader(client, sink, load_settings)
             reports = loader.sync()
@@ -528,17 +586,17 @@ def main(argv: list[str] | None = None) -> int:
                 jfr_summary.stop(jvm_pid)
             sink_result.sink_init_seconds, sink_result.sync_seconds = t1 - t0, t2 - t1
             sink_result.events_loaded = sum(r.events for r in reports.values())
-            sink_result.commits = phases.totals.get("sink._write (Delta write job)", [0])[0]
+            sink_result.commits = phases.calls(WRITE)
             sink_result.phases = phases.totals
             failed = {pid: r.error for pid, r in reports.items() if r.status == "failed"}
             if failed:
                 raise RuntimeError(f"sync failed for partitions {failed}")
             total = t2 - t0
-            say(f"sink: {sink_result.events_loaded} events in {total:.2f} s = "
+            say(f"sink ({args.writer}): {sink_result.events_loaded} events in {total:.2f} s = "
                 f"{rate(args.events, total):,.0f} events/s ({sink_result.commits} commits)")
 
             # ---- checks (untimed)
-            sink_result.rows = spark.read.format("delta").load(table_path).count()
+            sink_result.rows = table_count(table_path)
             if sink_result.rows != args.events or sink_result.events_loaded != args.events:
                 raise RuntimeError(f"expected {args.events} rows, the table has {sink_result.rows} "
                                    f"(sync reported {sink_result.events_loaded})")
@@ -554,25 +612,23 @@ def main(argv: list[str] | None = None) -> int:
                 phases.reset()
                 start = time.perf_counter()
                 if fresh:
-                    sink = DeltaSink(spark, table_path)
+                    sink = make_sink()
                     loader = FeedLoader(FeedClient(feed.url, page_size_hint=args.page_size), sink, load_settings)
                 result = loader.sync()
                 seconds = time.perf_counter() - start
-                commits = phases.totals.get("sink._write (Delta write job)", [0])[0]
-                sink_result.small[name] = (seconds, sum(r.events for r in result.values()), commits)
+                sink_result.small[name] = (seconds, sum(r.events for r in result.values()), phases.calls(WRITE))
 
             timed_sync("empty sync (same sink)", fresh=False, append=0)
             timed_sync("empty sync (fresh sink: a new run)", fresh=True, append=0)
             timed_sync(f"tiny sync, +{args.partitions} events (same sink)", fresh=False, append=args.partitions)
             timed_sync(f"tiny sync, +{args.partitions} events (fresh sink)", fresh=True, append=args.partitions)
-            rows_after = spark.read.format("delta").load(table_path).count()
+            rows_after = table_count(table_path)
             if rows_after != args.events + 2 * args.partitions:
                 raise RuntimeError(f"expected {args.events + 2 * args.partitions} rows after the tiny syncs, "
                                    f"found {rows_after}")
         finally:
             FeedLoader._fetch = original_fetch
             phases.uninstall()
-            restore_variants()
 
         results = report(args, command_line, feed_start, raw, sink_result, (load_before, os.getloadavg()))
         if profiles:
@@ -614,12 +670,15 @@ def report(args: argparse.Namespace, command_line: str, feed_start: float, raw: 
         ("raw HTTP read (median pass)", f"{raw_rate:>12,.0f} events/s   ({raw.seconds:.2f} s, {raw.pages} requests, "
                                        f"{raw.body_bytes / 2**20:.0f} MiB; passes: "
                                        + ", ".join(f"{s:.2f}" for s in raw.all_seconds) + " s)"),
-        ("sink: DeltaSink() + sync()", f"{sink_rate:>12,.0f} events/s   ({sink_seconds:.2f} s, {sink.commits} commits)"),
-        ("  of which DeltaSink() (CREATE TABLE)", f"{sink.sink_init_seconds:>12.2f} s"),
+        (f"sink ({args.writer}): DeltaSink() + sync()",
+         f"{sink_rate:>12,.0f} events/s   ({sink_seconds:.2f} s, {sink.commits} commits)"),
+        ("  of which DeltaSink() (engine.ensure_table)", f"{sink.sink_init_seconds:>12.2f} s"),
         ("  sync() alone", f"{rate(n, sink.sync_seconds):>12,.0f} events/s   ({sink.sync_seconds:.2f} s)"),
         ("ratio sink / raw", f"{ratio:>12.2f}      (target >= {RATIO_TARGET:.2f}: "
                              f"{'met' if ratio >= RATIO_TARGET else 'NOT met'})"),
-        ("Spark session acquisition", f"{sink.session_seconds:>12.2f} s   ({sink.server})"),
+        ("Spark session acquisition",
+         f"{'n/a':>12}     (--writer deltalake: no Spark session, no JVM)" if sink.session_seconds is None
+         else f"{sink.session_seconds:>12.2f} s   ({sink.server})"),
     ]
     for name, (seconds, events, commits) in sink.small.items():
         rows.append((name, f"{seconds:>12.3f} s   ({events} events, {commits} commit{'s' * (commits != 1)})"))
@@ -629,8 +688,10 @@ def report(args: argparse.Namespace, command_line: str, feed_start: float, raw: 
     print(f"bench_sink  {dt.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}  |  {machine()}  |  code {code_version()}")
     print(f"feed: {n:,} events, {args.partitions} partitions, page size {args.page_size}, "
           f"{args.fetch_workers} readers; demo server (own process) ready in {feed_start:.1f} s")
-    if args.variant:
-        print(f"VARIANTS (prototypes of proposed changes, not the package as is): {', '.join(args.variant)}")
+    if args.writer == "spark":
+        print(f"writer: spark (SparkEngine: the Spark session writes; {args.spark}: {sink.server})")
+    else:
+        print("writer: deltalake (DeltaRsEngine: delta-rs writes in this process; no Spark session, no JVM)")
     if args.conf:
         print(f"Spark conf: {', '.join(args.conf)}")
     if args.batch_events or args.queued_pages:
@@ -661,10 +722,10 @@ def report(args: argparse.Namespace, command_line: str, feed_start: float, raw: 
         for label, (calls, seconds) in sorted(sink.phases.items(), key=lambda kv: -kv[1][1]):
             print(f"  {label:<52} {seconds:8.2f} s  ({int(calls)} calls)")
         def spent(label: str) -> float:
-            return next((v[1] for k, v in sink.phases.items() if k.startswith(label)), 0.0)
+            return sink.phases.get(label, [0, 0.0])[1]
 
-        first_read = spent("state.read_history") - spent("sink._landed")  # the state read before fetching
-        waiting = sink.sync_seconds - spent("loader._flush") - spent("loader._add_page") - first_read
+        first_read = spent(READ_HISTORY) - spent(LANDED)  # the state read before fetching
+        waiting = sink.sync_seconds - spent(FLUSH) - spent(ADD_PAGE) - first_read
         print(f"  {'main thread waiting for pages (not overlapped)':<52} {waiting:8.2f} s"
               f"  (sync - flush - add_page - {first_read:.2f} s initial state read)")
     print(f"command: {command_line}")
@@ -674,13 +735,13 @@ def report(args: argparse.Namespace, command_line: str, feed_start: float, raw: 
         "code": code_version(),
         "machine": machine(),
         "command": command_line,
+        "writer": args.writer, "spark": args.spark, "conf": args.conf,
         "events": n, "partitions": args.partitions, "page_size": args.page_size,
-        "variants": args.variant, "conf": args.conf,
         "raw_events_per_s": raw_rate, "raw_seconds": raw.seconds, "raw_passes": raw.all_seconds,
         "load_average": [load[0][0], load[1][0]],
         "sink_events_per_s": sink_rate, "sink_seconds": sink_seconds,
         "sink_init_seconds": sink.sink_init_seconds, "sync_seconds": sink.sync_seconds,
-        "ratio": ratio, "session_seconds": sink.session_seconds, "server": sink.server,
+        "ratio": ratio, "session_seconds": sink.session_seconds, "server": sink.server or None,
         "small_syncs": {k: {"seconds": s, "events": e, "commits": c} for k, (s, e, c) in sink.small.items()},
         "phases": {k: {"calls": int(c), "seconds": s} for k, (c, s) in sink.phases.items()},
         "cpu": {name: use.__dict__ for name, use in (("raw", raw.cpu), ("sink", sink.cpu)) if use},

@@ -7,7 +7,7 @@ Each execution sample (a Java thread on CPU) is charged to the first frame, from
 belongs to a known component (JSON functions, Arrow, Parquet, sorting, Delta log ...); samples with no
 such frame are charged to their leaf frame's package. JIT compiler and GC threads are not Java code
 and are not sampled: compare the sample count with the JVM's CPU seconds to see their share.
-`bench_sink.py --jfr FILE` records the first sync this way (JFR is started with `jcmd`).
+`bench_sink.py --writer spark --jfr FILE` records the first sync this way (JFR is started with `jcmd`).
 """
 from __future__ import annotations
 

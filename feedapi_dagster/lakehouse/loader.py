@@ -15,17 +15,15 @@ import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from urllib.parse import urlsplit
 
-import msgspec
 from pydantic import BaseModel, ConfigDict, Field
 
 from feedapi_dagster.planning import PartitionPlan, PartitionState, PlanStatus, plan_feed, plan_rebuild
 from feedapi_dagster.protocol import FeedClient, FeedInfo, Page, RediscoveryNeeded
 
 from .sink import DeltaSink
-from .table import arrow_batch, rows_frame
+from .table import EventBatch
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +72,9 @@ class _Progress:
 
 
 @dataclass
-class _Batch:
-    partition_ids: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    cursors: list[str] = field(default_factory=list)
-    raws: list[bytes] = field(default_factory=list)
-    size: int = 0
+class _Staging:
+    path: str
+    used: bool = False
 
 
 class FeedLoader:
@@ -96,8 +91,6 @@ class FeedLoader:
         self.settings = settings or LoadSettings()
         self.on_moment = on_moment or (lambda moment, updates: None)
         self._discovery_lock = threading.Lock()
-        self._id_decoder = msgspec.json.Decoder(
-            msgspec.defstruct("EventId", [(sink.event_id_field, msgspec.Raw | msgspec.UnsetType, msgspec.UNSET)]))
 
     # ------------------------------------------------------------------ entry points
     def sync(self, partition_ids: Iterable[int] | None = None) -> dict[int, PartitionReport]:
@@ -154,7 +147,7 @@ class FeedLoader:
             stored = self.sink.event_ids(p for group in groups.values() for p in group)
             for pid, item in progress.items():
                 item.seen_ids = set().union(*(stored.get(p, set()) for p in groups[pid]))
-        staging = f"{self.sink.path}/_feedapi_staging/{uuid.uuid4().hex}" if rebuild else None
+        staging = _Staging(f"{self.sink.path}/_feedapi_staging/{uuid.uuid4().hex}") if rebuild else None
         pages: queue.Queue = queue.Queue(maxsize=self.settings.queued_pages)
         stop = threading.Event()
         try:
@@ -167,21 +160,21 @@ class FeedLoader:
                     stop.set()  # lets fetch threads blocked on a full queue give up
         finally:
             if staging:
-                _remove_local(staging)
+                _remove_local(staging.path)
         return {pid: item.report for pid, item in progress.items()}
 
-    def _write_loop(self, progress: dict[int, _Progress], pages: queue.Queue, staging: str | None,
+    def _write_loop(self, progress: dict[int, _Progress], pages: queue.Queue, staging: "_Staging | None",
                     drop: list[int]) -> None:
-        batch = _Batch()
+        batch = EventBatch()
         open_partitions = len(progress)
         while open_partitions:
             kind, partition_id, payload = pages.get()
             item = progress[partition_id]
             if kind == "page":
                 self._add_page(item, payload, batch)
-                if batch.size >= self.settings.batch_bytes or len(batch.raws) >= self.settings.batch_events:
+                if batch.size >= self.settings.batch_bytes or len(batch) >= self.settings.batch_events:
                     self._flush(progress, batch, staging=staging)
-                    batch = _Batch()
+                    batch = EventBatch()
                 continue
             open_partitions -= 1
             if kind == "error":
@@ -223,45 +216,26 @@ class FeedLoader:
             return
         _put(pages, ("end", plan.partition_id, done), stop)
 
-    def _add_page(self, item: _Progress, page: Page, batch: _Batch) -> None:
+    def _add_page(self, item: _Progress, page: Page, batch: EventBatch) -> None:
         raws = page.raw_events
+        event_id = self.sink.parser.event_id
+        ids = [event_id(raw) for raw in raws]
         if item.seen_ids is not None:
-            raws = self._unseen(raws, item.seen_ids)
+            raws, ids = _unseen(raws, ids, item.seen_ids)
             item.report.duplicates += len(page.raw_events) - len(raws)
-        if raws:
-            position = item.state.position
-            batch.partition_ids.extend([page.partition_id] * len(raws))
-            batch.positions.extend(range(position, position + len(raws)))
-            batch.cursors.extend([page.cursor] * len(raws))
-            batch.raws.extend(raws)
-            batch.size += sum(map(len, raws))
+        batch.add(page.partition_id, item.state.position, page.cursor, raws, ids)
         item.state = item.state.model_copy(update={"cursor": page.cursor, "position": item.state.position + len(raws)})
         item.dirty = True
         item.report.pages += 1
         item.report.events += len(raws)
 
-    def _unseen(self, raws: list[bytes], seen: set[str]) -> list[bytes]:
-        kept = []
-        for raw in raws:
-            if raw[:1] == b"{":
-                event_id = getattr(self._id_decoder.decode(raw), self.sink.event_id_field)
-                if event_id is not msgspec.UNSET:
-                    key = msgspec.json.decode(event_id) if bytes(event_id)[:1] == b'"' else bytes(event_id).decode()
-                    if not isinstance(key, str):
-                        key = str(key)
-                    if key in seen:
-                        continue
-                    seen.add(key)
-            kept.append(raw)
-        return kept
-
-    def _flush(self, progress: dict[int, _Progress], batch: _Batch, *, staging: str | None,
+    def _flush(self, progress: dict[int, _Progress], batch: EventBatch, *, staging: "_Staging | None",
                final: bool = False, drop: Iterable[int] = ()) -> None:
-        rows = arrow_batch(batch.partition_ids, batch.positions, batch.cursors, batch.raws)
+        rows = batch.to_arrow()
         if staging and not final:
             # a rebuild's earlier batches wait in a staging table until the one final commit
-            rows_frame(self.sink.spark, rows, self.sink.event_id_field, self.sink.run_id) \
-                .write.format("delta").mode("append").save(staging)
+            self.sink.stage(rows, staging.path)
+            staging.used = True
             return
         dirty = {pid: item for pid, item in progress.items() if item.dirty}
         if not dirty and not rows.num_rows and not staging:
@@ -269,9 +243,7 @@ class FeedLoader:
         updates = {pid: item.state for pid, item in dirty.items()}
         expected = {pid: item.expected for pid, item in dirty.items()}
         replace = [*progress, *drop] if staging else []
-        staged = None
-        if staging and Path(_local(staging)).exists():
-            staged = self.sink.spark.read.format("delta").load(staging)
+        staged = staging.path if staging and staging.used else None
         self.on_moment(BEFORE_COMMIT, updates)
         result = self.sink.commit(rows, updates, expected, replace=replace, staged=staged)
         self.on_moment(AFTER_COMMIT, updates)
@@ -291,6 +263,18 @@ def _put(pages: queue.Queue, item: tuple, stop: threading.Event) -> bool:
         except queue.Full:
             continue
     return False
+
+
+def _unseen(raws: list[bytes], ids: list[str | None], seen: set[str]) -> tuple[list[bytes], list[str | None]]:
+    kept_raws, kept_ids = [], []
+    for raw, event_id in zip(raws, ids):
+        if event_id is not None:
+            if event_id in seen:
+                continue
+            seen.add(event_id)
+        kept_raws.append(raw)
+        kept_ids.append(event_id)
+    return kept_raws, kept_ids
 
 
 def _dedup_group(info: FeedInfo, plan: PartitionPlan) -> list[int]:

@@ -1,21 +1,18 @@
 """`DeltaSink`: rows and the feed's cursors in one idempotent Delta commit."""
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
-
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
 from feedapi_dagster.planning import FeedState, PartitionState
 
 from . import state as committed
-from .table import check_id_field, ensure_table, rows_frame
-
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+from .engines import Commit, DeltaRsEngine, TableEngine
+from .table import EventParser, stamped
 
 log = logging.getLogger(__name__)
 
@@ -44,33 +41,35 @@ class CompactionSettings(BaseModel):
 
 
 class DeltaSink:
-    """Writes a feed's table at `path`. One sink per load process; it caches the last committed state
-    so that each commit costs one Delta write plus one short history read."""
+    """Writes a feed's table through a `TableEngine` (delta-rs unless given another). One sink per
+    load process; it caches the last committed state so that each commit costs one Delta write plus
+    one short history read."""
 
     def __init__(
         self,
-        spark: "SparkSession",
         path: str,
         *,
+        engine: TableEngine | None = None,
         event_id_field: str = "id",
         run_id: str | None = None,
         compaction: CompactionSettings | None = None,
         max_conflict_retries: int = 8,
     ):
-        self.spark = spark
         self.path = path
-        self.event_id_field = check_id_field(event_id_field)
+        self.engine = engine or DeltaRsEngine(path)
+        self.parser = EventParser(event_id_field)
         self.run_id = run_id
         self.compaction = compaction or CompactionSettings()
         self.max_conflict_retries = max_conflict_retries
         self._committed: committed.CommittedState | None = None
+        self._snapshot = None  # the table snapshot `_committed` was read from: commits are based on it
         self._commits = 0
-        ensure_table(spark, path)
+        self.engine.ensure_table()
 
     # ------------------------------------------------------------------ reading
     def committed_state(self, refresh: bool = False) -> committed.CommittedState:
         if refresh or self._committed is None:
-            self._committed = committed.read_committed_state(self.spark, self.path)
+            self._read_history()
         return self._committed
 
     @property
@@ -79,19 +78,11 @@ class DeltaSink:
 
     def event_ids(self, partition_ids: Iterable[int]) -> dict[int, set[str]]:
         """Event ids already stored per partition (deduplication of at-least-once feeds), one query."""
-        ids = ",".join(str(int(p)) for p in sorted(set(partition_ids)))
+        wanted = sorted(set(partition_ids))
         stored: dict[int, set[str]] = {}
-        if not ids:
-            return stored
-        rows = self.spark.sql(
-            f"SELECT DISTINCT partition_id, event_id FROM delta.`{self.path}` "
-            f"WHERE partition_id IN ({ids}) AND event_id IS NOT NULL").collect()
-        for partition_id, event_id in rows:
+        for partition_id, event_id in self.engine.event_ids(wanted) if wanted else []:
             stored.setdefault(partition_id, set()).add(event_id)
         return stored
-
-    def frame(self) -> "DataFrame":
-        return self.spark.read.format("delta").load(self.path)
 
     # ------------------------------------------------------------------ writing
     def commit(
@@ -101,21 +92,19 @@ class DeltaSink:
         expected: Mapping[int, PartitionState | None],
         *,
         replace: Iterable[int] = (),
-        staged: "DataFrame | None" = None,
+        staged: str | None = None,
     ) -> committed.CommittedState:
-        """Append `rows` (or, for `replace` partitions, replace their rows) and advance the state by
-        `updates`, in one Delta commit.
+        """Append `rows` (`table.EVENT_SCHEMA`; or, for `replace` partitions, replace their rows) and
+        advance the state by `updates`, in one Delta commit.
 
         `expected` is each updated partition's committed state this load continues from; when another
         writer changed it meanwhile, `PartitionConflict` is raised and nothing is committed. A commit
-        that lost a race with a writer of other partitions is rebased and retried. `staged` rows (a
-        rebuild's earlier batches) are written in the same commit.
+        that lost a race with a writer of other partitions is rebased and retried. The rows a rebuild
+        `staged` earlier are written in the same commit.
         """
-        replace = sorted(set(replace))
+        replace = tuple(sorted(set(replace)))
         commit_id = uuid.uuid4().hex
-        frame = rows_frame(self.spark, rows, self.event_id_field, self.run_id)
-        if staged is not None:
-            frame = staged.unionByName(frame)
+        rows = stamped(rows, dt.datetime.now(dt.timezone.utc), self.run_id)
         for attempt in range(1, self.max_conflict_retries + 1):
             base = self.committed_state()
             for partition_id, want in expected.items():
@@ -123,12 +112,14 @@ class DeltaSink:
                 if found != want:
                     raise PartitionConflict(partition_id, want, found)
             new_state = base.state.advanced(dict(updates))
+            commit = Commit(rows, committed.encode(new_state, commit_id, self.run_id), new_state.generation,
+                            replace, staged)
             try:
-                self._write(frame, new_state, commit_id, replace)
-            except Exception as error:  # noqa: BLE001 - classified below; Spark/Connect raise many types
+                self.engine.write(commit, self._snapshot)
+            except Exception as error:  # noqa: BLE001 - classified below; engines raise many types
                 if self._landed(commit_id):
                     break
-                if not _is_concurrency_conflict(error):
+                if not self.engine.is_conflict(error):
                     raise
                 log.info("commit to %s lost a race (attempt %d); rebasing", self.path, attempt)
                 continue
@@ -141,23 +132,17 @@ class DeltaSink:
         self._commits += 1
         return self.committed_state()
 
-    def _write(self, frame: "DataFrame", state: FeedState, commit_id: str, replace: list[int]) -> None:
-        writer = (frame.write.format("delta")
-                  .option("txnAppId", committed.TXN_APP_ID)
-                  .option("txnVersion", str(state.generation))
-                  .option("userMetadata", committed.encode(state, commit_id, self.run_id)))
-        if replace:
-            writer = writer.mode("overwrite").option(
-                "replaceWhere", f"partition_id IN ({','.join(map(str, replace))})")
-        else:
-            writer = writer.mode("append")
-        writer.save(self.path)
+    def stage(self, rows: pa.Table, staging: str) -> None:
+        self.engine.stage(stamped(rows, dt.datetime.now(dt.timezone.utc), self.run_id), staging)
+
+    def _read_history(self) -> list[committed.CommittedState]:
+        self._snapshot, history = committed.read_history(self.engine)
+        self._committed = history[0] if history else committed.CommittedState(FeedState(), None, None)
+        return history
 
     def _landed(self, commit_id: str) -> bool:
-        """Whether the commit is in the table (Delta silently skips a txnVersion already used)."""
-        history = committed.read_history(self.spark, self.path)
-        self._committed = history[0] if history else committed.CommittedState(FeedState(), None, None)
-        return any(entry.load_id == commit_id for entry in history)
+        """Whether the commit is in the table (Delta Spark silently skips a txnVersion already used)."""
+        return any(entry.load_id == commit_id for entry in self._read_history())
 
     # ------------------------------------------------------------------ housekeeping
     def compact_if_due(self) -> bool:
@@ -165,14 +150,9 @@ class DeltaSink:
         if not self.compaction.enabled:
             return False
         every = self.compaction.every_commits
-        operations = [row["operation"] for row in self.spark.sql(
-            f"DESCRIBE HISTORY delta.`{self.path}` LIMIT {every}").select("version", "operation").collect()]
+        # a snapshot of its own: the sink's commits stay based on the snapshot its state was read from
+        operations = [entry.operation for entry in self.engine.history(every)[1]]
         if len(operations) < every or "OPTIMIZE" in operations:
             return False
-        self.spark.sql(f"OPTIMIZE delta.`{self.path}`").collect()
+        self.engine.compact()
         return True
-
-
-def _is_concurrency_conflict(error: BaseException) -> bool:
-    text = f"{type(error).__name__} {error}"
-    return "DELTA_CONCURRENT" in text or "Concurrent" in text

@@ -7,23 +7,24 @@ drained flags) as the commit's `userMetadata`, next to the rows it adds, so rows
 one atomic Delta commit: a process killed before the commit loses nothing, one killed after it
 resumes from exactly what the commit covered.
 
-Concurrent writers are serialised through Delta's idempotent-write transaction id
-(`txnAppId`/`txnVersion`): a commit declares `txnVersion = state.generation`, so of two writers that
-read the same generation only one commits; the other is skipped or fails with a concurrent
-transaction error, re-reads the state and rebases (see `DeltaSink`).
+Concurrent writers are serialised through Delta's application transaction (`txnAppId`/`txnVersion`):
+a commit declares `txnVersion = state.generation`, so of two writers that read the same generation
+only one commits; the other is refused (or, under Delta Spark, skipped), re-reads the state and
+rebases (see `DeltaSink` and `engines`).
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from feedapi_dagster.planning import FeedState
 
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+from .engines import DeltaRsEngine, HistoryEntry
 
-TXN_APP_ID = "feedapi-dagster"
+if TYPE_CHECKING:
+    from .engines import TableEngine
+
 METADATA_KEY = "feedapi_dagster"
 # Commits made by others (OPTIMIZE, manual writes) carry no state; look this far back first.
 RECENT_HISTORY = 50
@@ -54,21 +55,28 @@ def decode(user_metadata: str | None) -> tuple[FeedState, str] | None:
     return FeedState.model_validate(body), body.get("load_id")
 
 
-def read_history(spark: "SparkSession", path: str, limit: int | None = RECENT_HISTORY) -> list[CommittedState]:
-    """States committed to the table at `path`, newest first (commits without state are skipped)."""
-    clause = f" LIMIT {limit}" if limit else ""
-    rows = spark.sql(f"DESCRIBE HISTORY delta.`{path}`{clause}").select("version", "userMetadata").collect()
+def committed_states(entries: list[HistoryEntry]) -> list[CommittedState]:
+    """The states among history entries, newest first (commits without state, e.g. OPTIMIZE, are skipped)."""
     states = []
-    for row in sorted(rows, key=lambda r: r["version"], reverse=True):
-        decoded = decode(row["userMetadata"])
+    for entry in entries:
+        decoded = decode(entry.user_metadata)
         if decoded is not None:
-            states.append(CommittedState(decoded[0], decoded[1], row["version"]))
-    if not states and limit and len(rows) >= limit:
-        return read_history(spark, path, None)
+            states.append(CommittedState(decoded[0], decoded[1], entry.version))
     return states
 
 
-def read_committed_state(spark: "SparkSession", path: str) -> CommittedState:
-    """The newest state committed to the table at `path` (an empty state for a new table)."""
-    states = read_history(spark, path)
+def read_history(table: "TableEngine | str", limit: int | None = RECENT_HISTORY) -> tuple[Any, list[CommittedState]]:
+    """A snapshot of the table (at `table`: an engine, or a path read with delta-rs) and the states
+    committed to it, newest first."""
+    engine = DeltaRsEngine(table) if isinstance(table, str) else table
+    snapshot, entries = engine.history(limit)
+    states = committed_states(entries)
+    if not states and limit and len(entries) >= limit:
+        return read_history(engine, None)
+    return snapshot, states
+
+
+def read_committed_state(table: "TableEngine | str") -> CommittedState:
+    """The newest state committed to the table (an empty state for a new table)."""
+    states = read_history(table)[1]
     return states[0] if states else CommittedState(FeedState(), None, None)

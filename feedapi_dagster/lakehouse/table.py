@@ -1,36 +1,30 @@
-"""The Delta table of a feed: its schema, and how a batch of raw events becomes its rows.
+"""The Delta table of a feed: its schema, and how raw events become its rows.
 
-Python hands Spark only what it has anyway (partition, position, cursor and each payload's raw JSON
-text, as Arrow); the JVM derives the payload type, the string value of string payloads and the
-event id. `get_json_object` returns the unescaped value of a JSON string, so string payloads are
-stored as the string itself while object payloads keep the exact bytes the feed sent.
+The columns are derived in Python, once per event, with msgspec: object payloads keep the exact bytes
+the feed sent (no JSON re-serialisation anywhere), string payloads are stored as the string itself,
+and the event id is read from the configured field without decoding the rest of the payload.
 """
 from __future__ import annotations
 
+import datetime as dt
 import re
+from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import TYPE_CHECKING
 
+import msgspec
 import pyarrow as pa
 
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
-
-TABLE_COLUMNS = (
-    ("partition_id", "INT"),
-    ("position", "BIGINT"),
-    ("cursor", "STRING"),
-    ("payload", "STRING"),
-    ("payload_type", "STRING"),
-    ("event_id", "STRING"),
-    ("loaded_at", "TIMESTAMP"),
-    ("run_id", "STRING"),
-)
-TABLE_DDL = ", ".join(f"{name} {kind}" for name, kind in TABLE_COLUMNS)
-ARROW_SCHEMA = pa.schema([
-    ("partition_id", pa.int32()), ("position", pa.int64()), ("cursor", pa.string()), ("raw", pa.string()),
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+# What the loader hands the sink: everything but the commit's own columns.
+EVENT_SCHEMA = pa.schema([
+    ("partition_id", pa.int32()), ("position", pa.int64()), ("cursor", pa.string()), ("payload", pa.string()),
+    ("payload_type", pa.string()), ("event_id", pa.string()),
 ])
+TABLE_SCHEMA = pa.schema([*EVENT_SCHEMA, ("loaded_at", TIMESTAMP), ("run_id", pa.string())])
+PARTITION_COLUMN = "partition_id"
 _ID_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_KINDS = {ord("{"): "object", ord('"'): "string", ord("["): "array", ord("t"): "boolean", ord("f"): "boolean",
+          ord("n"): "null"}
 
 
 def check_id_field(event_id_field: str) -> str:
@@ -39,45 +33,72 @@ def check_id_field(event_id_field: str) -> str:
     return event_id_field
 
 
-def ensure_table(spark: "SparkSession", path: str) -> None:
-    try:
-        spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{path}` ({TABLE_DDL}) USING delta PARTITIONED BY (partition_id)")
-    except Exception as error:  # noqa: BLE001 - Spark's error types differ between classic and Connect
-        # Two first loads racing to create the table: the loser's CREATE conflicts; the table exists.
-        if "DELTA_PROTOCOL_CHANGED" not in str(error) and "already exists" not in str(error):
-            raise
+class EventParser:
+    """Type, id and stored text of raw JSON payloads (already validated by the page reader)."""
+
+    def __init__(self, event_id_field: str = "id"):
+        self.event_id_field = check_id_field(event_id_field)
+        self._ids = msgspec.json.Decoder(
+            msgspec.defstruct("EventId", [(event_id_field, msgspec.Raw | msgspec.UnsetType, msgspec.UNSET)]))
+
+    def event_id(self, raw: bytes) -> str | None:
+        """The id field of an object payload: a string id as its value, any other JSON value as its text."""
+        if raw[:1] != b"{":
+            return None
+        value = getattr(self._ids.decode(raw), self.event_id_field)
+        if value is msgspec.UNSET:
+            return None
+        value = bytes(value)
+        return msgspec.json.decode(value) if value[:1] == b'"' else value.decode()
 
 
-def arrow_batch(partition_ids: list[int], positions: list[int], cursors: list[str], raws: list[bytes]) -> pa.Table:
-    """Columns of raw events; `raws` are UTF-8 JSON texts already validated by the page reader."""
-    offsets = pa.array(list(accumulate(map(len, raws), initial=0)), pa.int32())
-    raw = pa.StringArray.from_buffers(len(raws), offsets.buffers()[1], pa.py_buffer(b"".join(raws)))
-    return pa.Table.from_arrays(
-        [pa.array(partition_ids, pa.int32()), pa.array(positions, pa.int64()), pa.array(cursors, pa.string()), raw],
-        schema=ARROW_SCHEMA,
-    )
+@dataclass
+class EventBatch:
+    """Rows collected across pages and partitions until the loader commits them."""
+
+    partition_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    cursors: list[str] = field(default_factory=list)
+    payloads: list[bytes] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)
+    event_ids: list[str | None] = field(default_factory=list)
+    size: int = 0
+
+    def __len__(self) -> int:
+        return len(self.payloads)
+
+    def add(self, partition_id: int, position: int, cursor: str, raws: list[bytes],
+            event_ids: list[str | None]) -> None:
+        count = len(raws)
+        self.partition_ids.extend([partition_id] * count)
+        self.positions.extend(range(position, position + count))
+        self.cursors.extend([cursor] * count)
+        self.event_ids.extend(event_ids)
+        for raw in raws:
+            kind = _KINDS.get(raw[0], "number")
+            self.kinds.append(kind)
+            # a string payload is stored as the string itself, every other value as the JSON text sent
+            self.payloads.append(msgspec.json.decode(raw).encode() if kind == "string" else raw)
+            self.size += len(raw)
+
+    def to_arrow(self) -> pa.Table:
+        return pa.Table.from_arrays([
+            pa.array(self.partition_ids, pa.int32()), pa.array(self.positions, pa.int64()),
+            pa.array(self.cursors, pa.string()), _utf8_array(self.payloads),
+            pa.array(self.kinds, pa.string()), pa.array(self.event_ids, pa.string()),
+        ], schema=EVENT_SCHEMA)
 
 
-def rows_frame(spark: "SparkSession", batch: pa.Table, event_id_field: str, run_id: str | None) -> "DataFrame":
-    from pyspark.sql import functions as F
-
-    raw = F.col("raw")
-    first = F.substring(raw, 1, 1)
-    payload_type = (F.when(first == "{", "object").when(first == '"', "string").when(first == "[", "array")
-                    .when(first.isin("t", "f"), "boolean").when(first == "n", "null").otherwise("number"))
-    string_value = F.get_json_object(F.concat(F.lit('{"v":'), raw, F.lit("}")), "$.v")
-    frame = spark.createDataFrame(batch) if batch.num_rows else spark.createDataFrame([], _empty_schema())
-    return frame.select(
-        F.col("partition_id"),
-        F.col("position"),
-        F.col("cursor"),
-        F.when(first == '"', string_value).otherwise(raw).alias("payload"),
-        payload_type.alias("payload_type"),
-        F.when(first == "{", F.get_json_object(raw, f"$.{event_id_field}")).alias("event_id"),
-        F.current_timestamp().alias("loaded_at"),
-        F.lit(run_id).cast("string").alias("run_id"),
-    )
+def stamped(events: pa.Table, loaded_at: dt.datetime, run_id: str | None) -> pa.Table:
+    """Events plus the columns of the commit that stores them."""
+    count = events.num_rows
+    run_ids = pa.nulls(count, pa.string()) if run_id is None else pa.repeat(pa.scalar(run_id, pa.string()), count)
+    return (events.append_column("loaded_at", pa.repeat(pa.scalar(loaded_at, TIMESTAMP), count))
+            .append_column("run_id", run_ids))
 
 
-def _empty_schema() -> str:
-    return "partition_id INT, position BIGINT, cursor STRING, raw STRING"
+def _utf8_array(texts: list[bytes]) -> pa.Array:
+    """A string array straight from UTF-8 bytes (one copy, no decoding)."""
+    offsets = pa.array(list(accumulate(map(len, texts), initial=0)), pa.int64())
+    return pa.LargeStringArray.from_buffers(len(texts), offsets.buffers()[1], pa.py_buffer(b"".join(texts))) \
+        .cast(pa.string())

@@ -95,6 +95,9 @@ class FeedConfig(_Strict):
 class ProjectConfig(_Strict):
     lakehouse: str = "lakehouse"
     spark: SparkSettings = Field(default_factory=SparkSettings)
+    # Who writes feed tables: delta-rs in the run process (fast; the run must reach the lakehouse
+    # storage), or the Spark session (for clusters where only Spark can reach it).
+    writer: Literal["deltalake", "spark"] = "deltalake"
     feeds: list[FeedConfig]
 
     @model_validator(mode="after")

@@ -17,13 +17,14 @@ from urllib.parse import urlsplit
 import dagster as dg
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
+from feedapi_dagster.lakehouse.engines import TableEngine
 from feedapi_dagster.lakehouse.spark import ensure_embedded_server
 from feedapi_dagster.lakehouse.state import read_committed_state
 
 from .automation import DiscoveryCursor, evaluate_discovery
 from .config import FeedConfig, ProjectConfig, load_config
 from .definitions import build_definitions
-from .loads import partitions_def_name
+from .loads import partitions_def_name, table_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTANCE_TEMPLATE = ROOT / "dagster_project" / "dagster.yaml"
@@ -84,13 +85,14 @@ def run_demo(args: argparse.Namespace) -> int:
         if not run.success:
             print("the sync run failed; see the log above", file=sys.stderr)
             return 1
-        spark = defs.resources["spark"].session()
-        _print_table(spark, project.table_path(feed), instance, partitions_def_name(feed), home)
+        spark = defs.resources["spark"]
+        _print_table(spark.session(), table_engine(project, feed, spark), instance, partitions_def_name(feed), home)
     return 0
 
 
-def _print_table(spark, path: str, instance: dg.DagsterInstance, partitions_name: str, home: Path) -> None:
-    state = read_committed_state(spark, path).state
+def _print_table(spark, table: TableEngine, instance: dg.DagsterInstance, partitions_name: str, home: Path) -> None:
+    path = table.path
+    state = read_committed_state(table).state
     counts = {r.partition_id: r["count"] for r in spark.sql(
         f"SELECT partition_id, count(*) AS count FROM delta.`{path}` GROUP BY partition_id").collect()}
     print(f"\nDelta table {path}")

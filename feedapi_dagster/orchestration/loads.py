@@ -7,6 +7,7 @@ from collections.abc import Iterable
 import dagster as dg
 
 from feedapi_dagster.lakehouse.loader import FeedLoader, PartitionReport
+from feedapi_dagster.lakehouse.engines import DeltaRsEngine, SparkEngine, TableEngine
 from feedapi_dagster.lakehouse.sink import DeltaSink
 
 from .config import FeedConfig, ProjectConfig
@@ -55,9 +56,15 @@ def active_partitions(instance: dg.DagsterInstance, feed: FeedConfig, exclude_ru
     return busy
 
 
+def table_engine(project: ProjectConfig, feed: FeedConfig, spark: SparkResource) -> TableEngine:
+    """The configured writer of the feed's table (the Spark session is only started for `writer: spark`)."""
+    path = project.table_path(feed)
+    return SparkEngine(spark.session(), path) if project.writer == "spark" else DeltaRsEngine(path)
+
+
 def make_loader(project: ProjectConfig, feed: FeedConfig, spark: SparkResource, run_id: str | None) -> FeedLoader:
-    sink = DeltaSink(spark.session(), project.table_path(feed), event_id_field=feed.event_id_field, run_id=run_id,
-                     compaction=feed.compaction)
+    sink = DeltaSink(project.table_path(feed), engine=table_engine(project, feed, spark),
+                     event_id_field=feed.event_id_field, run_id=run_id, compaction=feed.compaction)
     return FeedLoader(feed.client(), sink, feed.load)
 
 

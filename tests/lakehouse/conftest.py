@@ -1,5 +1,6 @@
 import pytest
 
+from feedapi_dagster.lakehouse.engines import DeltaRsEngine, SparkEngine
 from feedapi_dagster.lakehouse.loader import FeedLoader, LoadSettings
 from feedapi_dagster.lakehouse.sink import DeltaSink
 from feedapi_dagster.protocol import FeedClient, RetryPolicy
@@ -10,12 +11,27 @@ def table_path(tmp_path):
     return str(tmp_path / "lakehouse" / "feed")
 
 
+@pytest.fixture(params=["deltalake", "spark"])
+def writer(request):
+    """Every sink test runs with both table engines (`writer:` in the feeds file)."""
+    return request.param
+
+
 @pytest.fixture
-def make_loader(spark, table_path):
+def make_sink(spark, writer, table_path):
+    def make(path=None, **kwargs):
+        path = path or table_path
+        engine = SparkEngine(spark, path) if writer == "spark" else DeltaRsEngine(path)
+        return DeltaSink(path, engine=engine, **kwargs)
+    return make
+
+
+@pytest.fixture
+def make_loader(make_sink):
     def make(server, *, path=None, settings=None, **client_kwargs):
         client_kwargs.setdefault("retry", RetryPolicy(base_delay=0.001, max_delay=0.01))
         client = FeedClient(server.url, **client_kwargs)
-        return FeedLoader(client, DeltaSink(spark, path or table_path), settings or LoadSettings())
+        return FeedLoader(client, make_sink(path), settings or LoadSettings())
     return make
 
 

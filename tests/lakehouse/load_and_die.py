@@ -1,20 +1,21 @@
 """Run one sync of a feed into a Delta table and SIGKILL this process at a given moment.
 
-    python load_and_die.py FEED_URL TABLE_PATH MOMENT SPARK_CONNECT_URL BATCH_EVENTS
+    python load_and_die.py FEED_URL TABLE_PATH MOMENT WRITER BATCH_EVENTS
 
-MOMENT is `before_commit` or `after_commit`; the process dies the second time it gets there, so that
+WRITER is `deltalake` or the Spark Connect URL of the `spark` writer. MOMENT is `before_commit` or `after_commit`; the process dies the second time it gets there, so that
 one batch is committed and the next is not (before) or is (after).
 """
 import os
 import signal
 import sys
 
+from feedapi_dagster.lakehouse.engines import DeltaRsEngine, SparkEngine
 from feedapi_dagster.lakehouse.loader import FeedLoader, LoadSettings
 from feedapi_dagster.lakehouse.sink import DeltaSink
 from feedapi_dagster.lakehouse.spark import connect_session
 from feedapi_dagster.protocol import FeedClient
 
-url, path, moment, spark_url, batch_events = sys.argv[1:6]
+url, path, moment, writer, batch_events = sys.argv[1:6]
 seen = []
 
 
@@ -26,8 +27,8 @@ def die_at(name, updates):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-spark = connect_session(spark_url)
-loader = FeedLoader(FeedClient(url, page_size_hint=50), DeltaSink(spark, path),
+engine = DeltaRsEngine(path) if writer == "deltalake" else SparkEngine(connect_session(writer), path)
+loader = FeedLoader(FeedClient(url, page_size_hint=50), DeltaSink(path, engine=engine),
                     LoadSettings(batch_events=int(batch_events), fetch_workers=1), on_moment=die_at)
 loader.sync()
 print("survived", flush=True)

@@ -15,15 +15,16 @@ SCRIPT = Path(__file__).with_name("load_and_die.py")
 
 
 @pytest.mark.parametrize("moment, commits_before_death", [("before_commit", 1), ("after_commit", 2)])
-def test_sigkill_then_resume_loads_every_event_exactly_once(spark, connect_server, make_loader, table_path, moment,
-                                                             commits_before_death):
+def test_sigkill_then_resume_loads_every_event_exactly_once(spark, connect_server, writer, make_loader, table_path,
+                                                             moment, commits_before_death):
     feed = DemoFeed(partitions=2, events=600, seed=21, exactly_once=False, duplicate_ratio=0.1)
     with DemoFeedServer(feed, dialect="draft") as server:
         process = subprocess.run(
-            [sys.executable, str(SCRIPT), server.url, table_path, moment, connect_server.url, "100"],
+            [sys.executable, str(SCRIPT), server.url, table_path, moment,
+             connect_server.url if writer == "spark" else writer, "100"],
             capture_output=True, text=True, timeout=300)
         assert process.returncode == -signal.SIGKILL, process.stdout + process.stderr[-3000:]
-        died = read_committed_state(spark, table_path)
+        died = read_committed_state(table_path)
         assert died.state.generation == commits_before_death
         stored = sum(state.position for state in died.state.partitions.values())
         assert spark.read.format("delta").load(table_path).count() == stored  # rows match the cursors

@@ -6,7 +6,7 @@ import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults
 from feedapi_dagster.lakehouse.loader import LoadSettings
-from feedapi_dagster.lakehouse.sink import CompactionSettings, DeltaSink, PartitionConflict
+from feedapi_dagster.lakehouse.sink import CompactionSettings, PartitionConflict
 from feedapi_dagster.lakehouse.state import read_committed_state
 from feedapi_dagster.protocol import EventFilter
 
@@ -43,7 +43,7 @@ def test_every_payload_kind_round_trips_byte_for_byte(spark, make_loader, table_
     ids = [odd[json.loads(t) if t.startswith('"') else t].event_id for t in ODD_PAYLOADS]
     assert ids == ["u1", "u2", "u3", None, None, None, None, None, None, "7"]
     assert rows[-1].payload == big
-    assert rows[-1].cursor == read_committed_state(spark, table_path).state.get(0).cursor
+    assert rows[-1].cursor == read_committed_state(table_path).state.get(0).cursor
 
 
 def test_the_table_is_standard_delta_for_an_independent_reader(spark, make_loader, table_path):
@@ -84,7 +84,7 @@ def test_cursor_only_pages_advance_the_stored_cursor(spark, make_loader, table_p
     with DemoFeedServer(feed, dialect="draft") as server:
         loader = make_loader(server, event_filter=EventFilter(fields={"type": "order.paid"}), page_size_hint=10)
         loader.sync()
-        state = read_committed_state(spark, table_path).state.get(0)
+        state = read_committed_state(table_path).state.get(0)
         rows = table_rows(spark, table_path, 0)
         assert [json.loads(r.payload)["type"] for r in rows] == ["order.paid"] * len(rows)
         # the cursor covers the whole partition, also past the last matching event
@@ -110,10 +110,10 @@ def test_rebuild_replaces_a_partition_in_one_commit(spark, make_loader, table_pa
     with DemoFeedServer(feed, dialect="draft") as server:
         make_loader(server).sync()
         feed.close(0)
-        before = read_committed_state(spark, table_path).delta_version
+        before = read_committed_state(table_path).delta_version
         # tiny batches: the rebuild stages several of them, then swaps them in with one commit
         reports = make_loader(server, settings=LoadSettings(batch_events=40)).rebuild([0])
-        after = read_committed_state(spark, table_path)
+        after = read_committed_state(table_path)
         assert after.delta_version == before + 1 and reports[0].rebuilt
         assert payloads(spark, table_path, 0) == feed.published(0)
         assert payloads(spark, table_path, 1) == feed.published(1)
@@ -128,14 +128,14 @@ def test_a_failed_rebuild_replaces_nothing(spark, make_loader, table_path):
     feed = DemoFeed(partitions=1, events=300, seed=7)
     with DemoFeedServer(feed, dialect="draft") as server:
         make_loader(server).sync()
-        before = read_committed_state(spark, table_path)
+        before = read_committed_state(table_path)
         server.faults = Faults(rate=1.0, seed=1, retry_after=0, kinds=("500",))
         from feedapi_dagster.protocol import RetryPolicy
         loader = make_loader(server, settings=LoadSettings(batch_events=40),
                              retry=RetryPolicy(max_attempts=2, base_delay=0))
         with pytest.raises(RuntimeError, match="rebuild .* abandoned, nothing replaced"):
             loader.rebuild([0])
-    assert read_committed_state(spark, table_path).delta_version == before.delta_version
+    assert read_committed_state(table_path).delta_version == before.delta_version
     assert payloads(spark, table_path, 0) == feed.published(0)
 
 
@@ -177,17 +177,17 @@ def test_concurrent_loads_of_different_partitions_both_commit(spark, make_loader
         for thread in threads:
             thread.join()
     assert errors == []
-    state = read_committed_state(spark, table_path).state
+    state = read_committed_state(table_path).state
     for partition in (0, 1):
         assert payloads(spark, table_path, partition) == feed.published(partition)
         assert state.get(partition).position == len(feed.published(partition))
 
 
-def test_compaction_runs_when_small_commits_pile_up(spark, make_loader, table_path):
+def test_compaction_runs_when_small_commits_pile_up(spark, make_loader, make_sink, table_path):
     feed = DemoFeed(partitions=1, events=20, seed=10)
     with DemoFeedServer(feed, dialect="draft") as server:
         loader = make_loader(server)
-        sink = DeltaSink(spark, table_path, compaction=CompactionSettings(every_commits=5))
+        sink = make_sink(compaction=CompactionSettings(every_commits=5))
         loader.sink = sink
         for _ in range(5):
             feed.append(3, partition=0)
@@ -197,7 +197,7 @@ def test_compaction_runs_when_small_commits_pile_up(spark, make_loader, table_pa
         assert not sink.compact_if_due()  # just ran
     assert spark.sql(f"DESCRIBE DETAIL delta.`{table_path}`").collect()[0]["numFiles"] < files_before
     assert payloads(spark, table_path, 0) == feed.published(0)
-    assert read_committed_state(spark, table_path).state.get(0).position == len(feed.published(0))
+    assert read_committed_state(table_path).state.get(0).position == len(feed.published(0))
 
 
 def test_a_409_mid_load_rediscovers_and_goes_on(spark, make_loader, table_path):
@@ -227,3 +227,32 @@ def test_rebuilding_a_method2_child_does_not_load_its_parents_history_twice(spar
         assert payloads(spark, table_path, child) == [e for e in feed.expected_events(child) if e not in parent_rows]
     ids = [r.event_id for p in (0, *children) for r in table_rows(spark, table_path, p) if r.event_id]
     assert len(ids) == len(set(ids))
+
+
+def _events(partition_id: int, texts: list[str]):
+    from feedapi_dagster.lakehouse.table import EventBatch, EventParser
+
+    batch = EventBatch()
+    raws = [t.encode() for t in texts]
+    batch.add(partition_id, 0, "c1", raws, [EventParser().event_id(r) for r in raws])
+    return batch.to_arrow()
+
+
+def test_a_writer_with_a_stale_state_rebases_or_refuses_never_overwrites(spark, make_sink, table_path):
+    # Two sinks read the (empty) state; the first commits. The second still holds the old state (and,
+    # for delta-rs, the old table snapshot): for another partition it must rebase on the first
+    # commit's state, for the same partition it must refuse and commit nothing.
+    from feedapi_dagster.planning import PartitionState
+
+    first, second, third = make_sink(), make_sink(), make_sink()
+    for sink in (first, second, third):
+        assert sink.state.generation == 0
+    advanced = PartitionState(cursor="c1", position=1)
+    first.commit(_events(0, ['{"id":"a"}']), {0: advanced}, {0: None})
+    second.commit(_events(1, ['{"id":"b"}']), {1: advanced}, {1: None})
+    with pytest.raises(PartitionConflict):
+        third.commit(_events(0, ['{"id":"a"}']), {0: advanced}, {0: None})
+    state = read_committed_state(table_path).state
+    assert state.generation == 2 and state.get(0) == state.get(1) == advanced
+    rows = spark.read.format("delta").load(table_path).orderBy("partition_id").collect()
+    assert [(r.partition_id, r.event_id) for r in rows] == [(0, "a"), (1, "b")]

@@ -10,7 +10,7 @@ from ..lakehouse.conftest import payloads
 
 
 def assert_exactly_once(spark, harness, partitions=None):
-    state = read_committed_state(spark, harness.table).state
+    state = read_committed_state(harness.table).state
     for partition in partitions or sorted(state.partitions):
         rows = payloads(spark, harness.table, partition)
         assert rows == harness.feed.expected_events(partition), f"partition {partition}"
@@ -58,7 +58,7 @@ def test_method1_split_children_after_parent_is_drained(spark, harness):
     assert set(map(int, request.tags["feedapi/partitions"].split(","))) >= {0, *children}
     assert harness.launch(request).success
     assert_exactly_once(spark, harness, [0, *children])
-    history = list(reversed(read_history(spark, harness.table, limit=None)))
+    history = list(reversed(read_history(harness.table, limit=None)[1]))
     drained_at = next(h.delta_version for h in history if h.state.get(0) and h.state.get(0).drained)
     for child in children:
         first = next(h.delta_version for h in history if h.state.get(child) and h.state.get(child).position > 0)
@@ -80,7 +80,7 @@ def test_method2_split_children_continue_from_the_parent_cursor(spark, harness):
     for child in children:
         rows = payloads(spark, harness.table, child)
         assert rows == [e for e in harness.feed.published(child) if e not in set(parent_rows)]
-        assert harness.metadata(child)["start_cursor"] == read_committed_state(spark, harness.table).state.get(2).cursor
+        assert harness.metadata(child)["start_cursor"] == read_committed_state(harness.table).state.get(2).cursor
     assert harness.launch(harness.tick_schedule().run_requests[0]).success
     assert_exactly_once(spark, harness, [0, 1])
 
@@ -102,10 +102,10 @@ def test_rebuild_after_a_method2_split(spark, harness):
 def test_backfill_of_a_closed_partition_rebuilds_it_atomically(spark, harness):
     harness.feed.close(1)
     harness.launch(harness.tick_sensor().run_requests[0])
-    before = read_committed_state(spark, harness.table).delta_version
+    before = read_committed_state(harness.table).delta_version
     result = harness.materialize_partition(1, tags={"dagster/backfill": "bf1"})
     assert result.success
-    assert read_committed_state(spark, harness.table).delta_version == before + 1
+    assert read_committed_state(harness.table).delta_version == before + 1
     assert harness.metadata(1)["rebuilt"] is True
     assert_exactly_once(spark, harness, [0, 1, 2])
 

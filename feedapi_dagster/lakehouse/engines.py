@@ -1,0 +1,198 @@
+"""Table engines: what reads and writes a feed's Delta table on behalf of `DeltaSink`.
+
+* `DeltaRsEngine` (default, `writer: deltalake`): delta-rs, in the load process. Rows go from the
+  page reader's bytes to Parquet in Rust with no JVM on the data path; this is what keeps a load at
+  the speed of fetching. A commit is pinned to the table snapshot its feed state was read from, and
+  delta-rs refuses it when a commit made since carries our application transaction (another load).
+* `SparkEngine` (`writer: spark`): the Spark session (Spark Connect or local) writes, for clusters
+  where only Spark can reach the lakehouse storage. Delta Spark silently skips a commit whose
+  `txnVersion` was already used; the sink notices by reading the history back.
+
+Both write the same table: same schema, same commit metadata, same application transaction, so
+either engine (and any Delta reader) can continue a table the other wrote.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .table import PARTITION_COLUMN, TABLE_SCHEMA
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+TXN_APP_ID = "feedapi-dagster"
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    version: int
+    operation: str
+    user_metadata: str | None
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One commit of the sink: rows (appended, or replacing the `replace` partitions' rows, plus the
+    rows staged earlier by a rebuild) with the feed state as user metadata, under `txn_version`."""
+
+    rows: pa.Table
+    user_metadata: str
+    txn_version: int
+    replace: tuple[int, ...] = ()
+    staged: str | None = None
+
+
+class TableEngine(Protocol):
+    path: str
+
+    def ensure_table(self) -> None: ...
+
+    def history(self, limit: int | None) -> tuple[Any, list[HistoryEntry]]:
+        """A snapshot of the table to commit against, and its history, newest first."""
+
+    def write(self, commit: Commit, base: Any) -> None:
+        """Commit against `base` (a snapshot from `history`); raises on a conflicting concurrent commit."""
+
+    def is_conflict(self, error: BaseException) -> bool: ...
+
+    def stage(self, rows: pa.Table, staging: str) -> None:
+        """Keep a rebuild's batch aside (in a Delta table at `staging`) until its one final commit."""
+
+    def event_ids(self, partition_ids: list[int]) -> list[tuple[int, str]]: ...
+
+    def compact(self) -> None: ...
+
+
+def _in_partitions(partition_ids) -> str:
+    return f"{PARTITION_COLUMN} IN ({','.join(str(int(p)) for p in partition_ids)})"
+
+
+class DeltaRsEngine:
+    def __init__(self, path: str, storage_options: dict[str, str] | None = None):
+        self.path = path
+        self.storage_options = storage_options
+
+    def _table(self, path: str | None = None):
+        from deltalake import DeltaTable
+
+        return DeltaTable(path or self.path, storage_options=self.storage_options)
+
+    def ensure_table(self) -> None:
+        from deltalake import DeltaTable
+
+        if DeltaTable.is_deltatable(self.path, storage_options=self.storage_options):
+            return
+        try:
+            DeltaTable.create(self.path, schema=TABLE_SCHEMA, partition_by=[PARTITION_COLUMN], mode="ignore",
+                              storage_options=self.storage_options)
+        except Exception:
+            # two first loads racing to create the table: the loser's version 0 already exists
+            if not DeltaTable.is_deltatable(self.path, storage_options=self.storage_options):
+                raise
+
+    def history(self, limit: int | None):
+        table = self._table()
+        entries = [HistoryEntry(h["version"], h.get("operation", ""), h.get("userMetadata"))
+                   for h in table.history(limit)]
+        return table, entries
+
+    def write(self, commit: Commit, base) -> None:
+        from deltalake import CommitProperties, Transaction, write_deltalake
+
+        data: pa.Table | pa.RecordBatchReader = commit.rows
+        if commit.staged is not None:
+            staged = self._table(commit.staged).to_pyarrow_dataset()
+            batches = (b for source in (staged.to_batches(), commit.rows.to_batches()) for b in source)
+            data = pa.RecordBatchReader.from_batches(TABLE_SCHEMA, (b.select(TABLE_SCHEMA.names) for b in batches))
+        properties = CommitProperties(custom_metadata={"userMetadata": commit.user_metadata},
+                                      app_transactions=[Transaction(TXN_APP_ID, commit.txn_version)])
+        if commit.replace:
+            write_deltalake(base, data, mode="overwrite", predicate=_in_partitions(commit.replace),
+                            commit_properties=properties)
+        else:
+            write_deltalake(base, data, mode="append", commit_properties=properties)
+
+    def is_conflict(self, error: BaseException) -> bool:
+        from deltalake.exceptions import CommitFailedError
+
+        return isinstance(error, CommitFailedError)
+
+    def stage(self, rows: pa.Table, staging: str) -> None:
+        from deltalake import write_deltalake
+
+        write_deltalake(staging, rows, mode="append", storage_options=self.storage_options)
+
+    def event_ids(self, partition_ids: list[int]) -> list[tuple[int, str]]:
+        dataset = self._table().to_pyarrow_dataset()
+        found = dataset.to_table(columns=[PARTITION_COLUMN, "event_id"], filter=(
+            pc.field(PARTITION_COLUMN).isin(list(partition_ids)) & pc.field("event_id").is_valid()))
+        return list(zip(found.column(0).to_pylist(), found.column(1).to_pylist()))
+
+    def compact(self) -> None:
+        self._table().optimize.compact()
+
+
+class SparkEngine:
+    def __init__(self, spark: "SparkSession", path: str):
+        self.spark = spark
+        self.path = path
+
+    def ensure_table(self) -> None:
+        columns = ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in TABLE_SCHEMA)
+        try:
+            self.spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{self.path}` ({columns}) USING delta "
+                           f"PARTITIONED BY ({PARTITION_COLUMN})")
+        except Exception as error:  # noqa: BLE001 - Spark's error types differ between classic and Connect
+            # Two first loads racing to create the table: the loser's CREATE conflicts; the table exists.
+            if "DELTA_PROTOCOL_CHANGED" not in str(error) and "already exists" not in str(error):
+                raise
+
+    def history(self, limit: int | None):
+        clause = f" LIMIT {limit}" if limit else ""
+        rows = self.spark.sql(f"DESCRIBE HISTORY delta.`{self.path}`{clause}") \
+            .select("version", "operation", "userMetadata").collect()
+        entries = [HistoryEntry(r["version"], r["operation"], r["userMetadata"]) for r in rows]
+        return None, sorted(entries, key=lambda e: e.version, reverse=True)
+
+    def _frame(self, rows: pa.Table):
+        if rows.num_rows:
+            return self.spark.createDataFrame(rows)
+        return self.spark.createDataFrame([], ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in TABLE_SCHEMA))
+
+    def write(self, commit: Commit, base) -> None:
+        frame = self._frame(commit.rows)
+        if commit.staged is not None:
+            frame = self.spark.read.format("delta").load(commit.staged).unionByName(frame)
+        writer = (frame.write.format("delta")
+                  .option("txnAppId", TXN_APP_ID)
+                  .option("txnVersion", str(commit.txn_version))
+                  .option("userMetadata", commit.user_metadata))
+        if commit.replace:
+            writer = writer.mode("overwrite").option("replaceWhere", _in_partitions(commit.replace))
+        else:
+            writer = writer.mode("append")
+        writer.save(self.path)
+
+    def is_conflict(self, error: BaseException) -> bool:
+        text = f"{type(error).__name__} {error}"
+        return "DELTA_CONCURRENT" in text or "Concurrent" in text
+
+    def stage(self, rows: pa.Table, staging: str) -> None:
+        self._frame(rows).write.format("delta").mode("append").save(staging)
+
+    def event_ids(self, partition_ids: list[int]) -> list[tuple[int, str]]:
+        rows = self.spark.sql(
+            f"SELECT DISTINCT partition_id, event_id FROM delta.`{self.path}` "
+            f"WHERE {_in_partitions(partition_ids)} AND event_id IS NOT NULL").collect()
+        return [(r[0], r[1]) for r in rows]
+
+    def compact(self) -> None:
+        self.spark.sql(f"OPTIMIZE delta.`{self.path}`").collect()
+
+
+_SPARK_TYPES = {pa.int32(): "INT", pa.int64(): "BIGINT", pa.string(): "STRING", TABLE_SCHEMA.field("loaded_at").type:
+                "TIMESTAMP"}
