@@ -416,10 +416,10 @@ def _loader(module):
     timed(module, "plan_feed", "plan_feed")
     timed(module.FeedLoader, "_flush", "flush (Arrow + commit)")
     timed(module.FeedLoader, "sync", "FeedLoader.sync")
-    add_page, write_loop = module.FeedLoader._add_page, module.FeedLoader._write_loop
+    add_page, write_loop = module.FeedLoader._add_pages, module.FeedLoader._write_loop
     spent = threading.local()
 
-    def _add_page(self, *args, **kwargs):
+    def _add_pages(self, *args, **kwargs):
         start = time.perf_counter()
         try:
             return add_page(self, *args, **kwargs)
@@ -434,7 +434,7 @@ def _loader(module):
         finally:
             span("write loop (pages to batches, commits)", start, add_page_seconds=spent.add_page)
 
-    module.FeedLoader._add_page, module.FeedLoader._write_loop = _add_page, _write_loop
+    module.FeedLoader._add_pages, module.FeedLoader._write_loop = _add_pages, _write_loop
 
 
 def _client(module):

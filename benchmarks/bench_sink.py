@@ -315,7 +315,7 @@ def raw_read(url: str, page_size: int, workers: int, cpu: WorkerCpu) -> RawResul
 
 # ----------------------------------------------------------------------------- sink phases
 # labels of the timed steps (also the keys of "phases" in the JSON output)
-ADD_PAGE = "loader._add_page (per checkpoint)"
+ADD_PAGE = "loader._add_pages (per group of pages)"
 TO_ARROW = "EventBatch.to_arrow (Arrow columns)"
 FLUSH = "loader._flush (whole commit step)"
 WRITE = "engine.write (Delta commit)"
@@ -326,7 +326,7 @@ ENSURE_TABLE = "engine.ensure_table (create if missing)"
 
 class Phases:
     """Wall time of the sink's steps, by wrapping them in this process only (a few calls per commit,
-    plus `_add_page` once per checkpoint: ~1 µs each)."""
+    plus `_add_pages` once per group of pages: ~1 µs each)."""
 
     def __init__(self) -> None:
         self.totals: dict[str, list[float]] = {}
@@ -357,7 +357,7 @@ class Phases:
         use (`DeltaRsEngine` or `SparkEngine`)."""
         from feedapi_dagster.lakehouse import loader, sink, state, table
 
-        self.wrap(loader.FeedLoader, "_add_page", ADD_PAGE)
+        self.wrap(loader.FeedLoader, "_add_pages", ADD_PAGE)
         self.wrap(table.EventBatch, "to_arrow", TO_ARROW)
         self.wrap(loader.FeedLoader, "_flush", FLUSH)
         self.wrap(engine, "write", WRITE)

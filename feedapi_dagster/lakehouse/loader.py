@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 # Moments a load passes through, reported to `on_moment` (progress logs; tests kill the process there).
 BEFORE_COMMIT = "before_commit"
 _MAX_REDISCOVERIES = 3
+_GROUP_EVENTS = 2000
 AFTER_COMMIT = "after_commit"
 
 
@@ -170,8 +171,8 @@ class FeedLoader:
         while open_partitions:
             kind, partition_id, payload = pages.get()
             item = progress[partition_id]
-            if kind == "page":
-                self._add_page(item, payload, batch)
+            if kind == "pages":
+                self._add_pages(item, payload, batch)
                 if batch.size >= self.settings.batch_bytes or len(batch) >= self.settings.batch_events:
                     self._flush(progress, batch, staging=staging)
                     batch = EventBatch()
@@ -192,13 +193,28 @@ class FeedLoader:
     def _fetch(self, plan: PartitionPlan, pages: queue.Queue, stop: threading.Event) -> None:
         done = False
         cursor = plan.cursor
+        # Pages travel to the writer in groups: feeds checkpoint every few events, and a hand-off
+        # per page (queue, state copy) would cost more than the events themselves.
+        group: list[Page] = []
+        grouped = 0
+
+        def send() -> bool:
+            nonlocal group, grouped
+            if not group:
+                return True
+            sent = _put(pages, ("pages", plan.partition_id, group), stop)
+            group, grouped = [], 0
+            return sent
+
         try:
             for attempt in range(1, _MAX_REDISCOVERIES + 2):
                 try:
                     for page in self.client.pages(plan.partition_id, cursor):
-                        if not _put(pages, ("page", plan.partition_id, page), stop):
-                            return
+                        group.append(page)
+                        grouped += len(page.raw_events)
                         cursor, done = page.cursor, page.done
+                        if grouped >= _GROUP_EVENTS and not send():
+                            return
                     break
                 except RediscoveryNeeded:
                     # the discovery token changed (published dialect): discover again and go on
@@ -212,22 +228,28 @@ class FeedLoader:
                         break
         except Exception as error:  # noqa: BLE001 - reported per partition; the others go on
             log.error("partition %s: %s", plan.partition_id, error)
-            _put(pages, ("error", plan.partition_id, str(error)), stop)
+            # the pages before the failure are good: they are committed, the error is reported
+            if send():
+                _put(pages, ("error", plan.partition_id, str(error)), stop)
             return
-        _put(pages, ("end", plan.partition_id, done), stop)
+        if send():
+            _put(pages, ("end", plan.partition_id, done), stop)
 
-    def _add_page(self, item: _Progress, page: Page, batch: EventBatch) -> None:
-        raws = page.raw_events
+    def _add_pages(self, item: _Progress, pages: list[Page], batch: EventBatch) -> None:
         event_id = self.sink.parser.event_id
-        ids = [event_id(raw) for raw in raws]
-        if item.seen_ids is not None:
-            raws, ids = _unseen(raws, ids, item.seen_ids)
-            item.report.duplicates += len(page.raw_events) - len(raws)
-        batch.add(page.partition_id, item.state.position, page.cursor, raws, ids)
-        item.state = item.state.model_copy(update={"cursor": page.cursor, "position": item.state.position + len(raws)})
+        position = item.state.position
+        for page in pages:
+            raws = page.raw_events
+            ids = [event_id(raw) for raw in raws]
+            if item.seen_ids is not None:
+                raws, ids = _unseen(raws, ids, item.seen_ids)
+                item.report.duplicates += len(page.raw_events) - len(raws)
+            batch.add(page.partition_id, position, page.cursor, raws, ids)
+            position += len(raws)
+        item.report.events += position - item.state.position
+        item.report.pages += len(pages)
+        item.state = item.state.model_copy(update={"cursor": pages[-1].cursor, "position": position})
         item.dirty = True
-        item.report.pages += 1
-        item.report.events += len(raws)
 
     def _flush(self, progress: dict[int, _Progress], batch: EventBatch, *, staging: "_Staging | None",
                final: bool = False, drop: Iterable[int] = ()) -> None:
