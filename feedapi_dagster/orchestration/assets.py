@@ -60,7 +60,7 @@ class SyncConfig(dg.Config):
 
 
 def build_sync_job(project: ProjectConfig, feed: FeedConfig) -> dg.JobDefinition:
-    """One run, one Spark session, many partitions: what the schedule and the sensor launch."""
+    """One run, one process, many partitions: what the schedule and the sensor launch."""
 
     @dg.op(name=f"feedapi_{feed.name}_sync_op", tags={"kind": "spark"})
     def sync_op(context: dg.OpExecutionContext, config: SyncConfig, spark: SparkResource) -> None:
@@ -92,7 +92,7 @@ def build_sync_job(project: ProjectConfig, feed: FeedConfig) -> dg.JobDefinition
         raise_for_failures(feed, reports.values())
 
     @dg.job(name=f"feedapi_{feed.name}_sync", tags={"feedapi/feed": feed.name},
-            description=f"Loads many partitions of feed `{feed.name}` in one run and one Spark session.")
+            description=f"Loads many partitions of feed `{feed.name}` in one run (batches span partitions).")
     def sync_job():
         sync_op()
 
