@@ -42,7 +42,7 @@ Measured changes (none changes the package; each is a flag):
   without PYTHONDONTWRITEBYTECODE (or installed with `uv pip install --compile-bytecode`) has;
 * `--spark-conf KEY=VALUE` (with `--writer spark`): configuration of the Spark Connect server started
   here (e.g. C2 JIT);
-* `--load KEY=VALUE`: the feed's `load` settings (batch_events, queued_pages, ...).
+* `--load KEY=VALUE`: the feed's `load` settings (batch_events, read_processes, ...).
 
 Everything started here (feed server, Spark server) is stopped at the end; the temp folder is
 removed unless `--keep`. Exit status 0 when both ratios meet their targets, 2 when not, 1 on errors.
@@ -416,10 +416,10 @@ def _loader(module):
     timed(module, "plan_feed", "plan_feed")
     timed(module.FeedLoader, "_flush", "flush (Arrow + commit)")
     timed(module.FeedLoader, "sync", "FeedLoader.sync")
-    add_page, write_loop = module.FeedLoader._add_pages, module.FeedLoader._write_loop
+    add_page, write_loop = module.FeedLoader._add_group, module.FeedLoader._write_loop
     spent = threading.local()
 
-    def _add_pages(self, *args, **kwargs):
+    def _add_group(self, *args, **kwargs):
         start = time.perf_counter()
         try:
             return add_page(self, *args, **kwargs)
@@ -432,9 +432,9 @@ def _loader(module):
         try:
             return write_loop(self, *args, **kwargs)
         finally:
-            span("write loop (pages to batches, commits)", start, add_page_seconds=spent.add_page)
+            span("write loop (row groups to batches, commits)", start, add_page_seconds=spent.add_page)
 
-    module.FeedLoader._add_pages, module.FeedLoader._write_loop = _add_pages, _write_loop
+    module.FeedLoader._add_group, module.FeedLoader._write_loop = _add_group, _write_loop
 
 
 def _client(module):
@@ -776,6 +776,8 @@ def dagster_breakdown(setup: DagsterSetup, run: DagsterRun) -> list[str]:
     for record in sorted(spans, key=lambda r: r["start"]):
         if record["name"] == "import dagster_project.definitions" and record["pid"] not in pids:
             pids[record["pid"]] = "step process" if pids else "run process"
+    readers = sorted({r["pid"] for r in spans if r["name"].startswith("fetch partition")} - set(pids))
+    pids.update({pid: "reader processes" for pid in readers})  # read_processes > 0: fetch + derive + Arrow
     spans = [s for s in spans if s["pid"] in pids]
     fetches = [s for s in spans if s["name"].startswith("fetch partition")]
     grouped: dict[tuple[int, str], list[dict]] = {}
@@ -789,7 +791,7 @@ def dagster_breakdown(setup: DagsterSetup, run: DagsterRun) -> list[str]:
         label = f"{pids[pid]}: {name}" + (f" (x{len(records)})" if len(records) > 1 else "")
         extra = records[-1].get("add_page_seconds")
         if extra is not None:
-            label += f" [of which pages to batch {extra:.2f} s]"
+            label += f" [of which groups to batch {extra:.2f} s]"
         rows.append((first - t0, total if name != "interpreter ready" else None, label))
     if fetches:
         start, end = min(s["start"] for s in fetches), max(s["end"] for s in fetches)
@@ -827,7 +829,7 @@ def time_summary(run: DagsterRun, milestones: dict[str, float], spans: list[dict
     step_start, step_end = milestones["STEP_START"], milestones.get("STEP_SUCCESS", end)
     session, create = total("SparkResource.session"), total("ensure_table (create if missing)")
     dedup = total("stored event ids (dedup read)")
-    loops = [s for s in spans if s["pid"] == pid and s["name"] == "write loop (pages to batches, commits)"]
+    loops = [s for s in spans if s["pid"] == pid and s["name"] == "write loop (row groups to batches, commits)"]
     write_loop = sum(s["end"] - s["start"] for s in loops)
     add_page = sum(s.get("add_page_seconds", 0.0) for s in loops)
     flush = total("flush (Arrow + commit)")
@@ -847,7 +849,7 @@ def time_summary(run: DagsterRun, milestones: dict[str, float], spans: list[dict
         ("history reads before the load (read_history)", history),
         ("stored event ids (dedup read)", dedup),
         ("waiting for pages (HTTP + NDJSON not overlapped by the write loop)", write_loop - flush - add_page),
-        ("pages to batch (EventBatch.add: msgspec derive of type and id)", add_page),
+        ("row groups to batch (FeedLoader._add_group; derive + Arrow run in the readers)", add_page),
         ("rows to Arrow (EventBatch.to_arrow" + (" + createDataFrame)" if frame else ")"), arrow + frame),
         ("Delta write + commit", writes - frame),
         ("commit checks (history read after each commit)", check),
@@ -885,7 +887,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --writer spark: configuration of the Spark Connect server started here, e.g. "
                              "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=4 (C2 JIT)")
     parser.add_argument("--load", metavar="KEY=VALUE", action="append", default=[],
-                        help="the feed's `load` settings in the feeds file (batch_events, queued_pages, ...)")
+                        help="the feed's `load` settings in the feeds file (batch_events, read_processes, ...)")
     parser.add_argument("--pycache", metavar="DIR", type=Path,
                         help="give the Dagster processes a bytecode cache (PYTHONPYCACHEPREFIX=DIR, warmed before "
                              "the clock): what a deployment has when PYTHONDONTWRITEBYTECODE is not set")

@@ -213,10 +213,13 @@ class CpuSample:
     main: float  # this thread
     jvm: float | None
     feed: float | None
+    children: float  # reader processes that ended (joined) so far
 
     @classmethod
     def take(cls, jvm_pid: int | None, feed: FeedServerProcess) -> "CpuSample":
-        return cls(time.perf_counter(), time.process_time(), time.thread_time(), proc_cpu(jvm_pid), feed.cpu())
+        times = os.times()
+        return cls(time.perf_counter(), time.process_time(), time.thread_time(), proc_cpu(jvm_pid), feed.cpu(),
+                   times.children_user + times.children_system)
 
 
 @dataclass
@@ -225,7 +228,7 @@ class CpuUse:
 
     wall: float
     main: float
-    workers: float  # fetch/read worker threads (measured per call with thread_time)
+    workers: float  # reader threads (per call with thread_time) and reader processes (os.times children)
     other: float  # the rest of this process (gRPC/Arrow threads of the Spark Connect client, GC ...)
     jvm: float | None
     feed: float | None
@@ -233,7 +236,8 @@ class CpuUse:
     @classmethod
     def between(cls, a: CpuSample, b: CpuSample, workers: float) -> "CpuUse":
         main = b.main - a.main
-        return cls(b.wall - a.wall, main, workers, max(0.0, (b.process - a.process) - main - workers),
+        children = b.children - a.children
+        return cls(b.wall - a.wall, main, workers + children, max(0.0, (b.process - a.process) - main - workers),
                    None if a.jvm is None or b.jvm is None else b.jvm - a.jvm,
                    None if a.feed is None or b.feed is None else b.feed - a.feed)
 
@@ -315,7 +319,7 @@ def raw_read(url: str, page_size: int, workers: int, cpu: WorkerCpu) -> RawResul
 
 # ----------------------------------------------------------------------------- sink phases
 # labels of the timed steps (also the keys of "phases" in the JSON output)
-ADD_PAGE = "loader._add_pages (per group of pages)"
+ADD_PAGE = "loader._add_group (per group of rows)"
 TO_ARROW = "EventBatch.to_arrow (Arrow columns)"
 FLUSH = "loader._flush (whole commit step)"
 WRITE = "engine.write (Delta commit)"
@@ -357,7 +361,7 @@ class Phases:
         use (`DeltaRsEngine` or `SparkEngine`)."""
         from feedapi_dagster.lakehouse import loader, sink, state, table
 
-        self.wrap(loader.FeedLoader, "_add_pages", ADD_PAGE)
+        self.wrap(loader.FeedLoader, "_add_group", ADD_PAGE)
         self.wrap(table.EventBatch, "to_arrow", TO_ARROW)
         self.wrap(loader.FeedLoader, "_flush", FLUSH)
         self.wrap(engine, "write", WRITE)
@@ -443,7 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--fetch-workers", type=int, default=8,
                         help="concurrent partition readers, raw and loader (LoadSettings default 8)")
     parser.add_argument("--batch-events", type=int, default=None, help="LoadSettings.batch_events")
-    parser.add_argument("--queued-pages", type=int, default=None, help="LoadSettings.queued_pages")
+    parser.add_argument("--read-processes", type=int, default=None, help="LoadSettings.read_processes (0: reader threads in the load process)")
     parser.add_argument("--raw-repeats", type=int, default=3,
                         help="raw read passes (the median counts: one short pass is noisy)")
     parser.add_argument("--feed-port", type=int, default=0, help="demo feed server port (0: a free one)")
@@ -517,6 +521,7 @@ def main(argv: list[str] | None = None) -> int:
         # ---- the engine (a Spark session only for --writer spark)
         from feedapi_dagster.lakehouse.engines import DeltaRsEngine, SparkEngine
         from feedapi_dagster.lakehouse.loader import FeedLoader, LoadSettings
+        from feedapi_dagster.lakehouse.readers import PartitionReader
         from feedapi_dagster.lakehouse.sink import DeltaSink
         from feedapi_dagster.protocol import FeedClient
 
@@ -554,14 +559,15 @@ def main(argv: list[str] | None = None) -> int:
 
         load_settings = LoadSettings(fetch_workers=args.fetch_workers,
                                      **({"batch_events": args.batch_events} if args.batch_events else {}),
-                                     **({"queued_pages": args.queued_pages} if args.queued_pages else {}))
+                                     **({"read_processes": args.read_processes} if args.read_processes is not None else {}))
         phases = Phases()
         phases.install(engine_class)
         fetch_cpu = WorkerCpu()
         profiles = ThreadProfiles() if args.profile else None
-        original_fetch = FeedLoader._fetch
+        # reader threads of this process (read_processes 0); reader processes are counted as children
+        original_fetch = PartitionReader.run
         wrapped = fetch_cpu.wrap(original_fetch)
-        FeedLoader._fetch = profiles.wrap(wrapped) if profiles else wrapped
+        PartitionReader.run = profiles.wrap(wrapped) if profiles else wrapped
         main_profile = cProfile.Profile() if profiles else None
         try:
             # ---- the full load (timed: DeltaSink() with its engine.ensure_table, then sync)
@@ -627,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise RuntimeError(f"expected {args.events + 2 * args.partitions} rows after the tiny syncs, "
                                    f"found {rows_after}")
         finally:
-            FeedLoader._fetch = original_fetch
+            PartitionReader.run = original_fetch
             phases.uninstall()
 
         results = report(args, command_line, feed_start, raw, sink_result, (load_before, os.getloadavg()))
@@ -694,8 +700,8 @@ def report(args: argparse.Namespace, command_line: str, feed_start: float, raw: 
         print("writer: deltalake (DeltaRsEngine: delta-rs writes in this process; no Spark session, no JVM)")
     if args.conf:
         print(f"Spark conf: {', '.join(args.conf)}")
-    if args.batch_events or args.queued_pages:
-        print(f"LoadSettings: batch_events={args.batch_events or 'default'}, queued_pages={args.queued_pages or 'default'}")
+    if args.batch_events or args.read_processes is not None:
+        print(f"LoadSettings: batch_events={args.batch_events or 'default'}, read_processes={'default' if args.read_processes is None else args.read_processes}")
     print(f"load average (1 min) before / after: {load[0][0]:.2f} / {load[1][0]:.2f}"
           "  (anything else running on the machine skews every figure)")
     print("-" * (width + 60))

@@ -1,36 +1,35 @@
 """`FeedLoader`: moves pages from a `FeedClient` into a `DeltaSink`, many partitions per commit.
 
-Fetching and writing overlap: one thread per partition (up to `fetch_workers`) pulls pages into a
-bounded queue while the calling thread batches them and commits. A batch closes at `batch_events` or
+Fetching and writing overlap: partition readers (see `readers`: `fetch_workers` threads, in
+`read_processes` reader processes or in this one) turn pages into groups of rows on a bounded queue,
+while the calling thread batches the groups and commits. A batch closes at `batch_events` or
 `batch_bytes`, so memory stays bounded whatever the partition size; each commit carries the cursor of
-every page it covers (cursor-only pages and drained flags included).
+every group it covers (cursor-only pages and drained flags included).
 """
 from __future__ import annotations
 
 import logging
-import queue
 import shutil
-import threading
 import uuid
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
+
+import pyarrow as pa
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from feedapi_dagster.planning import PartitionPlan, PartitionState, PlanStatus, plan_feed, plan_rebuild
-from feedapi_dagster.protocol import FeedClient, FeedInfo, Page, RediscoveryNeeded
+from feedapi_dagster.protocol import FeedClient, FeedInfo
 
+from .readers import PartitionReader, ReaderPool, RowGroup
 from .sink import DeltaSink
-from .table import EventBatch
+from .table import EVENT_SCHEMA
 
 log = logging.getLogger(__name__)
 
 # Moments a load passes through, reported to `on_moment` (progress logs; tests kill the process there).
 BEFORE_COMMIT = "before_commit"
-_MAX_REDISCOVERIES = 3
-_GROUP_EVENTS = 2000
 AFTER_COMMIT = "after_commit"
 
 
@@ -39,8 +38,10 @@ class LoadSettings(BaseModel):
 
     batch_events: int = Field(default=200_000, ge=1)
     batch_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    # reader threads (in all); spread over `read_processes` processes, or in the load process when 0
     fetch_workers: int = Field(default=8, ge=1)
-    queued_pages: int = Field(default=64, ge=1)
+    read_processes: int = Field(default=2, ge=0)
+    queued_groups: int = Field(default=16, ge=1)
 
 
 @dataclass
@@ -68,8 +69,17 @@ class _Progress:
     state: PartitionState  # progress so far (committed or buffered)
     expected: PartitionState | None  # what the table holds for it now
     report: PartitionReport
-    seen_ids: set[str] | None = None
     dirty: bool = False  # progress not committed yet
+
+
+@dataclass
+class _Batch:
+    groups: list[pa.Table] = field(default_factory=list)
+    events: int = 0
+    size: int = 0
+
+    def rows(self) -> pa.Table:
+        return pa.concat_tables(self.groups) if self.groups else EVENT_SCHEMA.empty_table()
 
 
 @dataclass
@@ -91,7 +101,6 @@ class FeedLoader:
         self.sink = sink
         self.settings = settings or LoadSettings()
         self.on_moment = on_moment or (lambda moment, updates: None)
-        self._discovery_lock = threading.Lock()
 
     # ------------------------------------------------------------------ entry points
     def sync(self, partition_ids: Iterable[int] | None = None) -> dict[int, PartitionReport]:
@@ -140,45 +149,39 @@ class FeedLoader:
             report = PartitionReport(plan.partition_id, "loaded", start.cursor, start.position, start.cursor,
                                      rebuilt=rebuild, inherited_from=plan.inherited_from)
             progress[plan.partition_id] = _Progress(plan, start, committed.get(plan.partition_id), report)
+        seen: dict[int, set[bytes] | None] = {pid: None for pid in progress}
         if dedup:
             # a rebuild starts its partitions (and the dropped ones) afresh; ancestors' rows stay
             replaced = {*progress, *drop} if rebuild else set()
             groups = {pid: [p for p in _dedup_group(info, item.plan) if p not in replaced]
                       for pid, item in progress.items()}
             stored = self.sink.event_ids(p for group in groups.values() for p in group)
-            for pid, item in progress.items():
-                item.seen_ids = set().union(*(stored.get(p, set()) for p in groups[pid]))
+            seen = {pid: set().union(*(stored.get(p, set()) for p in group)) for pid, group in groups.items()}
+        readers = [PartitionReader(self.client, item.plan, item.state.position, self.sink.parser.event_id_field,
+                                   seen[pid]) for pid, item in progress.items()]
+        settings = self.settings
+        processes = min(settings.read_processes, len(readers))
         staging = _Staging(f"{self.sink.path}/_feedapi_staging/{uuid.uuid4().hex}") if rebuild else None
-        pages: queue.Queue = queue.Queue(maxsize=self.settings.queued_pages)
-        stop = threading.Event()
         try:
-            with ThreadPoolExecutor(self.settings.fetch_workers, thread_name_prefix="feedapi-fetch") as pool:
-                try:
-                    for item in progress.values():
-                        pool.submit(self._fetch, item.plan, pages, stop)
-                    self._write_loop(progress, pages, staging, drop)
-                finally:
-                    stop.set()  # lets fetch threads blocked on a full queue give up
+            with ReaderPool(readers, threads=-(-settings.fetch_workers // max(processes, 1)), processes=processes,
+                            queued=settings.queued_groups) as pool:
+                self._write_loop(progress, pool, staging, drop)
         finally:
             if staging:
                 _remove_local(staging.path)
         return {pid: item.report for pid, item in progress.items()}
 
-    def _write_loop(self, progress: dict[int, _Progress], pages: queue.Queue, staging: "_Staging | None",
+    def _write_loop(self, progress: dict[int, _Progress], pool: ReaderPool, staging: "_Staging | None",
                     drop: list[int]) -> None:
-        batch = EventBatch()
-        open_partitions = len(progress)
-        while open_partitions:
-            kind, partition_id, payload = pages.get()
+        batch = _Batch()
+        for kind, partition_id, payload in pool.messages():
             item = progress[partition_id]
-            if kind == "pages":
-                self._add_pages(item, payload, batch)
-                if batch.size >= self.settings.batch_bytes or len(batch) >= self.settings.batch_events:
+            if kind == "group":
+                self._add_group(item, payload, batch)
+                if batch.size >= self.settings.batch_bytes or batch.events >= self.settings.batch_events:
                     self._flush(progress, batch, staging=staging)
-                    batch = EventBatch()
-                continue
-            open_partitions -= 1
-            if kind == "error":
+                    batch = _Batch()
+            elif kind == "error":
                 item.report.status, item.report.error = "failed", payload
             elif item.plan.closed or payload:
                 # closed and caught up, or finished by a `_done` checkpoint: drained
@@ -190,70 +193,19 @@ class FeedLoader:
                                + "; ".join(f"partition {pid}: {progress[pid].report.error}" for pid in failed))
         self._flush(progress, batch, staging=staging, final=True, drop=drop)
 
-    def _fetch(self, plan: PartitionPlan, pages: queue.Queue, stop: threading.Event) -> None:
-        done = False
-        cursor = plan.cursor
-        # Pages travel to the writer in groups: feeds checkpoint every few events, and a hand-off
-        # per page (queue, state copy) would cost more than the events themselves.
-        group: list[Page] = []
-        grouped = 0
-
-        def send() -> bool:
-            nonlocal group, grouped
-            if not group:
-                return True
-            sent = _put(pages, ("pages", plan.partition_id, group), stop)
-            group, grouped = [], 0
-            return sent
-
-        try:
-            for attempt in range(1, _MAX_REDISCOVERIES + 2):
-                try:
-                    for page in self.client.pages(plan.partition_id, cursor):
-                        group.append(page)
-                        grouped += len(page.raw_events)
-                        cursor, done = page.cursor, page.done
-                        if grouped >= _GROUP_EVENTS and not send():
-                            return
-                    break
-                except RediscoveryNeeded:
-                    # the discovery token changed (published dialect): discover again and go on
-                    # from the last cursor, unless the partition vanished in a method-2 split
-                    if attempt > _MAX_REDISCOVERIES:
-                        raise
-                    with self._discovery_lock:
-                        info = self.client.discover()
-                    log.info("partition %s: discovery token changed; rediscovered", plan.partition_id)
-                    if info.partition(plan.partition_id) is None:
-                        break
-        except Exception as error:  # noqa: BLE001 - reported per partition; the others go on
-            log.error("partition %s: %s", plan.partition_id, error)
-            # the pages before the failure are good: they are committed, the error is reported
-            if send():
-                _put(pages, ("error", plan.partition_id, str(error)), stop)
-            return
-        if send():
-            _put(pages, ("end", plan.partition_id, done), stop)
-
-    def _add_pages(self, item: _Progress, pages: list[Page], batch: EventBatch) -> None:
-        event_id = self.sink.parser.event_id
-        position = item.state.position
-        for page in pages:
-            raws = page.raw_events
-            ids = [event_id(raw) for raw in raws]
-            if item.seen_ids is not None:
-                raws, ids = _unseen(raws, ids, item.seen_ids)
-                item.report.duplicates += len(page.raw_events) - len(raws)
-            batch.add(page.partition_id, position, page.cursor, raws, ids)
-            position += len(raws)
-        item.report.events += position - item.state.position
-        item.report.pages += len(pages)
-        item.state = item.state.model_copy(update={"cursor": pages[-1].cursor, "position": position})
+    def _add_group(self, item: _Progress, group: RowGroup, batch: _Batch) -> None:
+        batch.groups.append(group.rows)
+        batch.events += group.rows.num_rows
+        batch.size += group.size
+        item.report.events += group.rows.num_rows
+        item.report.pages += group.pages
+        item.report.duplicates += group.duplicates
+        item.state = item.state.model_copy(update={"cursor": group.cursor, "position": group.position})
         item.dirty = True
 
-    def _flush(self, progress: dict[int, _Progress], batch: EventBatch, *, staging: "_Staging | None",
+    def _flush(self, progress: dict[int, _Progress], batch: _Batch, *, staging: "_Staging | None",
                final: bool = False, drop: Iterable[int] = ()) -> None:
-        rows = batch.to_arrow()
+        rows = batch.rows()
         if staging and not final:
             # a rebuild's earlier batches wait in a staging table until the one final commit
             self.sink.stage(rows, staging.path)
@@ -275,28 +227,6 @@ class FeedLoader:
             item.report.delta_version = result.delta_version
         log.info("committed %d events for partitions %s (Delta version %s)", rows.num_rows,
                  sorted(dirty), result.delta_version)
-
-
-def _put(pages: queue.Queue, item: tuple, stop: threading.Event) -> bool:
-    while not stop.is_set():
-        try:
-            pages.put(item, timeout=0.1)
-            return True
-        except queue.Full:
-            continue
-    return False
-
-
-def _unseen(raws: list[bytes], ids: list[str | None], seen: set[str]) -> tuple[list[bytes], list[str | None]]:
-    kept_raws, kept_ids = [], []
-    for raw, event_id in zip(raws, ids):
-        if event_id is not None:
-            if event_id in seen:
-                continue
-            seen.add(event_id)
-        kept_raws.append(raw)
-        kept_ids.append(event_id)
-    return kept_raws, kept_ids
 
 
 def _dedup_group(info: FeedInfo, plan: PartitionPlan) -> list[int]:

@@ -76,12 +76,13 @@ class DeltaSink:
     def state(self) -> FeedState:
         return self.committed_state().state
 
-    def event_ids(self, partition_ids: Iterable[int]) -> dict[int, set[str]]:
-        """Event ids already stored per partition (deduplication of at-least-once feeds), one query."""
+    def event_ids(self, partition_ids: Iterable[int]) -> dict[int, set[bytes]]:
+        """Event ids already stored per partition, UTF-8 encoded as `EventParser` gives them
+        (deduplication of at-least-once feeds), one query."""
         wanted = sorted(set(partition_ids))
-        stored: dict[int, set[str]] = {}
+        stored: dict[int, set[bytes]] = {}
         for partition_id, event_id in self.engine.event_ids(wanted) if wanted else []:
-            stored.setdefault(partition_id, set()).add(event_id)
+            stored.setdefault(partition_id, set()).add(event_id.encode())
         return stored
 
     # ------------------------------------------------------------------ writing

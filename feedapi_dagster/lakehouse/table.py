@@ -24,8 +24,9 @@ EVENT_SCHEMA = pa.schema([
 TABLE_SCHEMA = pa.schema([*EVENT_SCHEMA, ("loaded_at", TIMESTAMP), ("run_id", pa.string())])
 PARTITION_COLUMN = "partition_id"
 _ID_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_KINDS = {ord("{"): b"object", ord('"'): b"string", ord("["): b"array", ord("t"): b"boolean", ord("f"): b"boolean",
-          ord("n"): b"null"}
+_KINDS = (b"object", b"string", b"array", b"boolean", b"null", b"number")
+_KIND_INDEX = {ord("{"): 0, ord('"'): 1, ord("["): 2, ord("t"): 3, ord("f"): 3, ord("n"): 4}
+_STRING, _NUMBER = 1, 5
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
 
@@ -43,27 +44,32 @@ class EventParser:
         self._ids = msgspec.json.Decoder(
             msgspec.defstruct("EventId", [(event_id_field, msgspec.Raw | msgspec.UnsetType, msgspec.UNSET)]))
 
-    def event_id(self, raw: bytes) -> str | None:
-        """The id field of an object payload: a string id as its value, any other JSON value as its text."""
+    def event_id(self, raw: bytes) -> bytes | None:
+        """The id field of an object payload as UTF-8: a string id as its value, any other JSON value
+        as its text."""
         if raw[:1] != b"{":
             return None
         value = getattr(self._ids.decode(raw), self.event_id_field)
         if value is msgspec.UNSET:
             return None
         value = bytes(value)
-        return msgspec.json.decode(value) if value[:1] == b'"' else value.decode()
+        if value[:1] != b'"':
+            return value
+        return value[1:-1] if b"\\" not in value else msgspec.json.decode(value).encode()
 
 
 @dataclass
 class EventBatch:
     """Rows collected across pages and partitions until the loader commits them, kept as the bytes
-    the Arrow columns are built from."""
+    the Arrow columns are built from (a page's cursor and an event's kind as indexes: one per page,
+    a handful in all)."""
 
     partition_ids: array = field(default_factory=lambda: array("i"))
     positions: array = field(default_factory=lambda: array("q"))
     cursors: list[bytes] = field(default_factory=list)
+    cursor_index: array = field(default_factory=lambda: array("i"))
     payloads: list[bytes] = field(default_factory=list)
-    kinds: list[bytes] = field(default_factory=list)
+    kind_index: array = field(default_factory=lambda: array("b"))
     event_ids: list[bytes | None] = field(default_factory=list)
     size: int = 0
 
@@ -71,23 +77,26 @@ class EventBatch:
         return len(self.payloads)
 
     def add(self, partition_id: int, position: int, cursor: str, raws: list[bytes],
-            event_ids: list[str | None]) -> None:
+            event_ids: list[bytes | None]) -> None:
         count = len(raws)
         self.partition_ids.extend(array("i", [partition_id]) * count)
         self.positions.extend(range(position, position + count))
-        self.cursors.extend([cursor.encode()] * count)
-        self.event_ids.extend(None if e is None else e.encode() for e in event_ids)
-        for raw in raws:
-            kind = _KINDS.get(raw[0], b"number")
-            self.kinds.append(kind)
+        self.cursor_index.extend(array("i", [len(self.cursors)]) * count)
+        self.cursors.append(cursor.encode())
+        self.event_ids.extend(event_ids)
+        kinds = array("b", [_KIND_INDEX.get(raw[0], _NUMBER) for raw in raws])
+        self.kind_index.extend(kinds)
+        if _STRING in kinds:
             # a string payload is stored as the string itself, every other value as the JSON text sent
-            self.payloads.append(msgspec.json.decode(raw).encode() if kind == b"string" else raw)
-            self.size += len(raw)
+            raws = [msgspec.json.decode(raw).encode() if kind == _STRING else raw for raw, kind in zip(raws, kinds)]
+        self.payloads.extend(raws)
+        self.size += sum(map(len, raws))
 
     def to_arrow(self) -> pa.Table:
         return pa.Table.from_arrays([
-            _fixed(pa.int32(), self.partition_ids), _fixed(pa.int64(), self.positions), _strings(self.cursors),
-            _strings(self.payloads), _strings(self.kinds), _strings(self.event_ids),
+            _fixed(pa.int32(), self.partition_ids), _fixed(pa.int64(), self.positions),
+            _strings(self.cursors).take(_fixed(pa.int32(), self.cursor_index)), _strings(self.payloads),
+            _KIND_NAMES.take(_fixed(pa.int8(), self.kind_index)), _strings(self.event_ids),
         ], schema=EVENT_SCHEMA)
 
 
@@ -120,3 +129,6 @@ def _strings(texts: list[bytes | None]) -> pa.Array:
     offsets = array("q", accumulate(map(len, texts), initial=0))
     return pa.LargeStringArray.from_buffers(count, pa.py_buffer(offsets), pa.py_buffer(b"".join(texts)),
                                             validity).cast(pa.string())
+
+
+_KIND_NAMES = _strings(list(_KINDS))

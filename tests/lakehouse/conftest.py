@@ -26,12 +26,17 @@ def make_sink(spark, writer, table_path):
     return make
 
 
+# Reader threads by default: a reader process costs ~1 s to start, and these loads are tiny. The
+# reader processes (the product's default) are covered by test_readers.py, the crash and chaos tests.
+THREADS = LoadSettings(read_processes=0)
+
+
 @pytest.fixture
 def make_loader(make_sink):
     def make(server, *, path=None, settings=None, **client_kwargs):
         client_kwargs.setdefault("retry", RetryPolicy(base_delay=0.001, max_delay=0.01))
         client = FeedClient(server.url, **client_kwargs)
-        return FeedLoader(client, make_sink(path), settings or LoadSettings())
+        return FeedLoader(client, make_sink(path), settings or THREADS)
     return make
 
 

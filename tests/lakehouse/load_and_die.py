@@ -15,20 +15,26 @@ from feedapi_dagster.lakehouse.sink import DeltaSink
 from feedapi_dagster.lakehouse.spark import connect_session
 from feedapi_dagster.protocol import FeedClient
 
-url, path, moment, writer, batch_events = sys.argv[1:6]
-seen = []
 
 
-def die_at(name, updates):
-    if name == moment:
-        seen.append(name)
-        if len(seen) == 2:
-            sys.stdout.flush()
-            os.kill(os.getpid(), signal.SIGKILL)
+def main() -> None:
+    url, path, moment, writer, batch_events = sys.argv[1:6]
+    seen = []
+
+    def die_at(name, updates):
+        if name == moment:
+            seen.append(name)
+            if len(seen) == 2:
+                sys.stdout.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    engine = DeltaRsEngine(path) if writer == "deltalake" else SparkEngine(connect_session(writer), path)
+    # the product's default reader processes: they must stop on their own when this process is killed
+    loader = FeedLoader(FeedClient(url, page_size_hint=50), DeltaSink(path, engine=engine),
+                        LoadSettings(batch_events=int(batch_events), fetch_workers=2), on_moment=die_at)
+    loader.sync()
+    print("survived", flush=True)
 
 
-engine = DeltaRsEngine(path) if writer == "deltalake" else SparkEngine(connect_session(writer), path)
-loader = FeedLoader(FeedClient(url, page_size_hint=50), DeltaSink(path, engine=engine),
-                    LoadSettings(batch_events=int(batch_events), fetch_workers=1), on_moment=die_at)
-loader.sync()
-print("survived", flush=True)
+if __name__ == "__main__":  # reader processes are spawned: they import this module
+    main()

@@ -1,0 +1,252 @@
+"""Partition readers: fetch a partition's pages and turn them into rows, off the writer's thread.
+
+A `PartitionReader` owns one partition for one load: it pages from the plan's cursor, numbers the
+events from the committed position, drops events whose id was seen (at-least-once feeds), derives the
+columns and hands the writer `RowGroup`s: Arrow rows plus the cursor that covers them. The writer
+only appends groups and commits; every cursor it commits comes from a group it holds.
+
+Readers run as threads of the load process (`read_processes: 0`) or in reader processes. Parsing
+NDJSON and deriving columns is CPU work under the GIL: in threads it competes with the writer, in
+processes it runs on the other cores. Rows cross the process boundary as Arrow (pickled as Arrow
+IPC, one copy).
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from feedapi_dagster.planning import PartitionPlan
+from feedapi_dagster.protocol import FeedClient, Page, RediscoveryNeeded
+
+from .table import EventBatch, EventParser
+
+log = logging.getLogger(__name__)
+
+_MAX_REDISCOVERIES = 3
+# Feeds checkpoint every few events: a hand-off per page would cost more than the events themselves.
+GROUP_EVENTS = 2000
+
+
+@dataclass
+class RowGroup:
+    """Consecutive pages of one partition as rows (`table.EVENT_SCHEMA`), and where they end."""
+
+    partition_id: int
+    rows: pa.Table
+    cursor: str
+    position: int  # the position after these rows
+    pages: int
+    duplicates: int
+    size: int  # payload bytes
+
+
+# Messages from readers to the writer: ("group", partition, RowGroup), ("error", partition, text),
+# ("end", partition, finished by a `_done` checkpoint).
+Message = tuple[str, int, object]
+Emit = Callable[[Message], bool]  # False: the load stopped, the reader gives up
+
+
+@dataclass
+class PartitionReader:
+    client: FeedClient
+    plan: PartitionPlan
+    position: int  # where the partition's committed rows end
+    event_id_field: str
+    seen_ids: set[bytes] | None  # ids already stored (at-least-once feeds); None: no deduplication
+
+    def run(self, emit: Emit, discovery_lock: threading.Lock) -> None:
+        partition_id = self.plan.partition_id
+        done = False
+        try:
+            for pages in self._page_lists(discovery_lock):
+                group = self._rows(pages)
+                done = done or pages[-1].done
+                if not emit(("group", partition_id, group)):
+                    return
+        except Exception as error:  # noqa: BLE001 - reported per partition; the others go on
+            log.error("partition %s: %s", partition_id, error)
+            emit(("error", partition_id, str(error)))
+            return
+        emit(("end", partition_id, done))
+
+    def _page_lists(self, discovery_lock: threading.Lock) -> Iterator[list[Page]]:
+        """The partition's pages in lists of about `GROUP_EVENTS` events; what was read before an
+        error is yielded before the error is raised (it is good: it gets committed)."""
+        pages: list[Page] = []
+        count = 0
+        try:
+            for page in self._pages(discovery_lock):
+                pages.append(page)
+                count += len(page.raw_events)
+                if count >= GROUP_EVENTS:
+                    yield pages
+                    pages, count = [], 0
+        except Exception:
+            if pages:
+                yield pages
+            raise
+        if pages:
+            yield pages
+
+    def _pages(self, discovery_lock: threading.Lock) -> Iterator[Page]:
+        partition_id = self.plan.partition_id
+        cursor = self.plan.cursor
+        for attempt in range(1, _MAX_REDISCOVERIES + 2):
+            try:
+                for page in self.client.pages(partition_id, cursor):
+                    yield page
+                    cursor = page.cursor
+                return
+            except RediscoveryNeeded:
+                # the discovery token changed (published dialect): discover again and go on from
+                # the last cursor, unless the partition vanished in a method-2 split
+                if attempt > _MAX_REDISCOVERIES:
+                    raise
+                with discovery_lock:
+                    info = self.client.discover()
+                log.info("partition %s: discovery token changed; rediscovered", partition_id)
+                if info.partition(partition_id) is None:
+                    return
+
+    def _rows(self, pages: list[Page]) -> RowGroup:
+        parser = EventParser(self.event_id_field)
+        batch = EventBatch()
+        duplicates = 0
+        for page in pages:
+            raws = page.raw_events
+            ids = [parser.event_id(raw) for raw in raws]
+            if self.seen_ids is not None:
+                raws, ids = _unseen(raws, ids, self.seen_ids)
+                duplicates += len(page.raw_events) - len(raws)
+            batch.add(page.partition_id, self.position, page.cursor, raws, ids)
+            self.position += len(raws)
+        return RowGroup(self.plan.partition_id, batch.to_arrow(), pages[-1].cursor, self.position, len(pages),
+                        duplicates, batch.size)
+
+
+def _unseen(raws: list[bytes], ids: list[bytes | None], seen: set[bytes]) -> tuple[list[bytes], list[bytes | None]]:
+    kept_raws, kept_ids = [], []
+    for raw, event_id in zip(raws, ids):
+        if event_id is not None:
+            if event_id in seen:
+                continue
+            seen.add(event_id)
+        kept_raws.append(raw)
+        kept_ids.append(event_id)
+    return kept_raws, kept_ids
+
+
+class ReaderPool:
+    """Runs readers in `threads` threads of this process, or spread over `processes` reader
+    processes of `threads` threads each. Iterate `messages()` until every reader has ended."""
+
+    def __init__(self, readers: list[PartitionReader], *, threads: int, processes: int, queued: int):
+        self.readers = readers
+        self.threads = max(1, threads)
+        self.processes = processes
+        self._stopped = False
+        if processes:
+            context = multiprocessing.get_context("spawn")  # fork is unsafe in a threaded run process
+            self._queue = context.Queue(maxsize=queued)
+            self._stop = context.Event()
+            # kept referenced: a child unpickles its queues after start(), from the parent's semaphores
+            self._tasks = tasks = context.Queue()
+            for reader in readers:
+                tasks.put(reader)
+            for _ in range(processes * self.threads):
+                tasks.put(None)
+            self._workers = [context.Process(target=_reader_process, args=(tasks, self._queue, self._stop,
+                                                                           self.threads, os.getpid()),
+                                             name=f"feedapi-reader-{n}", daemon=True) for n in range(processes)]
+            for worker in self._workers:
+                worker.start()
+        else:
+            self._queue = queue.Queue(maxsize=queued)
+            self._stop = threading.Event()
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="feedapi-fetch")
+            lock = threading.Lock()
+            emit = _emitter(self._queue, self._stop, parent=None)
+            for reader in readers:
+                self._pool.submit(reader.run, emit, lock)
+
+    def messages(self) -> Iterator[Message]:
+        ended = 0
+        checked = time.monotonic()
+        while ended < len(self.readers):
+            if self.processes and time.monotonic() - checked > 1.0:
+                self._check_workers()
+                checked = time.monotonic()
+            try:
+                message = self._queue.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            if message[0] != "group":
+                ended += 1
+            yield message
+
+    def _check_workers(self) -> None:
+        """A reader process that died (SIGKILL, out of memory) leaves its partitions unfinished: the load
+        fails rather than wait for them; what it read is not committed (read again next time)."""
+        for worker in self._workers:
+            if worker.exitcode not in (None, 0):
+                raise RuntimeError(f"reader process {worker.name} died (exit code {worker.exitcode}) before its "
+                                   "partitions were read; nothing it read is committed")
+        if not any(worker.is_alive() for worker in self._workers) and self._queue.empty():
+            raise RuntimeError("the reader processes ended before every partition was read")
+
+    def close(self) -> None:
+        """Stops the readers (those blocked on a full queue give up) and waits for them."""
+        self._stop.set()
+        if self.processes:
+            for worker in self._workers:
+                worker.join(timeout=10)
+                if worker.is_alive():
+                    worker.terminate()
+            self._queue.cancel_join_thread()
+        else:
+            self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> "ReaderPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _emitter(out, stop, parent: int | None) -> Emit:
+    def emit(message: Message) -> bool:
+        while not stop.is_set():
+            if parent is not None and os.getppid() != parent:
+                return False  # the load process died: nobody will commit what we read
+            try:
+                out.put(message, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+    return emit
+
+
+def _reader_process(tasks, out, stop, threads: int, parent: int) -> None:
+    emit = _emitter(out, stop, parent)
+    lock = threading.Lock()
+
+    def work() -> None:
+        while not stop.is_set():
+            reader = tasks.get()
+            if reader is None:
+                return
+            reader.run(emit, lock)
+
+    with ThreadPoolExecutor(threads, thread_name_prefix="feedapi-fetch") as pool:
+        for _ in range(threads):
+            pool.submit(work)

@@ -1,0 +1,70 @@
+"""Reader processes (the default `read_processes: 2`): same rows, same cursors, and a reader that dies
+mid-load fails the load without committing half of what it read."""
+import multiprocessing
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults
+from feedapi_dagster.lakehouse.loader import LoadSettings
+from feedapi_dagster.lakehouse.state import read_committed_state
+
+from .conftest import payloads, table_rows
+
+PROCESSES = LoadSettings(read_processes=2, fetch_workers=4, batch_events=150)
+
+
+@pytest.mark.parametrize("writer", ["deltalake"], indirect=True)
+def test_reader_processes_load_dedup_and_rediscover(spark, make_loader, table_path):
+    feed = DemoFeed(partitions=3, events=900, seed=31, exactly_once=False, duplicate_ratio=0.1)
+    with DemoFeedServer(feed, dialect="published") as server:
+        loader = make_loader(server, settings=PROCESSES, page_size_hint=40)
+        first = loader.sync()
+        feed.append(300)
+        loader.client.discover()
+        server.rotate_token()  # the readers hold a stale token: 409, rediscovery in the reader process
+        second = loader.sync()
+    assert all(r.status == "loaded" for r in [*first.values(), *second.values()])
+    assert sum(r.duplicates for r in [*first.values(), *second.values()]) > 0
+    state = read_committed_state(table_path).state
+    for partition in range(3):
+        rows = table_rows(spark, table_path, partition)
+        assert [r.payload for r in rows] == feed.expected_events(partition)
+        assert [r.position for r in rows] == list(range(len(rows)))
+        assert state.get(partition).position == len(rows) and state.get(partition).cursor == rows[-1].cursor
+
+
+@pytest.mark.parametrize("writer", ["deltalake"], indirect=True)
+def test_a_reader_process_killed_mid_load_fails_the_load_and_a_resume_is_exact(spark, make_loader, table_path):
+    feed = DemoFeed(partitions=4, events=1200, seed=32)
+    slow = Faults(rate=0.5, seed=32, retry_after=0, kinds=("slow",))
+    with DemoFeedServer(feed, dialect="draft", faults=slow) as server:
+        killed = []
+
+        def kill_a_reader():
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not killed:
+                readers = [p for p in multiprocessing.active_children() if p.name.startswith("feedapi-reader")]
+                if readers:
+                    time.sleep(1.0)  # let it read and hand over some groups first
+                    os.kill(readers[0].pid, signal.SIGKILL)
+                    killed.append(readers[0].pid)
+                time.sleep(0.05)
+
+        killer = threading.Thread(target=kill_a_reader)
+        killer.start()
+        with pytest.raises(RuntimeError, match=r"reader process feedapi-reader-\d died \(exit code -9\)"):
+            make_loader(server, settings=PROCESSES, page_size_hint=20).sync()
+        killer.join()
+        assert killed
+        died = read_committed_state(table_path).state
+        stored = sum(p.position for p in died.partitions.values())
+        assert spark.read.format("delta").load(table_path).count() == stored  # rows match the cursors
+        server.faults = None
+        make_loader(server, settings=PROCESSES).sync()
+    for partition in range(4):
+        assert payloads(spark, table_path, partition) == feed.published(partition)
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("feedapi-reader")]
