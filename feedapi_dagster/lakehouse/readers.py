@@ -12,10 +12,12 @@ IPC, one copy).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -167,8 +169,9 @@ class ReaderPool:
             self._workers = [context.Process(target=_reader_process, args=(tasks, self._queue, self._stop,
                                                                            self.threads, os.getpid()),
                                              name=f"feedapi-reader-{n}", daemon=True) for n in range(processes)]
-            for worker in self._workers:
-                worker.start()
+            with _main_module_hidden():
+                for worker in self._workers:
+                    worker.start()
         else:
             self._queue = queue.Queue(maxsize=queued)
             self._stop = threading.Event()
@@ -220,6 +223,22 @@ class ReaderPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """Spawned readers need only this package, not the launching program: with `__main__`'s file
+    and spec hidden while they start, `spawn` does not re-run the program's main module in them
+    (dagster's CLI: ~0.7 s of imports per reader; a script without a main guard: a second load)."""
+    main = sys.modules["__main__"]
+    saved = {name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__}
+    main.__spec__ = None
+    main.__dict__.pop("__file__", None)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(main, name, value)
 
 
 def _emitter(out, stop, parent: int | None) -> Emit:

@@ -68,3 +68,31 @@ def test_a_reader_process_killed_mid_load_fails_the_load_and_a_resume_is_exact(s
     for partition in range(4):
         assert payloads(spark, table_path, partition) == feed.published(partition)
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("feedapi-reader")]
+
+
+UNGUARDED_SCRIPT = """
+import sys
+from feedapi_dagster.lakehouse.loader import FeedLoader, LoadSettings
+from feedapi_dagster.lakehouse.sink import DeltaSink
+from feedapi_dagster.protocol import FeedClient
+
+print("script body ran", flush=True)  # no main guard: spawned readers must not run this again
+reports = FeedLoader(FeedClient(sys.argv[1]), DeltaSink(sys.argv[2]), LoadSettings(read_processes=2)).sync()
+print("loaded", sum(r.events for r in reports.values()), flush=True)
+"""
+
+
+def test_reader_processes_do_not_rerun_the_launching_script(spark, tmp_path, table_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "load.py"
+    script.write_text(UNGUARDED_SCRIPT)
+    feed = DemoFeed(partitions=3, events=600, seed=33)
+    with DemoFeedServer(feed, dialect="draft") as server:
+        done = subprocess.run([sys.executable, str(script), server.url, table_path], capture_output=True,
+                              text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["script body ran", "loaded 600"]
+    for partition in range(3):
+        assert payloads(spark, table_path, partition) == feed.published(partition)
