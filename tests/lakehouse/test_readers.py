@@ -3,13 +3,11 @@ mid-load fails the load without committing half of what it read."""
 import multiprocessing
 import os
 import signal
-import threading
-import time
-
 import pytest
 
-from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults
-from feedapi_dagster.lakehouse.loader import LoadSettings
+from feedapi_dagster.demo import DemoFeed, DemoFeedServer
+from feedapi_dagster.lakehouse.loader import BEFORE_COMMIT, FeedLoader, LoadSettings
+from feedapi_dagster.protocol import FeedClient
 from feedapi_dagster.lakehouse.state import read_committed_state
 
 from .conftest import payloads, table_rows
@@ -38,32 +36,28 @@ def test_reader_processes_load_dedup_and_rediscover(spark, make_loader, table_pa
 
 
 @pytest.mark.parametrize("writer", ["deltalake"], indirect=True)
-def test_a_reader_process_killed_mid_load_fails_the_load_and_a_resume_is_exact(spark, make_loader, table_path):
-    feed = DemoFeed(partitions=4, events=1200, seed=32)
-    slow = Faults(rate=0.5, seed=32, retry_after=0, kinds=("slow",))
-    with DemoFeedServer(feed, dialect="draft", faults=slow) as server:
-        killed = []
+def test_a_reader_process_killed_mid_load_fails_the_load_and_a_resume_is_exact(spark, make_loader, make_sink,
+                                                                               table_path):
+    feed = DemoFeed(partitions=4, events=2400, seed=32)
+    killed = []
 
-        def kill_a_reader():
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not killed:
-                readers = [p for p in multiprocessing.active_children() if p.name.startswith("feedapi-reader")]
-                if readers:
-                    time.sleep(1.0)  # let it read and hand over some groups first
-                    os.kill(readers[0].pid, signal.SIGKILL)
-                    killed.append(readers[0].pid)
-                time.sleep(0.05)
+    def kill_a_reader(moment, updates):
+        # at the first commit: every reader is busy with partitions far from their end
+        if moment == BEFORE_COMMIT and not killed:
+            reader = next(p for p in multiprocessing.active_children() if p.name.startswith("feedapi-reader"))
+            os.kill(reader.pid, signal.SIGKILL)
+            killed.append(reader.pid)
 
-        killer = threading.Thread(target=kill_a_reader)
-        killer.start()
+    with DemoFeedServer(feed, dialect="draft") as server:
+        loader = FeedLoader(FeedClient(server.url, page_size_hint=20), make_sink(), PROCESSES,
+                            on_moment=kill_a_reader)
         with pytest.raises(RuntimeError, match=r"reader process feedapi-reader-\d died \(exit code -9\)"):
-            make_loader(server, settings=PROCESSES, page_size_hint=20).sync()
-        killer.join()
+            loader.sync()
         assert killed
         died = read_committed_state(table_path).state
         stored = sum(p.position for p in died.partitions.values())
+        assert 0 < stored < 2400
         assert spark.read.format("delta").load(table_path).count() == stored  # rows match the cursors
-        server.faults = None
         make_loader(server, settings=PROCESSES).sync()
     for partition in range(4):
         assert payloads(spark, table_path, partition) == feed.published(partition)
