@@ -41,6 +41,7 @@ class LoadSettings(BaseModel):
     # reader threads (in all); spread over `read_processes` processes, or in the load process when 0
     fetch_workers: int = Field(default=8, ge=1)
     read_processes: int = Field(default=2, ge=0)
+    # row groups waiting for the writer (reader threads; a reader process waits on its pipe instead)
     queued_groups: int = Field(default=16, ge=1)
 
 

@@ -15,14 +15,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
-import os
 import queue
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
 
 import pyarrow as pa
 
@@ -149,73 +148,85 @@ def _unseen(raws: list[bytes], ids: list[bytes | None], seen: set[bytes]) -> tup
 
 class ReaderPool:
     """Runs readers in `threads` threads of this process, or spread over `processes` reader
-    processes of `threads` threads each. Iterate `messages()` until every reader has ended."""
+    processes of `threads` threads each. Iterate `messages()` until every reader has ended.
+
+    Each reader process has a pipe of its own (nothing shared between processes): one killed in the
+    middle of a message leaves the others' channels whole, and its own ends in EOF here."""
 
     def __init__(self, readers: list[PartitionReader], *, threads: int, processes: int, queued: int):
         self.readers = readers
         self.threads = max(1, threads)
         self.processes = processes
-        self._stopped = False
         if processes:
             context = multiprocessing.get_context("spawn")  # fork is unsafe in a threaded run process
-            self._queue = context.Queue(maxsize=queued)
-            self._stop = context.Event()
-            # kept referenced: a child unpickles its queues after start(), from the parent's semaphores
-            self._tasks = tasks = context.Queue()
-            for reader in readers:
-                tasks.put(reader)
-            for _ in range(processes * self.threads):
-                tasks.put(None)
-            self._workers = [context.Process(target=_reader_process, args=(tasks, self._queue, self._stop,
-                                                                           self.threads, os.getpid()),
-                                             name=f"feedapi-reader-{n}", daemon=True) for n in range(processes)]
+            self._channels: dict = {}
             with _main_module_hidden():
-                for worker in self._workers:
+                for n in range(processes):
+                    receive, send = context.Pipe(duplex=False)
+                    worker = context.Process(target=_reader_process, args=(readers[n::processes], send, self.threads),
+                                             name=f"feedapi-reader-{n}", daemon=True)
                     worker.start()
+                    send.close()  # the child holds the only write end: its exit is EOF here
+                    self._channels[receive] = worker
         else:
-            self._queue = queue.Queue(maxsize=queued)
+            self._queue: queue.Queue = queue.Queue(maxsize=queued)
             self._stop = threading.Event()
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="feedapi-fetch")
             lock = threading.Lock()
-            emit = _emitter(self._queue, self._stop, parent=None)
             for reader in readers:
-                self._pool.submit(reader.run, emit, lock)
+                self._pool.submit(reader.run, self._put, lock)
 
     def messages(self) -> Iterator[Message]:
+        source = self._from_processes() if self.processes else self._from_threads()
         ended = 0
-        checked = time.monotonic()
-        while ended < len(self.readers):
-            if self.processes and time.monotonic() - checked > 1.0:
-                self._check_workers()
-                checked = time.monotonic()
-            try:
-                message = self._queue.get(timeout=1.0)
-            except queue.Empty:
-                continue
+        for message in source:
             if message[0] != "group":
                 ended += 1
             yield message
+            if ended == len(self.readers):
+                return
 
-    def _check_workers(self) -> None:
-        """A reader process that died (SIGKILL, out of memory) leaves its partitions unfinished: the load
-        fails rather than wait for them; what it read is not committed (read again next time)."""
-        for worker in self._workers:
-            if worker.exitcode not in (None, 0):
-                raise RuntimeError(f"reader process {worker.name} died (exit code {worker.exitcode}) before its "
-                                   "partitions were read; nothing it read is committed")
-        if not any(worker.is_alive() for worker in self._workers) and self._queue.empty():
-            raise RuntimeError("the reader processes ended before every partition was read")
+    def _from_threads(self) -> Iterator[Message]:
+        while True:
+            yield self._queue.get()
+
+    def _from_processes(self) -> Iterator[Message]:
+        channels = dict(self._channels)
+        while channels:
+            for channel in wait(list(channels)):
+                try:
+                    yield channel.recv()
+                except (EOFError, OSError):
+                    worker = channels.pop(channel)
+                    worker.join(timeout=5)
+                    if worker.exitcode != 0:
+                        # killed, out of memory: its partitions stay unfinished, and nothing it read is
+                        # committed (it is read again next time)
+                        raise RuntimeError(f"reader process {worker.name} died (exit code {worker.exitcode}) "
+                                           "before its partitions were read; nothing it read is committed") from None
+        raise RuntimeError("the reader processes ended before every partition was read")
+
+    def _put(self, message: Message) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(message, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def close(self) -> None:
-        """Stops the readers (those blocked on a full queue give up) and waits for them."""
-        self._stop.set()
+        """Stops the readers and waits for them: reader threads blocked on a full queue give up; reader
+        processes see their pipe closed at their next hand-off."""
         if self.processes:
-            for worker in self._workers:
+            for channel, worker in self._channels.items():
+                channel.close()
                 worker.join(timeout=10)
                 if worker.is_alive():
                     worker.terminate()
-            self._queue.cancel_join_thread()
+                    worker.join(timeout=5)
         else:
+            self._stop.set()
             self._pool.shutdown(wait=True)
 
     def __enter__(self) -> "ReaderPool":
@@ -241,31 +252,24 @@ def _main_module_hidden() -> Iterator[None]:
             setattr(main, name, value)
 
 
-def _emitter(out, stop, parent: int | None) -> Emit:
+def _reader_process(readers: list[PartitionReader], channel: Connection, threads: int) -> None:
+    send_lock, discovery_lock = threading.Lock(), threading.Lock()
+    closed = threading.Event()
+
     def emit(message: Message) -> bool:
-        while not stop.is_set():
-            if parent is not None and os.getppid() != parent:
-                return False  # the load process died: nobody will commit what we read
-            try:
-                out.put(message, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-    return emit
-
-
-def _reader_process(tasks, out, stop, threads: int, parent: int) -> None:
-    emit = _emitter(out, stop, parent)
-    lock = threading.Lock()
-
-    def work() -> None:
-        while not stop.is_set():
-            reader = tasks.get()
-            if reader is None:
-                return
-            reader.run(emit, lock)
+        # a full pipe blocks: the load's writer is behind (back-pressure); a closed one means the load
+        # ended or died, and nobody will commit what this process reads
+        if closed.is_set():
+            return False
+        try:
+            with send_lock:
+                channel.send(message)
+            return True
+        except OSError:
+            closed.set()
+            return False
 
     with ThreadPoolExecutor(threads, thread_name_prefix="feedapi-fetch") as pool:
-        for _ in range(threads):
-            pool.submit(work)
+        for reader in readers:
+            pool.submit(reader.run, emit, discovery_lock)
+    channel.close()
