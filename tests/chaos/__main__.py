@@ -15,6 +15,8 @@ args = parser.parse_args()
 seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1_000_000)
 print(f"seed {seed} (reproduce with --seed {seed})", flush=True)
 work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="feedapi-chaos-"))
+if work_dir.exists() and any(work_dir.iterdir()):
+    parser.error(f"--work-dir {work_dir} is not empty: a chaos run needs a fresh lakehouse and DAGSTER_HOME")
 started = time.monotonic()
 chaos = ChaosRun(seed, work_dir)
 try:
