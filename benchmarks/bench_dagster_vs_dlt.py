@@ -57,7 +57,6 @@ import queue
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -69,32 +68,17 @@ from pathlib import Path
 import msgspec
 import requests
 
+from feedapi_dagster.lakehouse.spark import find_free_port
+from procstat import proc_cpu
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 DLT_RATIO_TARGET = 2.0
 RAW_RATIO_TARGET = 0.60
 RAW_THREADS = 8
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 # ----------------------------------------------------------------------------- helpers
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def proc_cpu(pid: int | None) -> float | None:
-    """CPU seconds (user + system, waited-for children included) of a live process."""
-    if pid is None:
-        return None
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return sum(int(x) for x in fields[11:15]) / CLOCK_TICKS
-
-
 def children_cpu() -> float:
     usage = os.times()
     return usage.children_user + usage.children_system
@@ -152,7 +136,7 @@ class FeedServer:
 
     def __init__(self, partitions: int, events: int, log_path: Path):
         self.partitions, self.events, self.log_path = partitions, events, log_path
-        self.port = free_port()
+        self.port = find_free_port()
         self.url = f"http://127.0.0.1:{self.port}/feed"
         self.proc: subprocess.Popen | None = None
 
@@ -922,7 +906,7 @@ def main(argv: list[str] | None = None) -> int:
             f"(ready after {time.perf_counter() - started:.1f} s)")
 
         # the feeds file names a free port either way; with writer deltalake nothing may listen on it
-        spark_port = free_port()
+        spark_port = find_free_port()
         if args.writer == "spark":
             from feedapi_dagster.lakehouse.spark import ensure_embedded_server
 

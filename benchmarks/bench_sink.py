@@ -40,7 +40,6 @@ import pstats
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -53,32 +52,15 @@ from pathlib import Path
 import requests
 
 import jfr_summary
+from feedapi_dagster.lakehouse.spark import find_free_port
+from procstat import proc_cpu
 
 WRITERS = ("deltalake", "spark")  # the feeds file's `writer:`
 RATIO_TARGET = 0.60
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 log = logging.getLogger("bench_sink")
 
 
 # ----------------------------------------------------------------------------- small helpers
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def proc_cpu(pid: int | None, children: bool = True) -> float | None:
-    """CPU seconds (user + system, plus waited-for children) of a process, from /proc."""
-    if pid is None:
-        return None
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    utime, stime, cutime, cstime = (int(x) for x in fields[11:15])
-    return (utime + stime + ((cutime + cstime) if children else 0)) / CLOCK_TICKS
-
-
 def find_jvm_pid(mode: str, port: int) -> int | None:
     """The JVM doing the Spark work: the Connect server listening on `port`, or (local mode) our
     java child process."""
@@ -468,7 +450,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.writer == "spark":
         args.spark = args.spark or "embedded"
-        args.port = args.port or free_port()
+        args.port = args.port or find_free_port()
     else:
         spark_only = [flag for flag, given in (("--spark", args.spark), ("--port", args.port is not None),
                                                ("--conf", args.conf), ("--jfr", args.jfr)) if given]
@@ -495,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     command_line = shlex.join(sys.orig_argv if argv is None else [sys.executable, __file__, *argv])
     work = Path(tempfile.mkdtemp(prefix="feedapi-bench-"))
     table_path = str(work / "lakehouse" / "events")
-    feed = FeedServerProcess(args.events, args.partitions, args.feed_port or free_port(), work)
+    feed = FeedServerProcess(args.events, args.partitions, args.feed_port or find_free_port(), work)
     spark = server = None
     say = functools.partial(print, file=sys.stderr, flush=True)
     results: dict[str, object] = {}
