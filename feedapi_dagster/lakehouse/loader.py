@@ -158,7 +158,7 @@ class FeedLoader:
                       for pid, item in progress.items()}
             stored = self.sink.event_ids(p for group in groups.values() for p in group)
             seen = {pid: set().union(*(stored.get(p, set()) for p in group)) for pid, group in groups.items()}
-        readers = [PartitionReader(self.client, item.plan, item.state.position, self.sink.parser.event_id_field,
+        readers = [PartitionReader(self.client, item.plan, item.state.position, self.sink.event_id_field,
                                    seen[pid]) for pid, item in progress.items()]
         settings = self.settings
         processes = min(settings.read_processes, len(readers))

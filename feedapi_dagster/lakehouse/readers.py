@@ -13,6 +13,7 @@ IPC, one copy).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import multiprocessing
 import queue
@@ -118,8 +119,12 @@ class PartitionReader:
                 if info.partition(partition_id) is None:
                     return
 
+    @functools.cached_property
+    def _parser(self) -> EventParser:
+        return EventParser(self.event_id_field)
+
     def _rows(self, pages: list[Page]) -> RowGroup:
-        parser = EventParser(self.event_id_field)
+        parser = self._parser
         batch = EventBatch()
         duplicates = 0
         for page in pages:

@@ -12,7 +12,7 @@ from feedapi_dagster.planning import FeedState, PartitionState
 
 from . import state as committed
 from .engines import Commit, DeltaRsEngine, TableEngine
-from .table import EventParser, stamped
+from .table import check_id_field, stamped
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class DeltaSink:
     ):
         self.path = path
         self.engine = engine or DeltaRsEngine(path)
-        self.parser = EventParser(event_id_field)
+        self.event_id_field = check_id_field(event_id_field)
         self.run_id = run_id
         self.compaction = compaction or CompactionSettings()
         self.max_conflict_retries = max_conflict_retries
