@@ -13,7 +13,6 @@ IPC, one copy).
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import multiprocessing
 import queue
@@ -29,7 +28,7 @@ import pyarrow as pa
 from feedapi_dagster.planning import PartitionPlan
 from feedapi_dagster.protocol import FeedClient, Page, RediscoveryNeeded
 
-from .table import EventBatch, EventParser
+from .table import EventBatch, event_ids
 
 log = logging.getLogger(__name__)
 
@@ -119,36 +118,29 @@ class PartitionReader:
                 if info.partition(partition_id) is None:
                     return
 
-    @functools.cached_property
-    def _parser(self) -> EventParser:
-        return EventParser(self.event_id_field)
-
     def _rows(self, pages: list[Page]) -> RowGroup:
-        parser = self._parser
-        batch = EventBatch()
+        batch = EventBatch(self.event_id_field)
         duplicates = 0
         for page in pages:
             raws = page.raw_events
-            ids = [parser.event_id(raw) for raw in raws]
             if self.seen_ids is not None:
-                raws, ids = _unseen(raws, ids, self.seen_ids)
+                raws = _unseen(raws, event_ids(raws, self.event_id_field), self.seen_ids)
                 duplicates += len(page.raw_events) - len(raws)
-            batch.add(page.partition_id, self.position, page.cursor, raws, ids)
+            batch.add(page.partition_id, self.position, page.cursor, raws)
             self.position += len(raws)
         return RowGroup(self.plan.partition_id, batch.to_arrow(), pages[-1].cursor, self.position, len(pages),
                         duplicates, batch.size)
 
 
-def _unseen(raws: list[bytes], ids: list[bytes | None], seen: set[bytes]) -> tuple[list[bytes], list[bytes | None]]:
-    kept_raws, kept_ids = [], []
+def _unseen(raws: list[bytes], ids: list[bytes | None], seen: set[bytes]) -> list[bytes]:
+    kept = []
     for raw, event_id in zip(raws, ids):
         if event_id is not None:
             if event_id in seen:
                 continue
             seen.add(event_id)
-        kept_raws.append(raw)
-        kept_ids.append(event_id)
-    return kept_raws, kept_ids
+        kept.append(raw)
+    return kept
 
 
 class ReaderPool:

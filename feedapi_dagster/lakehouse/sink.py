@@ -77,7 +77,7 @@ class DeltaSink:
         return self.committed_state().state
 
     def event_ids(self, partition_ids: Iterable[int]) -> dict[int, set[bytes]]:
-        """Event ids already stored per partition, UTF-8 encoded as `EventParser` gives them
+        """Event ids already stored per partition, UTF-8 encoded as `table.event_ids` gives them
         (deduplication of at-least-once feeds), one query."""
         wanted = sorted(set(partition_ids))
         stored: dict[int, set[bytes]] = {}

@@ -6,29 +6,18 @@ line-length cap (but an optional byte bound per page), and yields a page only on
 arrived, so events after the last checkpoint of a body are never handed out (they come back on the
 next fetch).
 
-Lines are decoded with msgspec in bulk: each event's payload is kept as the raw bytes the server
-sent (validated JSON, never re-serialised), which is what a sink stores and is several times faster
-than building Python objects for every payload.
+Lines are scanned in bulk by `feedapi_native.scan_lines` (serde_json in Rust): each event's payload
+is kept as the raw bytes the server sent (validated JSON, never re-serialised), and no Python code runs
+per event, only per checkpoint.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-import msgspec
+from feedapi_native import scan_lines
 
 from .errors import MalformedResponse
 from .models import DONE_CURSORS, Page
-
-
-class _Line(msgspec.Struct):
-    """A protocol line. Unknown keys are ignored; a line with neither field is a future command."""
-
-    event: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET  # draft
-    data: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET  # v1 and published
-    cursor: str | int | None = None
-
-
-_DECODER = msgspec.json.Decoder(_Line)
 
 
 class PageReader:
@@ -67,58 +56,33 @@ class PageReader:
             yield from self._lines(b"".join(pending), terminated=False)
 
     def _lines(self, block: bytes, terminated: bool) -> Iterator[Page]:
-        try:
-            block.decode("utf-8")
-            lines = _DECODER.decode_lines(block)
-        except (UnicodeDecodeError, msgspec.DecodeError):
-            # Find the damaged line, so that the pages before it still count.
-            yield from self._lines_one_by_one(block, terminated)
-            return
-        yield from self._take(lines)
-
-    def _lines_one_by_one(self, block: bytes, terminated: bool) -> Iterator[Page]:
-        raw_lines = block.split(b"\n")
-        for number, raw_line in enumerate(raw_lines):
-            if not raw_line.strip():
-                continue
-            last = number == len(raw_lines) - 1
-            try:
-                raw_line.decode("utf-8")
-                line = _DECODER.decode(raw_line)
-            except UnicodeDecodeError as error:
-                raise self._damage("body is not valid UTF-8") from error
-            except msgspec.DecodeError as error:
-                if last and not terminated:
-                    raise self._damage("body ends in an incomplete or junk line") from error
-                raise self._damage(f"line is not a FeedAPI JSON object ({error}): {_excerpt(raw_line)}") from error
-            for page in self._take((line,)):
-                yield page
-                if page.done:
-                    return
-
-    def _take(self, lines: Iterable[_Line]) -> Iterator[Page]:
-        key = self.event_key
-        events = self._events
-        for line in lines:
-            raw = getattr(line, key)
-            if raw is not msgspec.UNSET:
-                payload = bytes(raw)
-                events.append(payload)
-                if self.max_page_bytes is not None:
-                    self._page_bytes += len(payload)
-                    self._check_bound(self._page_bytes)
-                continue
-            cursor = line.cursor
-            if cursor is None:
-                continue  # a command from a future protocol revision
-            cursor = str(cursor)
-            page = Page(self.partition_id, events, cursor="" if cursor in DONE_CURSORS else cursor,
+        """Pages completed by the lines of `block`; the pages before a damaged line still count."""
+        events, checkpoints, damage = scan_lines(block, self.event_key)
+        taken = 0
+        for count, cursor in checkpoints:
+            self._add(events[taken:count])
+            taken = count
+            page = Page(self.partition_id, self._events, cursor="" if cursor in DONE_CURSORS else cursor,
                         done=cursor in DONE_CURSORS)
-            events = self._events = []
+            self._events = []
             self._page_bytes = 0
             yield page
             if page.done:
                 return
+        self._add(events[taken:])
+        if damage is not None:
+            kind, start, end, message = damage
+            if kind == "utf8":
+                raise self._damage("body is not valid UTF-8")
+            if not terminated and not block[end:].strip():
+                raise self._damage("body ends in an incomplete or junk line")
+            raise self._damage(f"line is not a FeedAPI JSON object ({message}): {_excerpt(block[start:end])}")
+
+    def _add(self, events: list[bytes]) -> None:
+        self._events.extend(events)
+        if self.max_page_bytes is not None:
+            self._page_bytes += sum(map(len, events))
+            self._check_bound(self._page_bytes)
 
     def _check_bound(self, size: int) -> None:
         if self.max_page_bytes is not None and size > self.max_page_bytes:

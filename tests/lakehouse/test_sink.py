@@ -230,11 +230,10 @@ def test_rebuilding_a_method2_child_does_not_load_its_parents_history_twice(spar
 
 
 def _events(partition_id: int, texts: list[str]):
-    from feedapi_dagster.lakehouse.table import EventBatch, EventParser
+    from feedapi_dagster.lakehouse.table import EventBatch
 
     batch = EventBatch()
-    raws = [t.encode() for t in texts]
-    batch.add(partition_id, 0, "c1", raws, [EventParser().event_id(r) for r in raws])
+    batch.add(partition_id, 0, "c1", [t.encode() for t in texts])
     return batch.to_arrow()
 
 

@@ -142,3 +142,35 @@ def test_page_byte_bound_stops_an_endless_body():
     with pytest.raises(MalformedResponse, match="without a checkpoint"):
         for _ in read_pages(endless(), 0, max_page_bytes=100_000):
             pass
+
+
+@pytest.mark.parametrize("line, reason", [
+    (b'[{"event":1}]', "expected a FeedAPI line object"),
+    (b'"event"', "expected a FeedAPI line object"),
+    (b'{"event":1} {"cursor":"c"}', "trailing characters"),
+    (b'{"cursor":1.5}', "expected a cursor"),
+    (b'{"cursor":true}', "expected a cursor"),
+    (b'{"cursor":{"c":1}}', "expected a cursor"),
+    (b'{"event":{"a":1,}}', "line 1"),
+])
+def test_lines_that_are_not_feedapi_objects_are_damage(line, reason):
+    body = b'{"event":{"a":1}}\n{"cursor":"c1"}\n' + line + b'\n{"cursor":"c2"}\n'
+    pages = []
+    with pytest.raises(MalformedResponse, match=f"line is not a FeedAPI JSON object.*{reason}") as raised:
+        for page in read_pages([body], 3):
+            pages.append(page)
+    assert as_tuples(pages) == [([{"a": 1}], "c1")]
+    assert line[:20].decode() in str(raised.value)
+
+
+def test_line_fields_are_read_as_the_protocol_says():
+    body = (b'{"\\u0065vent":"escaped key"}\n'          # keys are compared unescaped
+            b'{"event":null}\n'                          # a null payload is an event
+            b'{"event":"both","cursor":"ignored"}\n'     # a line with an event is an event
+            b'{"cursor":null}\n'                         # a command of a future revision
+            b'{"resync":true,"data":1}\n'                # so is a line without event or cursor
+            b'{"cursor":42}\n')                          # integer cursors are cursors
+    (page,) = read_pages([body], 0)
+    assert (page.events, page.cursor) == (["escaped key", None, "both"], "42")
+    (page,) = PageReader(0, "data").pages([b'{"data":[1]}\n{"event":2}\n{"cursor":"c"}\n'])
+    assert page.raw_events == [b"[1]"]

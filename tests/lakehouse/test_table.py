@@ -1,0 +1,79 @@
+"""Columns of the feed table derived from raw payloads (`feedapi_native.table_columns`), against an
+independent oracle: Python's json module."""
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from feedapi_dagster.lakehouse.table import EVENT_SCHEMA, EventBatch, event_ids
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False),
+                    st.text())
+values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                       st.dictionaries(st.text(max_size=5), inner, max_size=3)),
+                      max_leaves=8)
+objects = st.dictionaries(st.sampled_from(["id", "name", "ID", "x"]) | st.text(max_size=4), values,
+                          max_size=4)
+
+
+def render(value, style: int) -> bytes:
+    """The same value as different servers would send it: compact, spaced, ASCII-escaped."""
+    if style == 0:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    if style == 1:
+        return json.dumps(value, separators=(" , ", " : ")).encode()
+    return json.dumps(value, ensure_ascii=False).encode()
+
+
+def kind_of(value) -> str:
+    return {dict: "object", str: "string", list: "array", bool: "boolean", type(None): "null"}.get(
+        type(value), "number")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(objects | values, st.integers(0, 2)), min_size=1, max_size=12))
+def test_columns_keep_the_bytes_sent_and_agree_with_json(items):
+    raws = [render(value, style) for value, style in items]
+    batch = EventBatch("id")
+    batch.add(4, 10, "c7", raws)
+    table = batch.to_arrow()
+    assert table.schema == EVENT_SCHEMA
+    rows = table.to_pylist()
+    for row, raw, (value, _) in zip(rows, raws, items):
+        assert row["payload_type"] == kind_of(value)
+        # a string payload is the string itself; anything else is the text sent, byte for byte
+        assert row["payload"] == (value if isinstance(value, str) else raw.decode())
+        if not isinstance(value, dict) or "id" not in value:
+            assert row["event_id"] is None
+        elif isinstance(value["id"], str):
+            assert row["event_id"] == value["id"]
+        else:
+            assert json.loads(row["event_id"]) == value["id"]
+    assert [r["position"] for r in rows] == list(range(10, 10 + len(raws)))
+    assert {(r["partition_id"], r["cursor"]) for r in rows} == {(4, "c7")}
+    assert event_ids(raws, "id") == [None if r["event_id"] is None else r["event_id"].encode() for r in rows]
+
+
+def test_pages_keep_their_own_cursor_and_positions():
+    batch = EventBatch("key")
+    batch.add(1, 0, "a", [b'{"key":"k1"}', b'{"key":2}'])
+    batch.add(2, 5, "b", [])
+    batch.add(1, 2, "c", [b'{"other":1}'])
+    rows = batch.to_arrow().to_pylist()
+    assert [(r["partition_id"], r["position"], r["cursor"], r["event_id"]) for r in rows] == [
+        (1, 0, "a", "k1"), (1, 1, "a", "2"), (1, 2, "c", None)]
+    assert len(batch) == 3 and batch.size == len(b'{"key":"k1"}{"key":2}{"other":1}')
+
+
+def test_an_empty_batch_is_an_empty_table():
+    assert EventBatch().to_arrow().num_rows == 0
+
+
+def test_invalid_payload_is_refused_with_a_clear_error():
+    batch = EventBatch()
+    batch.add(0, 0, "c", [b'{"id": }'])
+    with pytest.raises(ValueError, match="payload is not valid JSON"):
+        batch.to_arrow()
+    with pytest.raises(TypeError):
+        event_ids(["not bytes"], "id")
