@@ -11,7 +11,6 @@ import datetime as dt
 import re
 from array import array
 from dataclasses import dataclass, field
-from itertools import accumulate
 
 import feedapi_native
 import pyarrow as pa
@@ -25,7 +24,6 @@ EVENT_SCHEMA = pa.schema([
 TABLE_SCHEMA = pa.schema([*EVENT_SCHEMA, ("loaded_at", TIMESTAMP), ("run_id", pa.string())])
 PARTITION_COLUMN = "partition_id"
 _ID_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_KINDS = (b"object", b"string", b"array", b"boolean", b"null", b"number")  # feedapi_native's kind indexes
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
 
@@ -43,37 +41,38 @@ def event_ids(raws: list[bytes], event_id_field: str) -> list[bytes | None]:
 
 @dataclass
 class EventBatch:
-    """Pages of rows collected until they are handed on; a page's partition, positions and cursor are
-    kept per page, its payloads as the raw bytes the columns are derived from."""
+    """Runs of pages collected until they are handed on: payloads as the raw bytes the columns derive
+    from, each page's end and cursor, positions per run."""
 
     event_id_field: str = "id"
     partition_ids: array = field(default_factory=lambda: array("i"))
     positions: array = field(default_factory=lambda: array("q"))
-    cursors: list[bytes] = field(default_factory=list)
-    cursor_index: array = field(default_factory=lambda: array("i"))
     payloads: list[bytes] = field(default_factory=list)
+    ends: list[int] = field(default_factory=list)
+    cursors: list[str] = field(default_factory=list)
     size: int = 0
 
     def __len__(self) -> int:
         return len(self.payloads)
 
-    def add(self, partition_id: int, position: int, cursor: str, raws: list[bytes]) -> None:
-        count = len(raws)
+    def add(self, partition_id: int, position: int, raws: list[bytes], ends: list[int], cursors: list[str]) -> None:
+        """Pages of one partition from `position` on: page i holds `raws[ends[i-1]:ends[i]]`, covered by
+        `cursors[i]` (a `PageRun`'s layout)."""
+        count, before = len(raws), len(self.payloads)
         self.partition_ids.extend(array("i", [partition_id]) * count)
         self.positions.extend(range(position, position + count))
-        self.cursor_index.extend(array("i", [len(self.cursors)]) * count)
-        self.cursors.append(cursor.encode())
+        self.ends.extend([before + end for end in ends] if before else ends)
+        self.cursors.extend(cursors)
         self.payloads.extend(raws)
         self.size += sum(map(len, raws))
 
     def to_arrow(self) -> pa.Table:
-        payloads, kinds, ids = feedapi_native.table_columns(self.payloads, self.event_id_field)
         count = len(self.payloads)
+        payloads, kinds, ids, cursors = feedapi_native.table_columns(
+            self.payloads, self.event_id_field, self.ends or [0], self.cursors or [""])
         return pa.Table.from_arrays([
-            _fixed(pa.int32(), self.partition_ids), _fixed(pa.int64(), self.positions),
-            _strings(self.cursors).take(_fixed(pa.int32(), self.cursor_index)), _string_column(count, *payloads),
-            _KIND_NAMES.take(pa.Array.from_buffers(pa.int8(), count, [None, pa.py_buffer(kinds)])),
-            _string_column(count, *ids),
+            _fixed(pa.int32(), self.partition_ids), _fixed(pa.int64(), self.positions), _strings(count, *cursors),
+            _strings(count, *payloads), _strings(count, *kinds), _strings(count, *ids),
         ], schema=EVENT_SCHEMA)
 
 
@@ -81,7 +80,11 @@ def stamped(events: pa.Table, loaded_at: dt.datetime, run_id: str | None) -> pa.
     """Events plus the columns of the commit that stores them."""
     count = events.num_rows
     micros = (loaded_at - _EPOCH) // dt.timedelta(microseconds=1)
-    run_ids = pa.nulls(count, pa.string()) if run_id is None else _strings([run_id.encode()] * count)
+    if run_id is None:
+        run_ids = pa.nulls(count, pa.string())
+    else:
+        text = run_id.encode()
+        run_ids = _strings(count, text * count, array("i", range(0, len(text) * (count + 1), len(text))).tobytes())
     return (events.append_column("loaded_at", _fixed(TIMESTAMP, array("q", [micros]) * count))
             .append_column("run_id", run_ids))
 
@@ -92,15 +95,6 @@ def _fixed(kind: pa.DataType, values: array) -> pa.Array:
     return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(values)])
 
 
-def _string_column(count: int, data: bytes, offsets: bytes, validity: bytes | None) -> pa.Array:
-    return pa.LargeStringArray.from_buffers(count, pa.py_buffer(offsets), pa.py_buffer(data),
-                                            None if validity is None else pa.py_buffer(validity)).cast(pa.string())
-
-
-def _strings(texts: list[bytes]) -> pa.Array:
-    """A string array straight from UTF-8 bytes, with one copy and no decoding."""
-    offsets = array("q", accumulate(map(len, texts), initial=0))
-    return _string_column(len(texts), b"".join(texts), offsets.tobytes(), None)
-
-
-_KIND_NAMES = _strings(list(_KINDS))
+def _strings(count: int, data: bytes, offsets: bytes, validity: bytes | None = None) -> pa.Array:
+    return pa.StringArray.from_buffers(count, pa.py_buffer(offsets), pa.py_buffer(data),
+                                       None if validity is None else pa.py_buffer(validity))

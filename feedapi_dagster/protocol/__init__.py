@@ -1,11 +1,12 @@
-"""FeedAPI protocol: pure Python (no Spark, no Dagster). Discovery, paging, NDJSON, dialects, retries."""
+"""FeedAPI protocol, no Spark, no Dagster: discovery, paging, NDJSON (lines scanned by `feedapi_native`),
+dialects, retries."""
 from .client import FeedClient
 from .dialects import EventFilter
 from .errors import FeedAPIError, MalformedResponse, RediscoveryNeeded
-from .models import Event, FeedInfo, Page, Partition
+from .models import Event, FeedInfo, Page, PageRun, Partition
 from .retry import RetryPolicy
 
 __all__ = [
     "Event", "EventFilter", "FeedAPIError", "FeedClient", "FeedInfo", "MalformedResponse", "Page",
-    "Partition", "RediscoveryNeeded", "RetryPolicy",
+    "PageRun", "Partition", "RediscoveryNeeded", "RetryPolicy",
 ]

@@ -1,6 +1,7 @@
 """Typed views of what a FeedAPI server says: the discovery document, events and pages."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -128,6 +129,33 @@ class Page:
     @property
     def records(self) -> list[Event]:
         return [Event.from_json(raw) for raw in self.raw_events]
+
+
+@dataclass(frozen=True, slots=True)
+class PageRun:
+    """Consecutive pages of one partition as one response body delivered them: all their events, and
+    where each page ends and its cursor. A feed may checkpoint every few events, so readers with work
+    per page (a load) do it once per run; `pages()` gives the pages one by one.
+
+    `ends[i]` is the number of events up to page i's checkpoint. With `done`, the last page finished
+    the partition and its cursor is the last real resume point (as for `Page.done`).
+    """
+
+    partition_id: int
+    raw_events: list[bytes]
+    ends: list[int]
+    cursors: list[str]
+    done: bool = False
+
+    @property
+    def cursor(self) -> str:
+        return self.cursors[-1]
+
+    def pages(self) -> Iterator[Page]:
+        start, last = 0, len(self.ends) - 1
+        for index, (end, cursor) in enumerate(zip(self.ends, self.cursors)):
+            yield Page(self.partition_id, self.raw_events[start:end], cursor, done=self.done and index == last)
+            start = end
 
 
 def payload_kind(value: Any) -> PayloadKind:

@@ -1,10 +1,10 @@
 """Streaming reader of FeedAPI NDJSON bodies.
 
-The reader turns byte chunks, however they were cut, into `Page`s: the events between two
-checkpoints plus the cursor of the second. It holds at most one page and one partial line, has no
-line-length cap (but an optional byte bound per page), and yields a page only once its checkpoint has
-arrived, so events after the last checkpoint of a body are never handed out (they come back on the
-next fetch).
+The reader turns byte chunks, however they were cut, into `PageRun`s: the pages completed by a block
+of lines, each page being the events between two checkpoints plus the cursor of the second. It holds
+at most one block, one unfinished page and one partial line, has no line-length cap (but an optional
+byte bound per page), and hands a page out only once its checkpoint has arrived, so events after the
+last checkpoint of a body are never handed out (they come back on the next fetch).
 
 Lines are scanned in bulk by `feedapi_native.scan_lines` (serde_json in Rust): each event's payload
 is kept as the raw bytes the server sent (validated JSON, never re-serialised), and no Python code runs
@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from feedapi_native import scan_lines
 
 from .errors import MalformedResponse
-from .models import DONE_CURSORS, Page
+from .models import DONE_CURSORS, Page, PageRun
 
 
 class PageReader:
@@ -31,10 +31,14 @@ class PageReader:
         self.max_page_bytes = max_page_bytes
 
     def pages(self, chunks: Iterable[bytes]) -> Iterator[Page]:
+        for run in self.runs(chunks):
+            yield from run.pages()
+
+    def runs(self, chunks: Iterable[bytes]) -> Iterator[PageRun]:
         """Raises `MalformedResponse` when the body is damaged (invalid UTF-8, a line that is not a JSON
         object, an unterminated last line that is not JSON: a cut-short body or a server's junk
-        trailer), after yielding the pages that complete checkpoints before the damage cover."""
-        self._events: list[bytes] = []
+        trailer), after yielding the pages that complete checkpoints before the damage."""
+        self._events: list[bytes] = []  # events of the page not finished yet
         self._page_bytes = 0
         pending: list[bytes] = []
         pending_bytes = 0
@@ -48,28 +52,36 @@ class PageReader:
             complete = b"".join((*pending, chunk[: cut + 1])) if pending else chunk[: cut + 1]
             rest = chunk[cut + 1:]
             pending, pending_bytes = ([rest], len(rest)) if rest else ([], 0)
-            for page in self._lines(complete, terminated=True):
-                yield page
-                if page.done:
+            for run in self._lines(complete, terminated=True):
+                yield run
+                if run.done:
                     return
         if pending:
             yield from self._lines(b"".join(pending), terminated=False)
 
-    def _lines(self, block: bytes, terminated: bool) -> Iterator[Page]:
-        """Pages completed by the lines of `block`; the pages before a damaged line still count."""
-        events, checkpoints, damage = scan_lines(block, self.event_key)
-        taken = 0
-        for count, cursor in checkpoints:
-            self._add(events[taken:count])
-            taken = count
-            page = Page(self.partition_id, self._events, cursor="" if cursor in DONE_CURSORS else cursor,
-                        done=cursor in DONE_CURSORS)
-            self._events = []
-            self._page_bytes = 0
-            yield page
-            if page.done:
+    def _lines(self, block: bytes, terminated: bool) -> Iterator[PageRun]:
+        """The pages completed by the lines of `block`; the pages before a damaged line still count."""
+        events, ends, sizes, cursors, size, damage = scan_lines(block, self.event_key)
+        carried, carried_bytes = self._events, self._page_bytes
+        if cursors:
+            done = not DONE_CURSORS.isdisjoint(cursors)
+            if done:
+                last = next(index for index, cursor in enumerate(cursors) if cursor in DONE_CURSORS) + 1
+                ends, sizes, cursors = ends[:last], sizes[:last], cursors[:last]
+                cursors[-1] = ""
+            self._check_pages(carried_bytes, sizes)
+            taken = ends[-1]
+            if carried:
+                ends = [len(carried) + end for end in ends]
+            self._events = [] if done else events[taken:]
+            self._page_bytes = size - sizes[-1]
+            yield PageRun(self.partition_id, carried + events[:taken], ends, cursors, done)
+            if done:
                 return
-        self._add(events[taken:])
+        else:
+            self._events = carried + events
+            self._page_bytes = carried_bytes + size
+        self._check_bound(self._page_bytes)
         if damage is not None:
             kind, start, end, message = damage
             if kind == "utf8":
@@ -78,11 +90,14 @@ class PageReader:
                 raise self._damage("body ends in an incomplete or junk line")
             raise self._damage(f"line is not a FeedAPI JSON object ({message}): {_excerpt(block[start:end])}")
 
-    def _add(self, events: list[bytes]) -> None:
-        self._events.extend(events)
-        if self.max_page_bytes is not None:
-            self._page_bytes += sum(map(len, events))
-            self._check_bound(self._page_bytes)
+    def _check_pages(self, carried_bytes: int, sizes: list[int]) -> None:
+        """Bounds each page's bytes: those carried from earlier blocks, then each checkpoint's share."""
+        if self.max_page_bytes is None or carried_bytes + sizes[-1] <= self.max_page_bytes:
+            return
+        before = -carried_bytes
+        for size in sizes:
+            self._check_bound(size - before)
+            before = size
 
     def _check_bound(self, size: int) -> None:
         if self.max_page_bytes is not None and size > self.max_page_bytes:

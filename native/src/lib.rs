@@ -130,7 +130,8 @@ struct Damage {
 #[derive(Default)]
 struct Scan {
     events: Vec<(usize, usize)>,
-    checkpoints: Vec<(usize, String)>,
+    checkpoints: Vec<(usize, usize, String)>,
+    events_bytes: usize,
     damage: Option<Damage>,
 }
 
@@ -157,8 +158,11 @@ fn scan(block: &[u8], event_key: &str) -> Scan {
             Ok(Line { event: Some(value), .. }) => {
                 let at = value.get().as_ptr() as usize - block.as_ptr() as usize;
                 scan.events.push((at, at + value.get().len()));
+                scan.events_bytes += value.get().len();
             }
-            Ok(Line { cursor: Some(cursor), .. }) => scan.checkpoints.push((scan.events.len(), cursor)),
+            Ok(Line { cursor: Some(cursor), .. }) => {
+                scan.checkpoints.push((scan.events.len(), scan.events_bytes, cursor))
+            }
             Ok(_) => {}
             Err(error) => {
                 scan.damage = damage("json", error.to_string());
@@ -169,69 +173,124 @@ fn scan(block: &[u8], event_key: &str) -> Scan {
     scan
 }
 
-type ScanResult<'py> = (Bound<'py, PyList>, Vec<(usize, String)>, Option<(&'static str, usize, usize, String)>);
+type ScanResult<'py> = (
+    Bound<'py, PyList>,
+    Vec<usize>,
+    Vec<usize>,
+    Vec<String>,
+    usize,
+    Option<(&'static str, usize, usize, String)>,
+);
 
-/// The lines of `block` up to the first damaged one: the events' payloads (raw JSON bytes), the
-/// checkpoints as (number of events before it, cursor), and the damage as (kind `utf8`|`json`,
-/// line start, line end, message), or None.
+/// The lines of `block` up to the first damaged one: the events' payloads (raw JSON bytes); for each
+/// checkpoint, the number of events before it, their payload bytes and its cursor; the payload bytes
+/// of all events; the damage as (kind `utf8`|`json`, line start, line end, message), or None.
 #[pyfunction]
 fn scan_lines<'py>(py: Python<'py>, block: &[u8], event_key: &str) -> PyResult<ScanResult<'py>> {
     let scan = py.detach(|| scan(block, event_key));
     let events = PyList::new(py, scan.events.iter().map(|&(start, end)| PyBytes::new(py, &block[start..end])))?;
+    let mut ends = Vec::with_capacity(scan.checkpoints.len());
+    let mut sizes = Vec::with_capacity(scan.checkpoints.len());
+    let mut cursors = Vec::with_capacity(scan.checkpoints.len());
+    for (end, size, cursor) in scan.checkpoints {
+        ends.push(end);
+        sizes.push(size);
+        cursors.push(cursor);
+    }
     let damage = scan.damage.map(|d| (d.kind, d.start, d.end, d.message));
-    Ok((events, scan.checkpoints, damage))
+    Ok((events, ends, sizes, cursors, scan.events_bytes, damage))
 }
 
 // ------------------------------------------------------------------------------------- payloads
 
-struct FieldSeed<'f> {
-    field: &'f str,
+// Payloads reach the columns validated (by `scan_lines`), so finding the id field needs no parser:
+// walking the object's top level, skipping values by their brackets and quotes, stops at the field,
+// which a feed usually sends first. Out-of-range reads end the walk instead of panicking.
+
+fn skip_whitespace(s: &[u8], mut at: usize) -> usize {
+    while matches!(s.get(at), Some(b' ' | b'\t' | b'\r' | b'\n')) {
+        at += 1;
+    }
+    at
 }
 
-impl<'de> DeserializeSeed<'de> for FieldSeed<'_> {
-    type Value = bool;
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
-        deserializer.deserialize_str(self)
-    }
-}
-
-impl<'de> Visitor<'de> for FieldSeed<'_> {
-    type Value = bool;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a key")
-    }
-    fn visit_str<E: de::Error>(self, key: &str) -> Result<bool, E> {
-        Ok(key == self.field)
-    }
-}
-
-struct FieldVisitor<'f> {
-    field: &'f str,
-}
-
-impl<'de> Visitor<'de> for FieldVisitor<'_> {
-    type Value = Option<&'de RawValue>;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("an object")
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut found = None;
-        while let Some(is_field) = map.next_key_seed(FieldSeed { field: self.field })? {
-            if is_field {
-                found = Some(map.next_value()?);
-            } else {
-                map.next_value::<IgnoredAny>()?;
-            }
+/// The index after the string starting at `at` (its opening quote).
+fn skip_string(s: &[u8], mut at: usize) -> usize {
+    at += 1;
+    while let Some(found) = memchr::memchr2(b'"', b'\\', s.get(at..).unwrap_or_default()) {
+        if s[at + found] == b'\\' {
+            at += found + 2;
+        } else {
+            return at + found + 1;
         }
-        Ok(found)
+    }
+    s.len()
+}
+
+/// The index after the value starting at `at`.
+fn skip_value(s: &[u8], mut at: usize) -> usize {
+    match s.get(at) {
+        Some(b'"') => skip_string(s, at),
+        Some(b'{' | b'[') => {
+            let mut depth = 0usize;
+            while let Some(&byte) = s.get(at) {
+                match byte {
+                    b'"' => at = skip_string(s, at),
+                    b'{' | b'[' => {
+                        depth += 1;
+                        at += 1;
+                    }
+                    b'}' | b']' => {
+                        depth -= 1;
+                        at += 1;
+                        if depth == 0 {
+                            return at;
+                        }
+                    }
+                    _ => at += 1,
+                }
+            }
+            at
+        }
+        _ => {
+            while !matches!(s.get(at), None | Some(b',' | b'}' | b']' | b' ' | b'\t' | b'\r' | b'\n')) {
+                at += 1;
+            }
+            at
+        }
     }
 }
 
-const OBJECT: i8 = 0;
-const STRING: i8 = 1;
+/// The raw value of the first top-level `field` of the object `s`.
+fn top_level_field<'a>(s: &'a [u8], field: &str) -> Option<&'a [u8]> {
+    let mut at = skip_whitespace(s, 1);
+    while s.get(at) == Some(&b'"') {
+        let key_end = skip_string(s, at);
+        let key = s.get(at + 1..key_end - 1)?;
+        let matches = if key.contains(&b'\\') {
+            serde_json::from_slice::<String>(&s[at..key_end]).is_ok_and(|key| key == field)
+        } else {
+            key == field.as_bytes()
+        };
+        let value = skip_whitespace(s, skip_whitespace(s, key_end) + 1);
+        let value_end = skip_value(s, value);
+        if matches {
+            return s.get(value..value_end);
+        }
+        at = skip_whitespace(s, value_end);
+        if s.get(at) != Some(&b',') {
+            return None;
+        }
+        at = skip_whitespace(s, at + 1);
+    }
+    None
+}
+
+const OBJECT: u8 = 0;
+const STRING: u8 = 1;
 
 /// Index into the table's payload kinds: object, string, array, boolean, null, number.
-fn kind(raw: &[u8]) -> i8 {
+fn kind(raw: &[u8]) -> u8 {
     match raw.first() {
         Some(b'{') => OBJECT,
         Some(b'"') => STRING,
@@ -255,27 +314,24 @@ fn unquoted(raw: &[u8]) -> serde_json::Result<std::borrow::Cow<'_, [u8]>> {
     Ok(std::borrow::Cow::Owned(value.into_bytes()))
 }
 
-/// The id field of an object payload: a string id as its value, any other JSON value as its text.
+/// The first top-level id field of an object payload: a string id as its value, any other JSON
+/// value as its text.
 fn event_id<'a>(raw: &'a [u8], field: &str) -> serde_json::Result<Option<std::borrow::Cow<'a, [u8]>>> {
     if kind(raw) != OBJECT {
         return Ok(None);
     }
-    let mut deserializer = serde_json::Deserializer::from_str(text(raw)?);
-    let Some(value) = deserializer.deserialize_map(FieldVisitor { field })? else {
-        return Ok(None);
-    };
-    let value = value.get().as_bytes();
-    if value.first() == Some(&b'"') {
-        return unquoted(value).map(Some);
+    match top_level_field(raw, field) {
+        Some(value) if value.first() == Some(&b'"') => unquoted(value).map(Some),
+        Some(value) => Ok(Some(std::borrow::Cow::Borrowed(value))),
+        None => Ok(None),
     }
-    Ok(Some(std::borrow::Cow::Borrowed(value)))
 }
 
-/// Arrow buffers of a nullable string column with 64-bit offsets.
+/// Arrow buffers of a nullable string column (32-bit offsets, as the table's `string` columns).
 #[derive(Default)]
 struct Strings {
     data: Vec<u8>,
-    offsets: Vec<i64>,
+    offsets: Vec<i32>,
     validity: Vec<u8>,
     nulls: usize,
 }
@@ -287,7 +343,8 @@ impl Strings {
         strings.validity.resize(count.div_ceil(8), 0);
         strings
     }
-    fn push(&mut self, value: Option<&[u8]>) {
+
+    fn push(&mut self, value: Option<&[u8]>) -> Result<(), String> {
         let index = self.offsets.len() - 1;
         match value {
             Some(value) => {
@@ -296,66 +353,87 @@ impl Strings {
             }
             None => self.nulls += 1,
         }
-        self.offsets.push(self.data.len() as i64);
+        let end = i32::try_from(self.data.len()).map_err(|_| "more than 2 GiB of text in one column".to_owned())?;
+        self.offsets.push(end);
+        Ok(())
+    }
+
+    fn into_python(self, py: Python<'_>) -> Buffers<'_> {
+        let offsets: Vec<u8> = self.offsets.iter().flat_map(|offset| offset.to_le_bytes()).collect();
+        let validity = (self.nulls > 0).then(|| PyBytes::new(py, &self.validity));
+        (PyBytes::new(py, &self.data), PyBytes::new(py, &offsets), validity)
     }
 }
+
+const KIND_NAMES: [&[u8]; 6] = [b"object", b"string", b"array", b"boolean", b"null", b"number"];
 
 struct Columns {
     payloads: Strings,
-    kinds: Vec<i8>,
+    kinds: Strings,
     ids: Strings,
+    cursors: Strings,
 }
 
-fn columns(raws: &[&[u8]], field: &str) -> serde_json::Result<Columns> {
+fn columns(raws: &[&[u8]], field: &str, ends: &[usize], cursors: &[String]) -> Result<Columns, String> {
+    if ends.len() != cursors.len() || ends.windows(2).any(|pair| pair[0] > pair[1]) || ends.last() != Some(&raws.len()) {
+        return Err("ends must be non-decreasing, one per cursor, the last one the number of payloads".to_owned());
+    }
     let mut columns = Columns {
         payloads: Strings::with_capacity(raws.len()),
-        kinds: Vec::with_capacity(raws.len()),
+        kinds: Strings::with_capacity(raws.len()),
         ids: Strings::with_capacity(raws.len()),
+        cursors: Strings::with_capacity(raws.len()),
     };
     columns.payloads.data.reserve(raws.iter().map(|raw| raw.len()).sum());
-    for raw in raws {
+    let invalid = |error: serde_json::Error| format!("payload is not valid JSON: {error}");
+    let mut page = 0;
+    for (index, raw) in raws.iter().enumerate() {
+        while index >= ends[page] {
+            page += 1;
+        }
         let kind = kind(raw);
-        columns.kinds.push(kind);
         // a string payload is stored as the string itself, every other value as the JSON text sent
         if kind == STRING {
-            columns.payloads.push(Some(&unquoted(raw)?));
+            columns.payloads.push(Some(&unquoted(raw).map_err(invalid)?))?;
         } else {
-            columns.payloads.push(Some(raw));
+            columns.payloads.push(Some(raw))?;
         }
-        columns.ids.push(event_id(raw, field)?.as_deref());
+        columns.kinds.push(Some(KIND_NAMES[kind as usize]))?;
+        columns.ids.push(event_id(raw, field).map_err(invalid)?.as_deref())?;
+        columns.cursors.push(Some(cursors[page].as_bytes()))?;
     }
     Ok(columns)
-}
-
-fn as_bytes<'py>(py: Python<'py>, values: &[i64]) -> Bound<'py, PyBytes> {
-    let bytes: Vec<u8> = values.iter().flat_map(|value| value.to_le_bytes()).collect();
-    PyBytes::new(py, &bytes)
 }
 
 fn payload_slices<'py>(raws: &Bound<'py, PyList>) -> PyResult<Vec<Bound<'py, PyBytes>>> {
     raws.iter().map(|raw| raw.cast_into::<PyBytes>().map_err(PyErr::from)).collect()
 }
 
-fn invalid(error: serde_json::Error) -> PyErr {
-    PyValueError::new_err(format!("payload is not valid JSON: {error}"))
-}
-
 type Buffers<'py> = (Bound<'py, PyBytes>, Bound<'py, PyBytes>, Option<Bound<'py, PyBytes>>);
-type ColumnsResult<'py> = (Buffers<'py>, Bound<'py, PyBytes>, Buffers<'py>);
 
-/// The payload, payload kind and event id columns of `raws` as Arrow buffers: (payload data,
-/// 64-bit offsets, validity or None), the kinds as int8 indexes, (id data, offsets, validity).
+/// The string columns of pages of payloads (as `scan_lines` gives them: validated JSON), page i
+/// holding `raws[ends[i-1]:ends[i]]` under `cursors[i]`: `payload`, `payload_type`, `event_id` and
+/// `cursor`, each as Arrow buffers (data, 32-bit offsets, validity or None).
+///
+/// The GIL is kept: a group takes a millisecond or two, and getting a busy GIL back can take longer
+/// (measured: releasing it here made a load slower). `scan_lines` releases it while it parses.
 #[pyfunction]
-fn table_columns<'py>(py: Python<'py>, raws: &Bound<'py, PyList>, id_field: &str) -> PyResult<ColumnsResult<'py>> {
+fn table_columns<'py>(
+    py: Python<'py>,
+    raws: &Bound<'py, PyList>,
+    id_field: &str,
+    ends: Vec<usize>,
+    cursors: Vec<String>,
+) -> PyResult<(Buffers<'py>, Buffers<'py>, Buffers<'py>, Buffers<'py>)> {
     let owned = payload_slices(raws)?;
     let slices: Vec<&[u8]> = owned.iter().map(|raw| raw.as_bytes()).collect();
-    let columns = py.detach(|| columns(&slices, id_field)).map_err(invalid)?;
-    let buffers = |strings: &Strings| -> Buffers<'py> {
-        let validity = (strings.nulls > 0).then(|| PyBytes::new(py, &strings.validity));
-        (PyBytes::new(py, &strings.data), as_bytes(py, &strings.offsets), validity)
-    };
-    let kinds: Vec<u8> = columns.kinds.iter().map(|&kind| kind as u8).collect();
-    Ok((buffers(&columns.payloads), PyBytes::new(py, &kinds), buffers(&columns.ids)))
+    let columns = columns(&slices, id_field, &ends, &cursors).map_err(PyValueError::new_err)?;
+    Ok((
+        columns.payloads.into_python(py),
+        columns.kinds.into_python(py),
+        columns.ids.into_python(py),
+        columns.cursors.into_python(py),
+    ))
 }
 
 /// The event id of each payload (see `table_columns`), or None.
@@ -363,7 +441,11 @@ fn table_columns<'py>(py: Python<'py>, raws: &Bound<'py, PyList>, id_field: &str
 fn event_ids<'py>(py: Python<'py>, raws: &Bound<'py, PyList>, id_field: &str) -> PyResult<Vec<Option<Bound<'py, PyBytes>>>> {
     payload_slices(raws)?
         .iter()
-        .map(|raw| Ok(event_id(raw.as_bytes(), id_field).map_err(invalid)?.map(|id| PyBytes::new(py, &id))))
+        .map(|raw| {
+            let id = event_id(raw.as_bytes(), id_field)
+                .map_err(|error| PyValueError::new_err(format!("payload is not valid JSON: {error}")))?;
+            Ok(id.map(|id| PyBytes::new(py, &id)))
+        })
         .collect()
 }
 

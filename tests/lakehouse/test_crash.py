@@ -14,14 +14,29 @@ from .conftest import table_rows
 SCRIPT = Path(__file__).with_name("load_and_die.py")
 
 
-@pytest.mark.parametrize("moment, commits_before_death", [("before_commit", 1), ("after_commit", 2)])
+MOMENTS = pytest.mark.parametrize("moment, commits_before_death", [("before_commit", 1), ("after_commit", 2)])
+
+
+@MOMENTS
 def test_sigkill_then_resume_loads_every_event_exactly_once(spark, connect_server, writer, make_loader, table_path,
                                                              moment, commits_before_death):
+    kill_and_resume(spark, connect_server.url if writer == "spark" else writer, make_loader, table_path, moment,
+                    commits_before_death, read_processes=0)
+
+
+@MOMENTS
+@pytest.mark.parametrize("writer", ["deltalake"], indirect=True)
+def test_sigkill_with_reader_processes_then_resume_loads_every_event_exactly_once(
+        spark, writer, make_loader, table_path, moment, commits_before_death):
+    # the reader processes must stop on their own when the load process is killed
+    kill_and_resume(spark, writer, make_loader, table_path, moment, commits_before_death, read_processes=2)
+
+
+def kill_and_resume(spark, writer, make_loader, table_path, moment, commits_before_death, read_processes):
     feed = DemoFeed(partitions=2, events=600, seed=21, exactly_once=False, duplicate_ratio=0.1)
     with DemoFeedServer(feed, dialect="draft") as server:
         process = subprocess.run(
-            [sys.executable, str(SCRIPT), server.url, table_path, moment,
-             connect_server.url if writer == "spark" else writer, "100"],
+            [sys.executable, str(SCRIPT), server.url, table_path, moment, writer, "100", str(read_processes)],
             capture_output=True, text=True, timeout=300)
         assert process.returncode == -signal.SIGKILL, process.stdout + process.stderr[-3000:]
         died = read_committed_state(table_path)

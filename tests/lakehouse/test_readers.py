@@ -1,4 +1,4 @@
-"""Reader processes (the default `read_processes: 2`): same rows, same cursors, and a reader that dies
+"""Reader processes (`read_processes: 2`; the default is reader threads): same rows, same cursors, and a reader that dies
 mid-load fails the load without committing half of what it read."""
 import multiprocessing
 import os

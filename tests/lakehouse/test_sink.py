@@ -233,7 +233,7 @@ def _events(partition_id: int, texts: list[str]):
     from feedapi_dagster.lakehouse.table import EventBatch
 
     batch = EventBatch()
-    batch.add(partition_id, 0, "c1", [t.encode() for t in texts])
+    batch.add(partition_id, 0, [t.encode() for t in texts], [len(texts)], ["c1"])
     return batch.to_arrow()
 
 

@@ -36,7 +36,7 @@ def kind_of(value) -> str:
 def test_columns_keep_the_bytes_sent_and_agree_with_json(items):
     raws = [render(value, style) for value, style in items]
     batch = EventBatch("id")
-    batch.add(4, 10, "c7", raws)
+    batch.add(4, 10, raws, [len(raws)], ["c7"])
     table = batch.to_arrow()
     assert table.schema == EVENT_SCHEMA
     rows = table.to_pylist()
@@ -57,23 +57,22 @@ def test_columns_keep_the_bytes_sent_and_agree_with_json(items):
 
 def test_pages_keep_their_own_cursor_and_positions():
     batch = EventBatch("key")
-    batch.add(1, 0, "a", [b'{"key":"k1"}', b'{"key":2}'])
-    batch.add(2, 5, "b", [])
-    batch.add(1, 2, "c", [b'{"other":1}'])
+    batch.add(1, 0, [b'{"key":"k1"}', b'{"key":2}', b'{"other":1}'], [2, 2, 3], ["a", "b", "c"])
+    batch.add(2, 5, [], [0], ["d"])
+    batch.add(3, 7, [b'{"key":{"k": "}"}, "x": 1}'], [0, 1], ["e", "f"])
     rows = batch.to_arrow().to_pylist()
     assert [(r["partition_id"], r["position"], r["cursor"], r["event_id"]) for r in rows] == [
-        (1, 0, "a", "k1"), (1, 1, "a", "2"), (1, 2, "c", None)]
-    assert len(batch) == 3 and batch.size == len(b'{"key":"k1"}{"key":2}{"other":1}')
+        (1, 0, "a", "k1"), (1, 1, "a", "2"), (1, 2, "c", None), (3, 7, "f", '{"k": "}"}')]
+    assert len(batch) == 4 and batch.size == len(b'{"key":"k1"}{"key":2}{"other":1}{"key":{"k": "}"}, "x": 1}')
 
 
 def test_an_empty_batch_is_an_empty_table():
     assert EventBatch().to_arrow().num_rows == 0
 
 
-def test_invalid_payload_is_refused_with_a_clear_error():
-    batch = EventBatch()
-    batch.add(0, 0, "c", [b'{"id": }'])
-    with pytest.raises(ValueError, match="payload is not valid JSON"):
-        batch.to_arrow()
+def test_ids_are_the_first_top_level_field_whatever_comes_before_it():
+    raws = [b'{"a":{"id":1},"b":["id",{"id":2}],"c":"\\\"id\\\":3","id":"yes","id":"no"}',
+            b'{ "\\u0069d" : [1, {"x": "]"}] }', b'{"idx":1,"ID":2}', b'{}', b'[{"id":1}]', b'"id"']
+    assert event_ids(raws, "id") == [b"yes", b'[1, {"x": "]"}]', None, None, None, None]
     with pytest.raises(TypeError):
         event_ids(["not bytes"], "id")
