@@ -26,7 +26,9 @@ the Delta jars (`make setup`). Steps (see benchmarks/README.md):
    server is started (and warmed by a small load into another table) before the clock starts, as in
    production where it is already running. Timed: the schedule's evaluation and the run it requests,
    launched in a subprocess the way Dagster launches runs (`dagster job execute`: one run process, the
-   sync job's in-process executor running the op in it; or `--launch inprocess`: a process doing
+   sync job's in-process executor running the op in it; `--launch api`: the run created in the
+   instance and `dagster api execute_run` started, as Dagster's default run launcher does; or
+   `--launch inprocess`: a process doing
    `execute_in_process`), so process start, imports (and for Spark, the Spark client) are paid inside
    the timing. Verified afterwards, with `deltalake` for either writer: N rows and positions 0..n-1
    per partition in the Delta table, one materialization per partition with `cursor` metadata;
@@ -646,6 +648,8 @@ def run_dagster(setup: DagsterSetup, launch: str, expected: int, cpu_pids: dict[
         if launch == "cli":
             command = [str(BIN / "dagster"), "job", "execute", "-m", "dagster_project.definitions", "-j", job_name,
                        "-c", str(run_config_path), "--tags", json.dumps(tags)]
+        elif launch == "api":
+            command = api_run_command(setup, job_name, dict(request.run_config), tags)
         else:
             command = [sys.executable, "-c", IN_PROCESS_RUN, job_name, str(run_config_path), json.dumps(tags)]
         spawned_wall = time.time()
@@ -661,10 +665,26 @@ def run_dagster(setup: DagsterSetup, launch: str, expected: int, cpu_pids: dict[
         raise RuntimeError(f"no successful run of {job_name} in {setup.home}; see {log_path}")
     run_id = runs[0].run_id
     verify_dagster(setup, run_id, expected)
-    how = "execute_in_process" if launch == "inprocess" else "dagster job execute"
+    how = {"inprocess": "execute_in_process", "api": "dagster api execute_run", "cli": "dagster job execute"}[launch]
     figure = Figure(f"Dagster scheduled sync ({how}, writer {setup.project.writer})", expected, seconds,
                     meter.result)
     return DagsterRun(figure, command, run_id, started_wall, spawned_wall, ended_wall, evaluation_seconds, log_path)
+
+
+def api_run_command(setup: DagsterSetup, job_name: str, run_config: dict, tags: dict) -> list[str]:
+    """What Dagster's default run launcher does for a scheduled run: create the run in the instance, then
+    have the code server start `dagster api execute_run` with the run's origin (no CLI result context)."""
+    from dagster._core.definitions.reconstruct import ReconstructableRepository
+    from dagster._grpc.types import ExecuteRunArgs
+    from dagster._serdes import serialize_value
+
+    origin = (ReconstructableRepository.for_module("dagster_project.definitions", "defs", working_directory=str(ROOT))
+              .get_reconstructable_job(job_name).get_python_origin())
+    run = setup.instance.create_run_for_job(setup.defs.get_job_def(job_name), run_config=run_config, tags=tags,
+                                            job_code_origin=origin)
+    args = ExecuteRunArgs(job_origin=origin, run_id=run.run_id, instance_ref=setup.instance.get_ref(),
+                          set_exit_code_on_failure=True)
+    return [str(BIN / "dagster"), "api", "execute_run", serialize_value(args)]
 
 
 def verify_dagster(setup: DagsterSetup, run_id: str, expected: int) -> None:
@@ -863,9 +883,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writer", choices=("deltalake", "spark"), default="deltalake",
                         help="`writer:` of the feeds file: deltalake (delta-rs in the run process, no Spark server "
                              "started) or spark (the embedded Spark Connect server started here writes)")
-    parser.add_argument("--launch", choices=("cli", "inprocess"), default="cli",
+    parser.add_argument("--launch", choices=("cli", "api", "inprocess"), default="cli",
                         help="cli: `dagster job execute` (a run process; the sync job's in-process executor runs "
-                             "the op in it); inprocess: one process calling execute_in_process")
+                             "the op in it); api: the run created in the instance and `dagster api execute_run` "
+                             "started, as the default run launcher does; inprocess: one process calling "
+                             "execute_in_process")
     parser.add_argument("--dlt-parser", choices=("msgspec", "json"), default="msgspec")
     parser.add_argument("--spark-conf", metavar="KEY=VALUE", action="append", default=[],
                         help="with --writer spark: configuration of the Spark Connect server started here, e.g. "
@@ -996,7 +1018,9 @@ def main(argv: list[str] | None = None) -> int:
         each = "" if len(ratios) == 1 else "   (" + ", ".join(f"{r:.3f}" for r in ratios) + ")"
         print(f"{label:<66} {value:8.3f}   target >= {target:.2f}: {'met' if value >= target else 'MISSED'}{each}")
     print(f"command: {command_line}")
-    print(f"Dagster launch: {shlex.join(runs[-1].command) if args.launch == 'cli' else 'python -c <execute_in_process>'}"
+    launched = {"cli": shlex.join(runs[-1].command), "api": "dagster api execute_run <ExecuteRunArgs of the run>",
+                "inprocess": "python -c <execute_in_process>"}[args.launch]
+    print(f"Dagster launch: {launched}"
           + (f"; bytecode cache {args.pycache}" if args.pycache else "; bytecode as the environment has it"
              + (" (PYTHONDONTWRITEBYTECODE=1: no cache)" if os.environ.get("PYTHONDONTWRITEBYTECODE") else "")))
     changes = [f"{name} {value}" for name, value in (

@@ -77,10 +77,15 @@ def build_sync_job(project: ProjectConfig, feed: FeedConfig) -> dg.JobDefinition
             if wanted & busy:
                 context.log.info("skipping partitions %s: other runs are loading them", sorted(wanted & busy))
             reports = loader.sync(sorted(wanted - busy))
+        # one line for the run (every log line is an event the instance stores); the materializations
+        # carry each partition's figures
+        context.log.info("%d events into %d partitions: %s", sum(r.events for r in reports.values()), len(reports),
+                         "; ".join(f"{r.partition_id} {r.status} +{r.events}" + (f" ({r.duplicates} duplicates skipped)"
+                                                                                  if r.duplicates else "")
+                                   for r in reports.values()))
         for report in reports.values():
-            context.log.info("partition %s: %s, %d events (%d duplicates skipped), cursor %s%s",
-                             report.partition_id, report.status, report.events, report.duplicates, report.cursor,
-                             f" ({report.error})" if report.error else "")
+            if report.error:
+                context.log.error("partition %s: %s", report.partition_id, report.error)
         for event in materializations(feed, reports.values(), loader):
             context.log_event(event)
         loaded = [r.partition_id for r in reports.values() if r.status == "loaded"]
@@ -102,7 +107,8 @@ def build_sync_job(project: ProjectConfig, feed: FeedConfig) -> dg.JobDefinition
 def _register_partitions(instance: dg.DagsterInstance, feed: FeedConfig, keys: list[str]) -> None:
     """Partitions a run loads exist as dynamic partitions even if the sensor has not seen them yet."""
     name = partitions_def_name(feed)
-    missing = [key for key in keys if not instance.has_dynamic_partition(name, key)]
+    known = set(instance.get_dynamic_partitions(name))
+    missing = [key for key in keys if key not in known]
     if missing:
         instance.add_dynamic_partitions(name, missing)
 
