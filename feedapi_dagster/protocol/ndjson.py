@@ -69,15 +69,20 @@ class PageReader:
                 last = next(index for index, cursor in enumerate(cursors) if cursor in DONE_CURSORS) + 1
                 ends, sizes, cursors = ends[:last], sizes[:last], cursors[:last]
                 cursors[-1] = ""
-            self._check_pages(carried_bytes, sizes)
-            taken = ends[-1]
-            if carried:
-                ends = [len(carried) + end for end in ends]
-            self._events = [] if done else events[taken:]
-            self._page_bytes = size - sizes[-1]
-            yield PageRun(self.partition_id, carried + events[:taken], ends, cursors, done)
-            if done:
-                return
+            over = self._page_over_bound(carried_bytes, sizes)
+            if over is not None:  # the pages before it still count
+                ends, cursors, done = ends[:over], cursors[:over], False
+            if cursors:
+                taken = ends[-1]
+                if carried:
+                    ends = [len(carried) + end for end in ends]
+                self._events = [] if done else events[taken:]
+                self._page_bytes = size - sizes[len(cursors) - 1]
+                yield PageRun(self.partition_id, carried + events[:taken], ends, cursors, done)
+                if done:
+                    return
+            if over is not None:
+                raise self._bound_exceeded()
         else:
             self._events = carried + events
             self._page_bytes = carried_bytes + size
@@ -90,18 +95,24 @@ class PageReader:
                 raise self._damage("body ends in an incomplete or junk line")
             raise self._damage(f"line is not a FeedAPI JSON object ({message}): {_excerpt(block[start:end])}")
 
-    def _check_pages(self, carried_bytes: int, sizes: list[int]) -> None:
-        """Bounds each page's bytes: those carried from earlier blocks, then each checkpoint's share."""
+    def _page_over_bound(self, carried_bytes: int, sizes: list[int]) -> int | None:
+        """The first page with more payload bytes than the bound (those carried from earlier blocks
+        count towards the first), if any."""
         if self.max_page_bytes is None or carried_bytes + sizes[-1] <= self.max_page_bytes:
-            return
+            return None
         before = -carried_bytes
-        for size in sizes:
-            self._check_bound(size - before)
+        for index, size in enumerate(sizes):
+            if size - before > self.max_page_bytes:
+                return index
             before = size
+        return None
 
     def _check_bound(self, size: int) -> None:
         if self.max_page_bytes is not None and size > self.max_page_bytes:
-            raise self._damage(f"more than {self.max_page_bytes} bytes of events without a checkpoint")
+            raise self._bound_exceeded()
+
+    def _bound_exceeded(self) -> MalformedResponse:
+        return self._damage(f"more than {self.max_page_bytes} bytes of events without a checkpoint")
 
     def _damage(self, reason: str) -> MalformedResponse:
         return MalformedResponse(f"partition {self.partition_id}: {reason}", partition=self.partition_id)

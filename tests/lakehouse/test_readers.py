@@ -90,3 +90,33 @@ def test_reader_processes_do_not_rerun_the_launching_script(spark, tmp_path, tab
     assert done.stdout.splitlines() == ["script body ran", "loaded 600"]
     for partition in range(3):
         assert payloads(spark, table_path, partition) == feed.published(partition)
+
+
+def test_row_groups_close_at_the_event_or_byte_bound_and_cover_every_page():
+    # big events close groups by bytes, small ones by count; each group's cursor and position end
+    # exactly where its rows end
+    import threading
+
+    from feedapi_dagster.lakehouse.readers import GROUP_BYTES, GROUP_EVENTS, PartitionReader
+    from feedapi_dagster.planning import PartitionPlan, PlanStatus
+
+    feed = DemoFeed(partitions=1, events=0, seed=33)
+    for n in range(12):
+        feed.add_event('{"id":"b%d","blob":"%s"}' % (n, "x" * 2 * 1024 * 1024), partition=0)  # 2 MiB each
+    feed.append(GROUP_EVENTS * 2 + 7, partition=0)
+    groups = []
+    with DemoFeedServer(feed, dialect="draft") as server, FeedClient(server.url, page_size_hint=500) as client:
+        reader = PartitionReader(client, PartitionPlan(partition_id=0, status=PlanStatus.DUE), 0, "id", None)
+        reader.run(lambda message: groups.append(message) or True, threading.Lock())
+    assert groups[-1] == ("end", 0, False)
+    rows = [group for kind, _, group in groups[:-1]]
+    assert all(kind == "group" for kind, _, _ in groups[:-1])
+    counts = [(group.rows.num_rows, group.size) for group in rows]
+    assert all(n >= GROUP_EVENTS or size >= GROUP_BYTES for n, size in counts[:-1])  # each closed at a bound
+    assert counts[0][0] < 12  # the big events closed a group by bytes, long before the event bound
+    positions = [row for group in rows for row in group.rows.column("position").to_pylist()]
+    assert positions == list(range(len(feed.published(0))))
+    for group in rows:
+        assert group.position == group.rows.column("position")[-1].as_py() + 1
+        assert group.cursor == group.rows.column("cursor")[-1].as_py()
+    assert [p for group in rows for p in group.rows.column("payload").to_pylist()] == feed.published(0)

@@ -135,6 +135,18 @@ def test_done_cursor_finishes_the_partition():
     assert len(pages) == 1 and pages[0].done and pages[0].events == ["a"]
 
 
+@pytest.mark.parametrize("carried", [0, 1])
+def test_a_page_over_the_byte_bound_is_damage_after_the_pages_before_it(carried):
+    event = b'{"event":"' + b"y" * 40 + b'"}\n'  # 42 payload bytes
+    body = event + b'{"cursor":"c1"}\n' + event * 3 + b'{"cursor":"c2"}\n' + event + b'{"cursor":"c3"}\n'
+    chunks = [body[:len(event) * carried], body[len(event) * carried:]] if carried else [body]
+    pages = []
+    with pytest.raises(MalformedResponse, match="more than 100 bytes of events without a checkpoint"):
+        for page in read_pages(chunks, 0, max_page_bytes=100):
+            pages.append(page)
+    assert [(len(page.raw_events), page.cursor) for page in pages] == [(1, "c1")]
+
+
 def test_page_byte_bound_stops_an_endless_body():
     def endless():
         while True:
