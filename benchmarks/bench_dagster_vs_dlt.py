@@ -854,10 +854,10 @@ def time_summary(run: DagsterRun, milestones: dict[str, float], spans: list[dict
         ("stored event ids (dedup read)", dedup),
         ("waiting for pages (HTTP + NDJSON not overlapped by the write loop)", write_loop - flush - add_page),
         ("row groups to batch (FeedLoader._add_group; derive + Arrow run in the readers)", add_page),
-        ("rows to Arrow (EventBatch.to_arrow" + (" + createDataFrame)" if frame else ")"), arrow + frame),
+        ("createDataFrame(Arrow) (writer spark only)", frame),
         ("Delta write + commit", writes - frame),
         ("commit checks (history read after each commit)", check),
-        ("rest of the flushes (stamping rows, encoding the state)", flush - arrow - writes - check),
+        ("rest of the flushes (stamping rows, encoding the state)", flush - writes - check),
         ("compact_if_due (history + OPTIMIZE)", compact),
         ("rest of the op (instance queries, discovery, logs, materializations)", in_step - accounted),
         ("run end: step/run events, process exit", end - step_end),
@@ -868,6 +868,7 @@ def time_summary(run: DagsterRun, milestones: dict[str, float], spans: list[dict
         lines.append(f"  {label:<68} {value:7.2f} s  {100 * value / seconds:5.1f} %")
     lines.append(f"  {'(spawn gap: schedule evaluated -> subprocess started)':<68} "
                  f"{run.spawned_wall - t0 - run.evaluation_seconds:7.2f} s")
+    lines.append(f"  {'(reader threads, overlapping the stages: rows to Arrow, EventBatch.to_arrow)':<68} {arrow:7.2f} s")
     first_fetch = first("fetch partition (HTTP + NDJSON)")
     if first_fetch is not None:
         lines.append(f"  first page requested {first_fetch - t0:.2f} s after the clock started")

@@ -302,7 +302,7 @@ def raw_read(url: str, page_size: int, workers: int, cpu: WorkerCpu) -> RawResul
 # ----------------------------------------------------------------------------- sink phases
 # labels of the timed steps (also the keys of "phases" in the JSON output)
 ADD_PAGE = "loader._add_group (per group of rows)"
-TO_ARROW = "EventBatch.to_arrow (Arrow columns)"
+TO_ARROW = "EventBatch.to_arrow (reader threads, summed)"
 FLUSH = "loader._flush (whole commit step)"
 WRITE = "engine.write (Delta commit)"
 LANDED = "sink._landed (history read after commit)"
