@@ -2,7 +2,6 @@
 import os
 from pathlib import Path
 
-import dagster as dg
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
 from feedapi_dagster.lakehouse.spark import SparkSettings

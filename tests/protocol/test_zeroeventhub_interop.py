@@ -4,7 +4,6 @@ zeroeventhub pins old fastapi/starlette, so it lives in its own virtualenv under
 uv on first use (seconds once uv's cache is warm).
 """
 import json
-import os
 import socket
 import subprocess
 import sys
