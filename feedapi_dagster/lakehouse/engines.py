@@ -13,6 +13,8 @@ either engine (and any Delta reader) can continue a table the other wrote.
 """
 from __future__ import annotations
 
+import time
+
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -146,10 +148,22 @@ class SparkEngine:
         try:
             self.spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{self.path}` ({columns}) USING delta "
                            f"PARTITIONED BY ({PARTITION_COLUMN})")
-        except Exception as error:  # noqa: BLE001 - Spark's error types differ between classic and Connect
-            # Two first loads racing to create the table: the loser's CREATE conflicts; the table exists.
-            if "DELTA_PROTOCOL_CHANGED" not in str(error) and "already exists" not in str(error):
+        except Exception:  # noqa: BLE001 - Spark's error types differ between classic and Connect
+            # Two first loads racing to create the table: the loser's CREATE fails, named by timing
+            # (protocol changed, table exists, location not empty...); the winner's table is the table.
+            if not self._readable(within_seconds=10):
                 raise
+
+    def _readable(self, within_seconds: float) -> bool:
+        deadline = time.monotonic() + within_seconds
+        while True:
+            try:
+                self.spark.sql(f"DESCRIBE HISTORY delta.`{self.path}` LIMIT 1").collect()
+                return True
+            except Exception:  # noqa: BLE001
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.2)
 
     def history(self, limit: int | None):
         clause = f" LIMIT {limit}" if limit else ""

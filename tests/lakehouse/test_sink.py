@@ -176,7 +176,7 @@ def test_concurrent_loads_of_different_partitions_both_commit(spark, make_loader
             thread.start()
         for thread in threads:
             thread.join()
-    assert errors == []
+    assert not errors, [f"{type(error).__name__}: {error}" for error in errors]
     state = read_committed_state(table_path).state
     for partition in (0, 1):
         assert payloads(spark, table_path, partition) == feed.published(partition)
