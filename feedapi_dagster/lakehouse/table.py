@@ -82,7 +82,7 @@ def stamped(events: pa.Table, loaded_at: dt.datetime, run_id: str | None) -> pa.
     micros = (loaded_at - _EPOCH) // dt.timedelta(microseconds=1)
     if run_id is None:
         run_ids = pa.nulls(count, pa.string())
-    else:
+    else:  # from buffers: `pa.repeat` imports pandas
         text = run_id.encode()
         run_ids = _strings(count, text * count, array("i", range(0, len(text) * (count + 1), len(text))).tobytes())
     return (events.append_column("loaded_at", _fixed(TIMESTAMP, array("q", [micros]) * count))

@@ -79,10 +79,10 @@ def build_sync_job(project: ProjectConfig, feed: FeedConfig) -> dg.JobDefinition
             reports = loader.sync(sorted(wanted - busy))
         # one line for the run (every log line is an event the instance stores); the materializations
         # carry each partition's figures
+        summary = [f"{r.partition_id} {r.status} +{r.events}" + (f" ({r.duplicates} duplicates skipped)"
+                                                                  if r.duplicates else "") for r in reports.values()]
         context.log.info("%d events into %d partitions: %s", sum(r.events for r in reports.values()), len(reports),
-                         "; ".join(f"{r.partition_id} {r.status} +{r.events}" + (f" ({r.duplicates} duplicates skipped)"
-                                                                                  if r.duplicates else "")
-                                   for r in reports.values()))
+                         "; ".join(summary))
         for report in reports.values():
             if report.error:
                 context.log.error("partition %s: %s", report.partition_id, report.error)

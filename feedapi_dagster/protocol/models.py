@@ -133,9 +133,9 @@ class Page:
 
 @dataclass(frozen=True, slots=True)
 class PageRun:
-    """Consecutive pages of one partition as one response body delivered them: all their events, and
-    where each page ends and its cursor. A feed may checkpoint every few events, so readers with work
-    per page (a load) do it once per run; `pages()` gives the pages one by one.
+    """Consecutive pages of one partition, those that one block of a response body completed: all
+    their events, and where each page ends and its cursor. A feed may checkpoint every few events, so
+    readers with work per page (a load) do it once per run; `pages()` gives the pages one by one.
 
     `ends[i]` is the number of events up to page i's checkpoint. With `done`, the last page finished
     the partition and its cursor is the last real resume point (as for `Page.done`).

@@ -385,7 +385,6 @@ fn columns(raws: &[&[u8]], field: &str, ends: &[usize], cursors: &[String]) -> R
         cursors: Strings::with_capacity(raws.len()),
     };
     columns.payloads.data.reserve(raws.iter().map(|raw| raw.len()).sum());
-    let invalid = |error: serde_json::Error| format!("payload is not valid JSON: {error}");
     let mut page = 0;
     for (index, raw) in raws.iter().enumerate() {
         while index >= ends[page] {
@@ -394,15 +393,19 @@ fn columns(raws: &[&[u8]], field: &str, ends: &[usize], cursors: &[String]) -> R
         let kind = kind(raw);
         // a string payload is stored as the string itself, every other value as the JSON text sent
         if kind == STRING {
-            columns.payloads.push(Some(&unquoted(raw).map_err(invalid)?))?;
+            columns.payloads.push(Some(&unquoted(raw).map_err(invalid_payload)?))?;
         } else {
             columns.payloads.push(Some(raw))?;
         }
         columns.kinds.push(Some(KIND_NAMES[kind as usize]))?;
-        columns.ids.push(event_id(raw, field).map_err(invalid)?.as_deref())?;
+        columns.ids.push(event_id(raw, field).map_err(invalid_payload)?.as_deref())?;
         columns.cursors.push(Some(cursors[page].as_bytes()))?;
     }
     Ok(columns)
+}
+
+fn invalid_payload(error: serde_json::Error) -> String {
+    format!("payload is not valid JSON: {error}")
 }
 
 fn payload_slices<'py>(raws: &Bound<'py, PyList>) -> PyResult<Vec<Bound<'py, PyBytes>>> {
@@ -443,7 +446,7 @@ fn event_ids<'py>(py: Python<'py>, raws: &Bound<'py, PyList>, id_field: &str) ->
         .iter()
         .map(|raw| {
             let id = event_id(raw.as_bytes(), id_field)
-                .map_err(|error| PyValueError::new_err(format!("payload is not valid JSON: {error}")))?;
+                .map_err(|error| PyValueError::new_err(invalid_payload(error)))?;
             Ok(id.map(|id| PyBytes::new(py, &id)))
         })
         .collect()
