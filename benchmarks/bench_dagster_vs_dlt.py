@@ -650,11 +650,18 @@ def run_dagster(setup: DagsterSetup, launch: str, expected: int, cpu_pids: dict[
                        "-c", str(run_config_path), "--tags", json.dumps(tags)]
         elif launch == "api":
             command = api_run_command(setup, job_name, dict(request.run_config), tags)
-        else:
+        elif launch == "inprocess":
             command = [sys.executable, "-c", IN_PROCESS_RUN, job_name, str(run_config_path), json.dumps(tags)]
+        else:
+            command = [f"{type(setup.instance.run_launcher).__name__}.launch_run"]
         spawned_wall = time.time()
-        code = subprocess.run(command, env=setup.env, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT,
-                              stdin=subprocess.DEVNULL).returncode
+        if launch == "launcher":
+            run_id = create_run(setup, job_name, dict(request.run_config), tags).run_id
+            setup.instance.launch_run(run_id, workspace=None)
+            code = wait_for_run(setup.instance, run_id)
+        else:
+            code = subprocess.run(command, env=setup.env, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL).returncode
         seconds = time.perf_counter() - started
         ended_wall = time.time()
     if code != 0:
@@ -665,26 +672,71 @@ def run_dagster(setup: DagsterSetup, launch: str, expected: int, cpu_pids: dict[
         raise RuntimeError(f"no successful run of {job_name} in {setup.home}; see {log_path}")
     run_id = runs[0].run_id
     verify_dagster(setup, run_id, expected)
-    how = {"inprocess": "execute_in_process", "api": "dagster api execute_run", "cli": "dagster job execute"}[launch]
+    how = {"inprocess": "execute_in_process", "api": "dagster api execute_run", "cli": "dagster job execute",
+           "launcher": f"the instance's {command[0]}"}[launch]
     figure = Figure(f"Dagster scheduled sync ({how}, writer {setup.project.writer})", expected, seconds,
                     meter.result)
     return DagsterRun(figure, command, run_id, started_wall, spawned_wall, ended_wall, evaluation_seconds, log_path)
 
 
-def api_run_command(setup: DagsterSetup, job_name: str, run_config: dict, tags: dict) -> list[str]:
-    """What Dagster's default run launcher does for a scheduled run: create the run in the instance, then
-    have the code server start `dagster api execute_run` with the run's origin (no CLI result context)."""
+def create_run(setup: DagsterSetup, job_name: str, run_config: dict, tags: dict):
+    """The run of a schedule's request in the instance, with the code origin a code server gives it."""
     from dagster._core.definitions.reconstruct import ReconstructableRepository
-    from dagster._grpc.types import ExecuteRunArgs
-    from dagster._serdes import serialize_value
 
     origin = (ReconstructableRepository.for_module("dagster_project.definitions", "defs", working_directory=str(ROOT))
               .get_reconstructable_job(job_name).get_python_origin())
-    run = setup.instance.create_run_for_job(setup.defs.get_job_def(job_name), run_config=run_config, tags=tags,
-                                            job_code_origin=origin)
-    args = ExecuteRunArgs(job_origin=origin, run_id=run.run_id, instance_ref=setup.instance.get_ref(),
+    return setup.instance.create_run_for_job(setup.defs.get_job_def(job_name), run_config=run_config, tags=tags,
+                                             job_code_origin=origin)
+
+
+def api_run_command(setup: DagsterSetup, job_name: str, run_config: dict, tags: dict) -> list[str]:
+    """What Dagster's default run launcher does for a scheduled run: create the run in the instance, then
+    have the code server start `dagster api execute_run` with the run's origin (no CLI result context)."""
+    from dagster._grpc.types import ExecuteRunArgs
+    from dagster._serdes import serialize_value
+
+    run = create_run(setup, job_name, run_config, tags)
+    args = ExecuteRunArgs(job_origin=run.job_code_origin, run_id=run.run_id, instance_ref=setup.instance.get_ref(),
                           set_exit_code_on_failure=True)
     return [str(BIN / "dagster"), "api", "execute_run", serialize_value(args)]
+
+
+def start_fork_server(setup: DagsterSetup, log_path: Path) -> float:
+    """`--launch launcher`: the run launcher's fork server started and its imports done before the clock,
+    as in a daemon that has launched a run before; its processes write to `log_path` (untimed)."""
+    import multiprocessing
+
+    started = time.perf_counter()
+    saved_env, saved_fds = dict(os.environ), [os.dup(1), os.dup(2)]
+    with open(log_path, "ab") as log_file:
+        os.environ.clear()
+        os.environ.update(setup.env)
+        os.dup2(log_file.fileno(), 1)
+        os.dup2(log_file.fileno(), 2)
+        try:
+            setup.instance.run_launcher.start_fork_server()
+            probe = multiprocessing.get_context("forkserver").Process(target=os.getpid)
+            probe.start()  # returns once the fork server has imported its modules and forked
+            probe.join()
+        finally:
+            os.dup2(saved_fds[0], 1)
+            os.dup2(saved_fds[1], 2)
+            for fd in saved_fds:
+                os.close(fd)
+            os.environ.clear()
+            os.environ.update(saved_env)
+    return time.perf_counter() - started
+
+
+def wait_for_run(instance, run_id: str, timeout: float = 600.0) -> int:
+    """Polls the run's status as the UI does; 0 when it succeeded."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run = instance.get_run_by_id(run_id)
+        if run.is_finished:
+            return 0 if run.is_success else 1
+        time.sleep(0.02)
+    raise RuntimeError(f"run {run_id} did not finish in {timeout:.0f} s")
 
 
 def verify_dagster(setup: DagsterSetup, run_id: str, expected: int) -> None:
@@ -884,8 +936,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writer", choices=("deltalake", "spark"), default="deltalake",
                         help="`writer:` of the feeds file: deltalake (delta-rs in the run process, no Spark server "
                              "started) or spark (the embedded Spark Connect server started here writes)")
-    parser.add_argument("--launch", choices=("cli", "api", "inprocess"), default="cli",
-                        help="cli: `dagster job execute` (a run process; the sync job's in-process executor runs "
+    parser.add_argument("--launch", choices=("launcher", "cli", "api", "inprocess"), default="launcher",
+                        help="launcher: the run created in the instance and launched by the instance's run "
+                             "launcher (the project's dagster.yaml: ForkServerRunLauncher, its fork server warm), "
+                             "as the daemon launches a scheduled run; "
+                             "cli: `dagster job execute` (a run process; the sync job's in-process executor runs "
                              "the op in it); api: the run created in the instance and `dagster api execute_run` "
                              "started, as the default run launcher does; inprocess: one process calling "
                              "execute_in_process")
@@ -977,6 +1032,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.writer == "spark" and args.warm_partitions and index == 0:
                 say(f"warming the Spark server: {args.warm_partitions} partitions into another table (untimed)")
                 say(f"  {warm_up(setup, args.warm_partitions):.1f} s")
+            if args.launch == "launcher":
+                say(f"fork server of {type(setup.instance.run_launcher).__name__} started and warm (untimed): "
+                    f"{start_fork_server(setup, setup.work / 'run.log'):.1f} s")
             say(f"[{index + 1}/{args.repeat}] Dagster ({args.launch}); load average {load_average()}")
             run = run_dagster(setup, args.launch, events, cpu_pids)
             if spark_server is None and stop_stray_spark_server(spark_port):
@@ -1020,7 +1078,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label:<66} {value:8.3f}   target >= {target:.2f}: {'met' if value >= target else 'MISSED'}{each}")
     print(f"command: {command_line}")
     launched = {"cli": shlex.join(runs[-1].command), "api": "dagster api execute_run <ExecuteRunArgs of the run>",
-                "inprocess": "python -c <execute_in_process>"}[args.launch]
+                "inprocess": "python -c <execute_in_process>", "launcher": runs[-1].command[0]}[args.launch]
     print(f"Dagster launch: {launched}"
           + (f"; bytecode cache {args.pycache}" if args.pycache else "; bytecode as the environment has it"
              + (" (PYTHONDONTWRITEBYTECODE=1: no cache)" if os.environ.get("PYTHONDONTWRITEBYTECODE") else "")))
