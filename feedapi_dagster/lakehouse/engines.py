@@ -50,6 +50,9 @@ class Commit:
 
 class TableEngine(Protocol):
     path: str
+    # events per commit when the feed's `load.batch_events` is not set: the last batch of a load is
+    # written after its last page, so smaller batches end a load sooner, until per-commit costs win
+    batch_events: int
 
     def ensure_table(self) -> None: ...
 
@@ -74,6 +77,10 @@ def _in_partitions(partition_ids) -> str:
 
 
 class DeltaRsEngine:
+    # a commit costs delta-rs ~10 ms: 50,000 events (10-20 MB) per commit cut a 400k-event sync by
+    # ~0.2 s against 200,000 and changed nothing measurable at 1M (benchmarks/README.md)
+    batch_events = 50_000
+
     def __init__(self, path: str, storage_options: dict[str, str] | None = None):
         self.path = path
         self.storage_options = storage_options
@@ -139,6 +146,8 @@ class DeltaRsEngine:
 
 
 class SparkEngine:
+    batch_events = 200_000  # each commit is a Spark job: a few hundred ms before its first row
+
     def __init__(self, spark: "SparkSession", path: str):
         self.spark = spark
         self.path = path

@@ -36,7 +36,8 @@ AFTER_COMMIT = "after_commit"
 class LoadSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    batch_events: int = Field(default=200_000, ge=1)
+    # None: the table engine's own (`DeltaRsEngine.batch_events`, `SparkEngine.batch_events`)
+    batch_events: int | None = Field(default=None, ge=1)
     batch_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     # reader threads (in all); spread over `read_processes` processes, or in the load process when 0.
     # With the per-event work in Rust, threads load as fast as 2 processes, without the processes'
@@ -103,6 +104,7 @@ class FeedLoader:
         self.client = client
         self.sink = sink
         self.settings = settings or LoadSettings()
+        self._batch_events = self.settings.batch_events or self.sink.engine.batch_events
         self.on_moment = on_moment or (lambda moment, updates: None)
 
     # ------------------------------------------------------------------ entry points
@@ -181,7 +183,7 @@ class FeedLoader:
             item = progress[partition_id]
             if kind == "group":
                 self._add_group(item, payload, batch)
-                if batch.size >= self.settings.batch_bytes or batch.events >= self.settings.batch_events:
+                if batch.size >= self.settings.batch_bytes or batch.events >= self._batch_events:
                     self._flush(progress, batch, staging=staging)
                     batch = _Batch()
             elif kind == "error":
