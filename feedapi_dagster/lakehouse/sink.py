@@ -137,7 +137,8 @@ class DeltaSink:
         self.engine.stage(stamped(rows, dt.datetime.now(dt.timezone.utc), self.run_id), staging)
 
     def _read_history(self) -> list[committed.CommittedState]:
-        self._snapshot, history = committed.read_history(self.engine)
+        # The snapshot is this sink's own (nothing else refreshes it), and the state is read with it.
+        self._snapshot, history = committed.read_history(self.engine, refresh=self._snapshot)
         self._committed = history[0] if history else committed.CommittedState(FeedState(), None, None)
         return history
 

@@ -65,14 +65,15 @@ def committed_states(entries: list[HistoryEntry]) -> list[CommittedState]:
     return states
 
 
-def read_history(table: "TableEngine | str", limit: int | None = RECENT_HISTORY) -> tuple[Any, list[CommittedState]]:
+def read_history(table: "TableEngine | str", limit: int | None = RECENT_HISTORY,
+                 refresh: Any = None) -> tuple[Any, list[CommittedState]]:
     """A snapshot of the table (at `table`: an engine, or a path read with delta-rs) and the states
-    committed to it, newest first."""
+    committed to it, newest first. `refresh`: a snapshot read before, brought up to date in place."""
     engine = DeltaRsEngine(table) if isinstance(table, str) else table
-    snapshot, entries = engine.history(limit)
+    snapshot, entries = engine.history(limit, refresh)
     states = committed_states(entries)
     if not states and limit and len(entries) >= limit:
-        return read_history(engine, None)
+        return read_history(engine, None, snapshot)
     return snapshot, states
 
 

@@ -255,3 +255,24 @@ def test_a_writer_with_a_stale_state_rebases_or_refuses_never_overwrites(spark, 
     assert state.generation == 2 and state.get(0) == state.get(1) == advanced
     rows = spark.read.format("delta").load(table_path).orderBy("partition_id").collect()
     assert [(r.partition_id, r.event_id) for r in rows] == [(0, "a"), (1, "b")]
+
+
+def test_sinks_whose_snapshots_were_refreshed_after_their_commits_still_never_overwrite(spark, make_sink, table_path):
+    # Each sink brings its own snapshot up to date after every commit (delta-rs: in place) instead of
+    # reading the table anew. Two sinks that both committed before hold refreshed snapshots; the
+    # second falls behind when the first commits again, and must still rebase or refuse.
+    from feedapi_dagster.planning import PartitionState
+
+    first, second = make_sink(), make_sink()
+    one, two, three = (PartitionState(cursor=f"c{n}", position=n) for n in (1, 2, 3))
+    first.commit(_events(0, ['{"id":"a"}']), {0: one}, {0: None})
+    second.commit(_events(1, ['{"id":"b"}']), {1: one}, {1: None})  # rebased on the first commit
+    first.commit(_events(2, ['{"id":"c"}']), {2: one}, {2: None})  # the first's snapshot is now behind
+    assert second.state.generation == 2  # the second has not seen the first's new commit
+    second.commit(_events(0, ['{"id":"a2"}']), {0: two}, {0: one})  # partition 0 unchanged: rebases
+    with pytest.raises(PartitionConflict):
+        first.commit(_events(0, ['{"id":"a2"}']), {0: three}, {0: one})  # partition 0 moved on: refused
+    state = read_committed_state(table_path).state
+    assert state.generation == 4 and (state.get(0), state.get(1), state.get(2)) == (two, one, one)
+    rows = spark.read.format("delta").load(table_path).orderBy("partition_id", "event_id").collect()
+    assert [(r.partition_id, r.event_id) for r in rows] == [(0, "a"), (0, "a2"), (1, "b"), (2, "c")]
