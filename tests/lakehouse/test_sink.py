@@ -276,3 +276,24 @@ def test_sinks_whose_snapshots_were_refreshed_after_their_commits_still_never_ov
     assert state.generation == 4 and (state.get(0), state.get(1), state.get(2)) == (two, one, one)
     rows = spark.read.format("delta").load(table_path).orderBy("partition_id", "event_id").collect()
     assert [(r.partition_id, r.event_id) for r in rows] == [(0, "a"), (0, "a2"), (1, "b"), (2, "c")]
+
+
+def test_a_commit_buried_under_other_writers_commits_is_still_found_landed(spark, make_sink, table_path):
+    # Right after its write a sink looks for its commit among the newest few; here another writer
+    # commits five times between the write and that look. The commit must still be found (not
+    # rebased and written again, not refused as a conflict with itself).
+    from feedapi_dagster.planning import PartitionState
+
+    first, other = make_sink(), make_sink()
+    write = first.engine.write
+
+    def write_then_others_commit(commit, base):
+        write(commit, base)
+        for n in range(1, 6):
+            other.commit(_events(n, [f'{{"id":"o{n}"}}']), {n: PartitionState(cursor="o", position=1)}, {n: None})
+
+    first.engine.write = write_then_others_commit
+    landed = first.commit(_events(0, ['{"id":"a"}']), {0: PartitionState(cursor="a", position=1)}, {0: None})
+    assert landed.state.generation == 6 and landed.state.get(0) == PartitionState(cursor="a", position=1)
+    rows = spark.read.format("delta").load(table_path).orderBy("partition_id").collect()
+    assert [(r.partition_id, r.event_id) for r in rows] == [(0, "a"), *((n, f"o{n}") for n in range(1, 6))]
