@@ -91,7 +91,7 @@ class PartitionReader:
             for run in self._runs(discovery_lock):
                 runs.append(run)
                 count += len(run.raw_events)
-                size += sum(map(len, run.raw_events))
+                size += run.payload_bytes
                 if count >= GROUP_EVENTS or size >= GROUP_BYTES:
                     yield runs
                     runs, count, size = [], 0, 0
@@ -126,11 +126,12 @@ class PartitionReader:
         batch = EventBatch(self.event_id_field)
         duplicates = 0
         for run in runs:
-            raws, ends = run.raw_events, run.ends
+            raws, ends, size = run.raw_events, run.ends, run.payload_bytes
             if self.seen_ids is not None:
                 raws, ends = _unseen(raws, ends, event_ids(raws, self.event_id_field), self.seen_ids)
                 duplicates += len(run.raw_events) - len(raws)
-            batch.add(run.partition_id, self.position, raws, ends, run.cursors)
+                size = sum(map(len, raws))
+            batch.add(run.partition_id, self.position, raws, ends, run.cursors, size)
             self.position += len(raws)
         return RowGroup(self.plan.partition_id, batch.to_arrow(), runs[-1].cursor, self.position,
                         sum(len(run.ends) for run in runs), duplicates, batch.size)

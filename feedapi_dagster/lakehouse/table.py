@@ -55,16 +55,17 @@ class EventBatch:
     def __len__(self) -> int:
         return len(self.payloads)
 
-    def add(self, partition_id: int, position: int, raws: list[bytes], ends: list[int], cursors: list[str]) -> None:
+    def add(self, partition_id: int, position: int, raws: list[bytes], ends: list[int], cursors: list[str],
+            size: int | None = None) -> None:
         """Pages of one partition from `position` on: page i holds `raws[ends[i-1]:ends[i]]`, covered by
-        `cursors[i]` (a `PageRun`'s layout)."""
+        `cursors[i]` (a `PageRun`'s layout); `size`: their payload bytes, when known."""
         count, before = len(raws), len(self.payloads)
         self.partition_ids.extend(array("i", [partition_id]) * count)
         self.positions.extend(range(position, position + count))
         self.ends.extend([before + end for end in ends] if before else ends)
         self.cursors.extend(cursors)
         self.payloads.extend(raws)
-        self.size += sum(map(len, raws))
+        self.size += sum(map(len, raws)) if size is None else size
 
     def to_arrow(self) -> pa.Table:
         count = len(self.payloads)

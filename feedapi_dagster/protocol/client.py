@@ -212,7 +212,8 @@ class FeedClient:
             return run
         pages = [[raw for raw in page.raw_events if self.event_filter.keeps(msgspec.json.decode(raw))]
                  for page in run.pages()]
-        return replace(run, raw_events=[raw for page in pages for raw in page], ends=list(accumulate(map(len, pages))))
+        raws = [raw for page in pages for raw in page]
+        return replace(run, raw_events=raws, ends=list(accumulate(map(len, pages))), payload_bytes=sum(map(len, raws)))
 
     def _fetch(self, spec: DialectSpec, info: FeedInfo, partition_id: int, cursor: str) -> Iterator[PageRun]:
         """One logical fetch from `cursor`, retried (from the last good cursor) until it completes."""

@@ -138,13 +138,15 @@ class PageRun:
     readers with work per page (a load) do it once per run; `pages()` gives the pages one by one.
 
     `ends[i]` is the number of events up to page i's checkpoint. With `done`, the last page finished
-    the partition and its cursor is the last real resume point (as for `Page.done`).
+    the partition and its cursor is the last real resume point (as for `Page.done`). `payload_bytes`
+    is the size of all `raw_events` (known from the scan; summing it in Python costs ~80 ns an event).
     """
 
     partition_id: int
     raw_events: list[bytes]
     ends: list[int]
     cursors: list[str]
+    payload_bytes: int
     done: bool = False
 
     @property

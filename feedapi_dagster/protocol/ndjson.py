@@ -76,9 +76,11 @@ class PageReader:
                 taken = ends[-1]
                 if carried:
                     ends = [len(carried) + end for end in ends]
+                taken_bytes = sizes[len(cursors) - 1]
                 self._events = [] if done else events[taken:]
-                self._page_bytes = size - sizes[len(cursors) - 1]
-                yield PageRun(self.partition_id, carried + events[:taken], ends, cursors, done)
+                self._page_bytes = size - taken_bytes
+                yield PageRun(self.partition_id, carried + events[:taken], ends, cursors, carried_bytes + taken_bytes,
+                              done)
                 if done:
                     return
             if over is not None:

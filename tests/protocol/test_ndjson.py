@@ -78,6 +78,16 @@ def test_any_chunking_yields_the_same_pages_and_nothing_after_the_last_checkpoin
 
 
 @settings(max_examples=200, deadline=None)
+@given(items=st.lists(line_items, max_size=25), cuts=st.lists(st.integers(min_value=0, max_value=5000), max_size=12))
+def test_a_runs_payload_bytes_are_its_events_bytes_however_the_body_is_cut(items, cuts):
+    # events carried over from earlier chunks count in the run that their checkpoint completes
+    runs = list(PageReader(0, "event").runs(split_at(render(items), cuts)))
+    assert [run.payload_bytes for run in runs] == [sum(map(len, run.raw_events)) for run in runs]
+    assert [raw for run in runs for raw in run.raw_events] == [
+        json.dumps(value, ensure_ascii=False).encode() for page, _ in expected_pages(items) for value in page]
+
+
+@settings(max_examples=200, deadline=None)
 @given(items=st.lists(line_items, min_size=1, max_size=15), cut=st.integers(min_value=1, max_value=5000))
 def test_a_body_cut_short_never_yields_more_than_complete_checkpoints_cover(items, cut):
     body = render(items)
