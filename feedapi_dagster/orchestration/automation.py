@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 from feedapi_dagster.protocol import FeedAPIError, FeedInfo
 
 from .config import FeedConfig
-from .loads import active_partitions, latest_metadata, partitions_def_name, sync_run_tags
+from .loads import active_partitions, latest_metadata_by_partition, partitions_def_name, sync_run_tags
 
 
 class DiscoveryCursor(BaseModel):
@@ -100,7 +100,8 @@ def build_discovery_sensor(feed: FeedConfig, sync_job: dg.JobDefinition) -> dg.S
 
 def drained_partitions(instance: dg.DagsterInstance, feed: FeedConfig, keys: list[str]) -> set[str]:
     """Partitions whose latest materialization says they are closed and read to their end."""
-    return {key for key in keys if latest_metadata(instance, feed, key).get("drained") is True}
+    return {key for key, metadata in latest_metadata_by_partition(instance, feed, keys).items()
+            if metadata.get("drained") is True}
 
 
 def build_sync_schedule(feed: FeedConfig, sync_job: dg.JobDefinition) -> dg.ScheduleDefinition:

@@ -5,7 +5,7 @@ import dagster as dg
 from feedapi_dagster.lakehouse.state import read_committed_state
 
 from .config import FeedConfig, ProjectConfig
-from .loads import asset_key, latest_metadata, table_engine
+from .loads import asset_key, latest_metadata_by_partition, table_engine
 from .resources import SparkResource
 
 NO_DUPLICATES = "no_duplicate_event_ids"
@@ -52,8 +52,9 @@ def build_feed_checks(project: ProjectConfig, feed: FeedConfig) -> dg.AssetCheck
         yield dg.AssetCheckResult(check_name=CONTIGUOUS, passed=not broken, metadata={"problems": broken[:20]})
 
         mismatched = []
+        latest = latest_metadata_by_partition(context.instance, feed, [str(p) for p in state.partitions])
         for partition_id, committed in sorted(state.partitions.items()):
-            mirrored = latest_metadata(context.instance, feed, str(partition_id))
+            mirrored = latest.get(str(partition_id))
             if mirrored and mirrored.get("cursor") != committed.cursor:
                 mismatched.append(f"partition {partition_id}: metadata {mirrored.get('cursor')!r}, "
                                   f"Delta {committed.cursor!r}")

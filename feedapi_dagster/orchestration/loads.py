@@ -93,10 +93,18 @@ def materializations(feed: FeedConfig, reports: Iterable[PartitionReport],
     ]
 
 
-def latest_metadata(instance: dg.DagsterInstance, feed: FeedConfig, partition_key: str) -> dict:
+def latest_metadata_by_partition(instance: dg.DagsterInstance, feed: FeedConfig,
+                                 partition_keys: list[str]) -> dict[str, dict]:
+    """The metadata of each partition's latest materialization (partitions without one are left out),
+    in two queries whatever the number of partitions."""
+    latest = instance.event_log_storage.get_latest_storage_id_by_partition(
+        asset_key(feed), dg.DagsterEventType.ASSET_MATERIALIZATION, set(partition_keys))
+    if not latest:
+        return {}
     records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=asset_key(feed), asset_partitions=[partition_key]), limit=1).records
-    return {k: v.value for k, v in records[0].asset_materialization.metadata.items()} if records else {}
+        dg.AssetRecordsFilter(asset_key=asset_key(feed), storage_ids=list(latest.values())), limit=len(latest)).records
+    return {record.partition_key: {k: v.value for k, v in record.asset_materialization.metadata.items()}
+            for record in records}
 
 
 def mirror_repairs(instance: dg.DagsterInstance, feed: FeedConfig, loader: FeedLoader,
@@ -104,11 +112,12 @@ def mirror_repairs(instance: dg.DagsterInstance, feed: FeedConfig, loader: FeedL
     """Materializations for partitions whose latest one disagrees with the cursor of record in Delta
     (a run killed between its commit and its materialization): the next run sets the mirror right."""
     skip = set(skip)
+    candidates = {partition_id: state for partition_id, state in sorted(loader.sink.state.partitions.items())
+                  if partition_id not in skip and loader.client.info.partition(partition_id) is not None}
+    latest = latest_metadata_by_partition(instance, feed, [str(partition_id) for partition_id in candidates])
     repairs = []
-    for partition_id, state in sorted(loader.sink.state.partitions.items()):
-        if partition_id in skip or loader.client.info.partition(partition_id) is None:
-            continue
-        mirrored = latest_metadata(instance, feed, str(partition_id))
+    for partition_id, state in candidates.items():
+        mirrored = latest.get(str(partition_id), {})
         if mirrored.get("cursor") == state.cursor and mirrored.get("drained") == state.drained:
             continue
         report = PartitionReport(partition_id, "loaded", state.cursor, state.position, state.cursor,

@@ -25,7 +25,7 @@ from feedapi_dagster.lakehouse.spark import ensure_embedded_server, find_free_po
 from feedapi_dagster.lakehouse.state import decode
 from feedapi_dagster.orchestration import build_definitions, load_config
 from feedapi_dagster.orchestration.automation import DiscoveryCursor, evaluate_discovery, sync_request
-from feedapi_dagster.orchestration.loads import latest_metadata
+from feedapi_dagster.orchestration.loads import latest_metadata_by_partition
 from feedapi_dagster.planning import FeedState
 from feedapi_dagster.protocol import FeedClient
 
@@ -298,8 +298,9 @@ class ChaosRun:
             problems.append(f"event ids stored twice: {repeated[:5]}")
         problems += self._method1_order(table, live)
         if final:
+            latest = latest_metadata_by_partition(self.instance, self.feed_config, [str(p) for p in state.partitions])
             for partition, committed in state.partitions.items():
-                mirrored = latest_metadata(self.instance, self.feed_config, str(partition))
+                mirrored = latest.get(str(partition), {})
                 if partition in live and mirrored.get("cursor") != committed.cursor:
                     problems.append(f"partition {partition}: metadata cursor {mirrored.get('cursor')!r} "
                                     f"!= Delta {committed.cursor!r}")

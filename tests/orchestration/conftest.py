@@ -7,7 +7,7 @@ from feedapi_dagster.demo import DemoFeed, DemoFeedServer
 from feedapi_dagster.lakehouse.spark import SparkSettings
 from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, SparkResource, build_definitions
 from feedapi_dagster.orchestration.config import ScheduleConfig
-from feedapi_dagster.orchestration.loads import latest_metadata
+from feedapi_dagster.orchestration.loads import latest_metadata_by_partition
 from feedapi_dagster.protocol import RetryPolicy
 
 
@@ -69,7 +69,7 @@ class Harness:
                               resources={"spark": self.defs.resources["spark"]}, tags=tags or {})
 
     def metadata(self, partition: int) -> dict:
-        return latest_metadata(self.instance, self.feed_config, str(partition))
+        return latest_metadata_by_partition(self.instance, self.feed_config, [str(partition)]).get(str(partition), {})
 
 
 @pytest.fixture
