@@ -20,14 +20,13 @@ import signal
 import socket
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Self
 
 from dagster._config.config_schema import UserConfigSchema
 from dagster._core.launcher import CheckRunHealthResult, LaunchRunContext, WorkerStatus
 from dagster._core.launcher.default_run_launcher import DefaultRunLauncher
 from dagster._core.storage.dagster_run import DagsterRun
 from dagster._serdes.config_class import ConfigurableClassData
-from typing_extensions import Self
 
 # where a forked run's worker is: {"host": ..., "pid": ..., "started": <kernel start time of the pid>}
 WORKER_TAG = "feedapi/run_worker"
@@ -168,24 +167,35 @@ def execute_forked_run(run_id: str, instance_ref: Any, working_directory: str | 
     sys.exit(code)
 
 
-def _process_started(pid: int | None) -> int | None:
-    """The kernel's start time of `pid` (Linux), so that a reused pid is not taken for the worker."""
+def _process_stat(pid: int | None) -> tuple[str, int] | None:
+    """The state and kernel start time of `pid` (Linux): a reused pid is not taken for the worker, nor
+    a zombie for a live one."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
-            return int(stat.read().rsplit(")", 1)[1].split()[19])
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[19])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _process_started(pid: int | None) -> int | None:
+    stat = _process_stat(pid)
+    return stat[1] if stat else None
 
 
 def _live_worker_pid(run: DagsterRun) -> int | None:
     worker = json.loads(run.tags[WORKER_TAG])
     pid = worker["pid"]
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass
-    if worker.get("started") is not None and _process_started(pid) != worker["started"]:
+    stat = _process_stat(pid)
+    if stat is None:  # gone, or no /proc to tell
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return pid
+    state, started = stat
+    if state == "Z" or (worker.get("started") is not None and started != worker["started"]):
         return None
     return pid
