@@ -8,7 +8,8 @@ fork of it that loads the code location and runs exactly what `dagster api execu
 
 Project code is deliberately not preloaded: each run imports the code location (and so this library
 and the feeds file) afresh, so a reloaded code location is what runs. Runs whose code location uses
-another Python (a different venv) are launched by the default launcher, through the code server.
+another Python (a different venv), and every run where Python cannot fork (Windows), are launched as
+the default launcher launches them, through the code server.
 """
 from __future__ import annotations
 
@@ -99,7 +100,8 @@ class ForkServerRunLauncher(DefaultRunLauncher):
     def launch_run(self, context: LaunchRunContext) -> None:
         run = context.dagster_run
         origin = run.job_code_origin
-        if origin is None or os.path.abspath(origin.executable_path) != os.path.abspath(sys.executable):
+        if (origin is None or os.path.abspath(origin.executable_path) != os.path.abspath(sys.executable)
+                or "forkserver" not in multiprocessing.get_all_start_methods()):  # Windows has no fork
             super().launch_run(context)
             return
         self.start_fork_server()
