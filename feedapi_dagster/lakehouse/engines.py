@@ -76,7 +76,7 @@ class TableEngine(Protocol):
 def _writer_properties():
     """Parquet settings of delta-rs writes. Payloads are unique JSON texts: a dictionary page for them is
     built only to be dropped, and min/max statistics of JSON text skip nothing; both cost the CPU
-    the readers share (~20 % of delta-rs's CPU per load, measured)."""
+    the readers share (~10 % of delta-rs's CPU in a 1M-event load, measured)."""
     from deltalake import ColumnProperties, WriterProperties
 
     return WriterProperties(compression="SNAPPY", column_properties={
@@ -88,8 +88,8 @@ def _in_partitions(partition_ids) -> str:
 
 
 class DeltaRsEngine:
-    # a commit costs delta-rs ~10 ms: 50,000 events (10-20 MB) per commit cut a 400k-event sync by
-    # ~0.2 s against 200,000 and changed nothing measurable at 1M (benchmarks/README.md)
+    # a delta-rs commit's fixed cost is small next to encoding its rows: 50,000 events (10-20 MB) per
+    # commit cut a 400k-event sync by ~0.2 s against 200,000, and changed nothing measurable at 1M
     batch_events = 50_000
 
     def __init__(self, path: str, storage_options: dict[str, str] | None = None):

@@ -151,7 +151,7 @@ class DeltaSink:
 
         Right after a commit it is nearly always the newest one: the last few commits are looked at
         first (delta-rs reads each commit file whole, holding the GIL the readers need: 50 of them
-        were ~20 % of a load's GIL time), the usual depth only when it is not among them."""
+        were 10-20 % of a load's GIL time), the usual depth only when it is not among them."""
         if any(entry.load_id == commit_id for entry in self._read_history(_JUST_COMMITTED)):
             return True
         return any(entry.load_id == commit_id for entry in self._read_history())
