@@ -10,10 +10,12 @@ from __future__ import annotations
 import datetime as dt
 import re
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import feedapi_native
 import pyarrow as pa
+from feedapi_native import Payloads
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 # What the loader hands the sink: everything but the commit's own columns.
@@ -33,10 +35,15 @@ def check_id_field(event_id_field: str) -> str:
     return event_id_field
 
 
-def event_ids(raws: list[bytes], event_id_field: str) -> list[bytes | None]:
+def event_ids(raws: Sequence[bytes], event_id_field: str) -> list[bytes | None]:
     """The id field of each object payload as UTF-8 (a string id as its value, any other JSON value as
     its text), else None: the ids that the `event_id` column holds."""
-    return feedapi_native.event_ids(raws, event_id_field)
+    return feedapi_native.event_ids(_payloads(raws), event_id_field)
+
+
+def _payloads(raws: Sequence[bytes]) -> Payloads:
+    # the reader hands `Payloads` (spans of response blocks); filtered or deduplicated runs are lists
+    return raws if isinstance(raws, Payloads) else Payloads(raws)
 
 
 @dataclass
@@ -47,28 +54,31 @@ class EventBatch:
     event_id_field: str = "id"
     partition_ids: array = field(default_factory=lambda: array("i"))
     positions: array = field(default_factory=lambda: array("q"))
-    payloads: list[bytes] = field(default_factory=list)
+    payloads: list[Payloads] = field(default_factory=list)
     ends: list[int] = field(default_factory=list)
     cursors: list[str] = field(default_factory=list)
     size: int = 0
+    count: int = 0
 
     def __len__(self) -> int:
-        return len(self.payloads)
+        return self.count
 
-    def add(self, partition_id: int, position: int, raws: list[bytes], ends: list[int], cursors: list[str],
+    def add(self, partition_id: int, position: int, raws: Sequence[bytes], ends: list[int], cursors: list[str],
             size: int | None = None) -> None:
         """Pages of one partition from `position` on: page i holds `raws[ends[i-1]:ends[i]]`, covered by
         `cursors[i]` (a `PageRun`'s layout); `size`: their payload bytes, when known."""
-        count, before = len(raws), len(self.payloads)
+        raws = _payloads(raws)
+        count, before = len(raws), self.count
         self.partition_ids.extend(array("i", [partition_id]) * count)
         self.positions.extend(range(position, position + count))
         self.ends.extend([before + end for end in ends] if before else ends)
         self.cursors.extend(cursors)
-        self.payloads.extend(raws)
-        self.size += sum(map(len, raws)) if size is None else size
+        self.payloads.append(raws)
+        self.count += count
+        self.size += raws.nbytes if size is None else size
 
     def to_arrow(self) -> pa.Table:
-        count = len(self.payloads)
+        count = self.count
         payloads, kinds, ids, cursors = feedapi_native.table_columns(
             self.payloads, self.event_id_field, self.ends or [0], self.cursors or [""])
         return pa.Table.from_arrays([

@@ -1,7 +1,7 @@
 """Typed views of what a FeedAPI server says: the discovery document, events and pages."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -117,7 +117,7 @@ class Page:
     """
 
     partition_id: int
-    raw_events: list[bytes]
+    raw_events: Sequence[bytes]  # a list, or the reader's `feedapi_native.Payloads`
     cursor: str
     done: bool = False
 
@@ -143,7 +143,7 @@ class PageRun:
     """
 
     partition_id: int
-    raw_events: list[bytes]
+    raw_events: Sequence[bytes]  # a list, or the reader's `feedapi_native.Payloads`
     ends: list[int]
     cursors: list[str]
     payload_bytes: int

@@ -7,14 +7,15 @@ byte bound per page), and hands a page out only once its checkpoint has arrived,
 last checkpoint of a body are never handed out (they come back on the next fetch).
 
 Lines are scanned in bulk by `feedapi_native.scan_lines` (serde_json in Rust): each event's payload
-is kept as the raw bytes the server sent (validated JSON, never re-serialised), and no Python code runs
-per event, only per checkpoint.
+is kept as the raw bytes the server sent (validated JSON, never re-serialised), as spans of the block
+it came in (`feedapi_native.Payloads`, a sequence of `bytes`), and no Python code runs per event, only
+per checkpoint.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from feedapi_native import scan_lines
+from feedapi_native import Payloads, scan_lines
 
 from .errors import MalformedResponse
 from .models import DONE_CURSORS, Page, PageRun
@@ -38,7 +39,7 @@ class PageReader:
         """Raises `MalformedResponse` when the body is damaged (invalid UTF-8, a line that is not a JSON
         object, an unterminated last line that is not JSON: a cut-short body or a server's junk
         trailer), after yielding the pages that complete checkpoints before the damage."""
-        self._events: list[bytes] = []  # events of the page not finished yet
+        self._events = Payloads()  # events of the page not finished yet
         self._page_bytes = 0
         pending: list[bytes] = []
         pending_bytes = 0
@@ -77,7 +78,7 @@ class PageReader:
                 if carried:
                     ends = [len(carried) + end for end in ends]
                 taken_bytes = sizes[len(cursors) - 1]
-                self._events = [] if done else events[taken:]
+                self._events = Payloads() if done else events[taken:]
                 self._page_bytes = size - taken_bytes
                 yield PageRun(self.partition_id, carried + events[:taken], ends, cursors, carried_bytes + taken_bytes,
                               done)

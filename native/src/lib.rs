@@ -9,7 +9,8 @@ use std::fmt;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList};
+use pyo3::basic::CompareOp;
+use pyo3::types::{PyBytes, PyList, PySlice};
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
@@ -174,7 +175,7 @@ fn scan(block: &[u8], event_key: &str) -> Scan {
 }
 
 type ScanResult<'py> = (
-    Bound<'py, PyList>,
+    Payloads,
     Vec<usize>,
     Vec<usize>,
     Vec<String>,
@@ -186,9 +187,10 @@ type ScanResult<'py> = (
 /// checkpoint, the number of events before it, their payload bytes and its cursor; the payload bytes
 /// of all events; the damage as (kind `utf8`|`json`, line start, line end, message), or None.
 #[pyfunction]
-fn scan_lines<'py>(py: Python<'py>, block: &[u8], event_key: &str) -> PyResult<ScanResult<'py>> {
-    let scan = py.detach(|| scan(block, event_key));
-    let events = PyList::new(py, scan.events.iter().map(|&(start, end)| PyBytes::new(py, &block[start..end])))?;
+fn scan_lines<'py>(py: Python<'py>, block: &Bound<'py, PyBytes>, event_key: &str) -> PyResult<ScanResult<'py>> {
+    let bytes = block.as_bytes();
+    let scan = py.detach(|| scan(bytes, event_key));
+    let events = Payloads::from_part(Part { block: block.clone().unbind(), spans: scan.events });
     let mut ends = Vec::with_capacity(scan.checkpoints.len());
     let mut sizes = Vec::with_capacity(scan.checkpoints.len());
     let mut cursors = Vec::with_capacity(scan.checkpoints.len());
@@ -199,6 +201,153 @@ fn scan_lines<'py>(py: Python<'py>, block: &[u8], event_key: &str) -> PyResult<S
     }
     let damage = scan.damage.map(|d| (d.kind, d.start, d.end, d.message));
     Ok((events, ends, sizes, cursors, scan.events_bytes, damage))
+}
+
+// ------------------------------------------------------------------------------------- Payloads
+
+/// Spans of one response block (a Python `bytes` kept alive by the span list).
+struct Part {
+    block: Py<PyBytes>,
+    spans: Vec<(usize, usize)>,
+}
+
+/// Event payloads as spans of the blocks they arrived in: a read-only sequence of `bytes` that makes
+/// no Python object per event unless one is asked for. A load never asks: its columns are built
+/// from the spans (touching a million small `bytes` objects cost a cache miss each).
+#[pyclass(frozen, sequence, module = "feedapi_native")]
+struct Payloads {
+    parts: Vec<Part>,
+    len: usize,
+}
+
+impl Payloads {
+    fn from_part(part: Part) -> Self {
+        let len = part.spans.len();
+        Payloads { parts: if len > 0 { vec![part] } else { Vec::new() }, len }
+    }
+
+    fn from_parts(py: Python<'_>, parts: impl IntoIterator<Item = (Py<PyBytes>, Vec<(usize, usize)>)>) -> Self {
+        let parts: Vec<Part> = parts
+            .into_iter()
+            .filter(|(_, spans)| !spans.is_empty())
+            .map(|(block, spans)| Part { block: block.clone_ref(py), spans })
+            .collect();
+        let len = parts.iter().map(|part| part.spans.len()).sum();
+        Payloads { parts, len }
+    }
+
+    fn slices<'a>(&'a self, py: Python<'_>) -> impl Iterator<Item = &'a [u8]> + 'a {
+        let blocks: Vec<&'a [u8]> = self.parts.iter().map(|part| part.block.as_bytes(py)).collect();
+        self.parts
+            .iter()
+            .zip(blocks)
+            .flat_map(|(part, block)| part.spans.iter().map(move |&(start, end)| &block[start..end]))
+    }
+
+    fn range(&self, py: Python<'_>, start: usize, stop: usize) -> Payloads {
+        let mut parts = Vec::new();
+        let mut offset = 0;
+        for part in &self.parts {
+            let (first, last) = (offset, offset + part.spans.len());
+            offset = last;
+            let (from, to) = (start.max(first), stop.min(last));
+            if from < to {
+                parts.push((part.block.clone_ref(py), part.spans[from - first..to - first].to_vec()));
+            }
+        }
+        Payloads::from_parts(py, parts)
+    }
+
+    fn to_list<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let items: Vec<Bound<'py, PyBytes>> = self.slices(py).map(|raw| PyBytes::new(py, raw)).collect();
+        PyList::new(py, items)
+    }
+
+    fn coerce(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<Payloads> {
+        match value.cast::<Payloads>() {
+            Ok(payloads) => Ok(payloads.get().range(py, 0, payloads.get().len)),
+            Err(_) => Payloads::new(py, Some(value)),
+        }
+    }
+}
+
+#[pymethods]
+impl Payloads {
+    /// Payloads from an iterable of `bytes` (copied into one block), or none.
+    #[new]
+    #[pyo3(signature = (items=None))]
+    fn new(py: Python<'_>, items: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        let Some(items) = items else { return Ok(Payloads { parts: Vec::new(), len: 0 }) };
+        let mut data = Vec::new();
+        let mut spans = Vec::new();
+        for item in items.try_iter()? {
+            let item = item?;
+            let raw = item.cast::<PyBytes>()?.as_bytes();
+            spans.push((data.len(), data.len() + raw.len()));
+            data.extend_from_slice(raw);
+        }
+        Ok(Payloads::from_part(Part { block: PyBytes::new(py, &data).unbind(), spans }))
+    }
+
+    fn __len__(&self) -> usize {
+        self.len
+    }
+
+    fn __getitem__<'py>(&self, py: Python<'py>, index: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        if let Ok(slice) = index.cast::<PySlice>() {
+            let range = slice.indices(self.len as isize)?;
+            if range.step == 1 {
+                let (start, stop) = (range.start as usize, (range.stop.max(range.start)) as usize);
+                return Ok(Bound::new(py, self.range(py, start, stop))?.into_any());
+            }
+            return self.to_list(py)?.as_any().get_item(index);
+        }
+        let mut at: isize = index.extract()?;
+        if at < 0 {
+            at += self.len as isize;
+        }
+        if at < 0 || at as usize >= self.len {
+            return Err(pyo3::exceptions::PyIndexError::new_err("payload index out of range"));
+        }
+        let raw = self.slices(py).nth(at as usize).expect("index checked against the length");
+        Ok(PyBytes::new(py, raw).into_any())
+    }
+
+    fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        Ok(self.to_list(py)?.try_iter()?.into_any())
+    }
+
+    fn __add__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<Payloads> {
+        let other = Payloads::coerce(py, other)?;
+        let parts = self
+            .parts
+            .iter()
+            .chain(&other.parts)
+            .map(|part| (part.block.clone_ref(py), part.spans.clone()));
+        Ok(Payloads::from_parts(py, parts))
+    }
+
+    fn __richcmp__(&self, py: Python<'_>, other: &Bound<'_, PyAny>, op: CompareOp) -> PyResult<Py<PyAny>> {
+        let equal = match Payloads::coerce(py, other) {
+            Ok(other) => other.len == self.len && other.slices(py).eq(self.slices(py)),
+            Err(_) => false,
+        };
+        match op {
+            CompareOp::Eq => Ok(equal.into_pyobject(py)?.to_owned().into_any().unbind()),
+            CompareOp::Ne => Ok((!equal).into_pyobject(py)?.to_owned().into_any().unbind()),
+            _ => Ok(py.NotImplemented()),
+        }
+    }
+
+    /// The payloads' bytes in all.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.parts.iter().flat_map(|part| &part.spans).map(|(start, end)| end - start).sum()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Payloads({} events, {} bytes)", self.len, self.nbytes())
+    }
 }
 
 // ------------------------------------------------------------------------------------- payloads
@@ -408,9 +557,6 @@ fn invalid_payload(error: serde_json::Error) -> String {
     format!("payload is not valid JSON: {error}")
 }
 
-fn payload_slices<'py>(raws: &Bound<'py, PyList>) -> PyResult<Vec<Bound<'py, PyBytes>>> {
-    raws.iter().map(|raw| raw.cast_into::<PyBytes>().map_err(PyErr::from)).collect()
-}
 
 type Buffers<'py> = (Bound<'py, PyBytes>, Bound<'py, PyBytes>, Option<Bound<'py, PyBytes>>);
 
@@ -423,13 +569,12 @@ type Buffers<'py> = (Bound<'py, PyBytes>, Bound<'py, PyBytes>, Option<Bound<'py,
 #[pyfunction]
 fn table_columns<'py>(
     py: Python<'py>,
-    raws: &Bound<'py, PyList>,
+    raws: Vec<PyRef<'py, Payloads>>,
     id_field: &str,
     ends: Vec<usize>,
     cursors: Vec<String>,
 ) -> PyResult<(Buffers<'py>, Buffers<'py>, Buffers<'py>, Buffers<'py>)> {
-    let owned = payload_slices(raws)?;
-    let slices: Vec<&[u8]> = owned.iter().map(|raw| raw.as_bytes()).collect();
+    let slices: Vec<&[u8]> = raws.iter().flat_map(|payloads| payloads.slices(py)).collect();
     let columns = columns(&slices, id_field, &ends, &cursors).map_err(PyValueError::new_err)?;
     Ok((
         columns.payloads.into_python(py),
@@ -441,11 +586,10 @@ fn table_columns<'py>(
 
 /// The event id of each payload (see `table_columns`), or None.
 #[pyfunction]
-fn event_ids<'py>(py: Python<'py>, raws: &Bound<'py, PyList>, id_field: &str) -> PyResult<Vec<Option<Bound<'py, PyBytes>>>> {
-    payload_slices(raws)?
-        .iter()
+fn event_ids<'py>(py: Python<'py>, raws: PyRef<'py, Payloads>, id_field: &str) -> PyResult<Vec<Option<Bound<'py, PyBytes>>>> {
+    raws.slices(py)
         .map(|raw| {
-            let id = event_id(raw.as_bytes(), id_field)
+            let id = event_id(raw, id_field)
                 .map_err(|error| PyValueError::new_err(invalid_payload(error)))?;
             Ok(id.map(|id| PyBytes::new(py, &id)))
         })
@@ -457,5 +601,6 @@ fn feedapi_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(scan_lines, module)?)?;
     module.add_function(wrap_pyfunction!(table_columns, module)?)?;
     module.add_function(wrap_pyfunction!(event_ids, module)?)?;
+    module.add_class::<Payloads>()?;
     Ok(())
 }
