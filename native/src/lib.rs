@@ -1,9 +1,10 @@
 //! The per-event work of a load, done in Rust once per block instead of once per event in Python.
 //!
 //! `scan_lines` finds the events and checkpoints of a block of FeedAPI NDJSON lines (the protocol
-//! layer); `table_columns` and `event_ids` derive a feed table's columns from raw payloads (the
-//! lakehouse layer). JSON is parsed by serde_json; payloads are borrowed as `RawValue`s, so the bytes
-//! the server sent are the bytes handed back, never re-serialised. The Python callers keep every
+//! layer) and hands the events as `Payloads`, spans of the block; `table_columns` and `event_ids`
+//! derive a feed table's columns from those spans (the lakehouse layer). JSON is parsed by
+//! serde_json; payloads are borrowed as `RawValue`s, so the bytes the server sent are the bytes
+//! handed back, never re-serialised. The Python callers keep every
 //! protocol decision (pages, bounds, damage); this module only answers "where" and "what".
 use std::fmt;
 
@@ -560,9 +561,10 @@ fn invalid_payload(error: serde_json::Error) -> String {
 
 type Buffers<'py> = (Bound<'py, PyBytes>, Bound<'py, PyBytes>, Option<Bound<'py, PyBytes>>);
 
-/// The string columns of pages of payloads (as `scan_lines` gives them: validated JSON), page i
-/// holding `raws[ends[i-1]:ends[i]]` under `cursors[i]`: `payload`, `payload_type`, `event_id` and
-/// `cursor`, each as Arrow buffers (data, 32-bit offsets, validity or None).
+/// The string columns of pages of payloads (`raws`: `Payloads` one after the other, as `scan_lines`
+/// gives them: validated JSON), page i holding payloads `ends[i-1]..ends[i]` under `cursors[i]`:
+/// `payload`, `payload_type`, `event_id` and `cursor`, each as Arrow buffers (data, 32-bit offsets,
+/// validity or None).
 ///
 /// The GIL is kept: a group takes a millisecond or two, and getting a busy GIL back can take longer
 /// (measured: releasing it here made a load slower). `scan_lines` releases it while it parses.
