@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from feedapi_dagster.planning import PartitionPlan, PartitionState, PlanStatus, plan_feed, plan_rebuild
+from feedapi_dagster.planning import PartitionPlan, PartitionState, PlanStatus, plan_feed, plan_rebuilds
 from feedapi_dagster.protocol import FeedClient, FeedInfo
 
 from .readers import PartitionReader, ReaderPool, RowGroup
@@ -133,15 +133,18 @@ class FeedLoader:
         """Reload partitions from `_first` and replace their rows (and the rows of `drop`, e.g. the
         vanished parent of a method-2 split) in one commit: readers never see a half-rebuilt table."""
         info = self.client.info
-        partition_ids, drop = list(partition_ids), list(drop)
-        replaced = {*partition_ids, *drop}
-        plans = []
+        partitions = []
         for partition_id in partition_ids:
             partition = info.partition(partition_id)
             if partition is None:
                 raise ValueError(f"partition {partition_id} is not in discovery; it cannot be rebuilt")
-            plans.append(plan_rebuild(partition, self.sink.state, replaced))
-        return self._load(info, plans, rebuild=True, drop=drop)
+            partitions.append(partition)
+        plans = plan_rebuilds(info, self.sink.state, partitions, list(drop))
+        reports = {p.partition_id: _idle_report(p) for p in plans if not p.due}
+        due = [p for p in plans if p.due]
+        if due:  # rows of `drop` go only together with the rebuilt rows that take their place
+            reports.update(self._load(info, due, rebuild=True, drop=list(drop)))
+        return dict(sorted(reports.items()))
 
     # ------------------------------------------------------------------ the pipeline
     def _load(self, info: FeedInfo, plans: list[PartitionPlan], *, rebuild: bool,

@@ -1,5 +1,6 @@
 """Planning: which partition to read next from which cursor. Pure (no I/O, no Spark, no Dagster)."""
-from .plan import PartitionPlan, PlanStatus, plan_feed, plan_partition, plan_rebuild
+from .plan import PartitionPlan, PlanStatus, plan_feed, plan_partition, plan_rebuild, plan_rebuilds
 from .state import FeedState, PartitionState
 
-__all__ = ["FeedState", "PartitionPlan", "PartitionState", "PlanStatus", "plan_feed", "plan_partition", "plan_rebuild"]
+__all__ = ["FeedState", "PartitionPlan", "PartitionState", "PlanStatus", "plan_feed", "plan_partition", "plan_rebuild",
+           "plan_rebuilds"]

@@ -82,6 +82,27 @@ def _parent_block(partition: Partition, info: FeedInfo, state: FeedState) -> dic
     return {"status": PlanStatus.WAITING, "reason": f"waits until partition {parent_id} is drained (method-1 split)"}
 
 
+def plan_rebuilds(info: FeedInfo, state: FeedState, partitions: list[Partition],
+                  drop: list[int]) -> list[PartitionPlan]:
+    """Plans to rebuild `partitions` (rows replaced, with those of `drop`, in one commit).
+
+    A method-1 child whose parent is not drained is not rebuilt either: it waits, as in a sync, and
+    its rows stay (it is not among the replaced partitions the others plan with)."""
+    blocked = {p.id: block for p in partitions
+               if p.starts_after is not None and (block := _parent_block(p, info, state)) is not None}
+    replaced = {p.id for p in partitions if p.id not in blocked} | set(drop)
+    plans = []
+    for partition in partitions:
+        if partition.id in blocked:
+            own = state.get(partition.id)
+            plans.append(PartitionPlan(partition_id=partition.id, closed=partition.closed,
+                                       cursor=own.cursor if own else FIRST, position=own.position if own else 0,
+                                       **blocked[partition.id]))
+        else:
+            plans.append(plan_rebuild(partition, state, replaced))
+    return plans
+
+
 def plan_feed(info: FeedInfo, state: FeedState) -> list[PartitionPlan]:
     """A plan for every partition discovery lists, in id order."""
     return [plan_partition(p, info, state) for p in sorted(info.partitions, key=lambda p: p.id)]

@@ -297,3 +297,22 @@ def test_a_commit_buried_under_other_writers_commits_is_still_found_landed(spark
     assert landed.state.generation == 6 and landed.state.get(0) == PartitionState(cursor="a", position=1)
     rows = spark.read.format("delta").load(table_path).orderBy("partition_id").collect()
     assert [(r.partition_id, r.event_id) for r in rows] == [(0, "a"), *((n, f"o{n}") for n in range(1, 6))]
+
+
+def test_a_rebuild_of_a_method1_child_waits_for_its_parent_to_drain(spark, make_loader, table_path):
+    # found by chaos seed 777003: a rebuild loaded a method-1 child while its parent still had events
+    feed = DemoFeed(partitions=2, events=200, seed=8)
+    with DemoFeedServer(feed, dialect="draft") as server:
+        make_loader(server).sync([0, 1])
+        feed.append(20, partition=0)  # the parent has events left when it is split
+        children = feed.split_method1(0, children=2)
+        feed.append(40)
+        before = read_committed_state(table_path).delta_version
+        reports = make_loader(server).rebuild([children[0]])
+        assert reports[children[0]].status == "waiting"
+        assert read_committed_state(table_path).delta_version == before  # nothing committed, nothing replaced
+        make_loader(server).sync([0])  # the parent drains
+        assert read_committed_state(table_path).state.get(0).drained
+        reports = make_loader(server).rebuild([children[0]])
+        assert reports[children[0]].status == "loaded" and reports[children[0]].rebuilt
+        assert payloads(spark, table_path, children[0]) == feed.published(children[0])

@@ -70,3 +70,22 @@ def test_a_rebuild_of_a_method2_child_starts_where_its_kept_ancestors_end():
     assert plan_rebuild(child, state, {7, 3}).cursor == "c10"  # the parent's rows go too: from the grandparent
     assert plan_rebuild(child, state, {7, 3, 1}).cursor == "_first"
     assert plan_rebuild(Partition(id=2), state, {2}).cursor == "_first"
+
+
+def test_a_rebuild_does_not_start_a_method1_child_before_its_parent_is_drained():
+    from feedapi_dagster.planning import plan_rebuilds
+
+    discovery = info({"id": 0, "closed": True}, {"id": 1, "startsAfterPartition": 0},
+                     {"id": 2, "cursorFromPartitions": [1]})
+    parent, child, grandchild = discovery.partitions
+    undrained = FeedState(partitions={0: PartitionState(cursor="c5", position=5),
+                                      1: PartitionState(cursor="c2", position=2)})
+    plans = by_id(plan_rebuilds(discovery, undrained, [parent, child, grandchild], []))
+    assert plans[0].status is PlanStatus.DUE and plans[0].cursor == "_first"
+    assert plans[1].status is PlanStatus.WAITING and "partition 0" in plans[1].reason
+    assert (plans[1].cursor, plans[1].position) == ("c2", 2)  # untouched
+    # the waiting child's rows stay, so a method-2 grandchild still starts after them
+    assert plans[2].status is PlanStatus.DUE and (plans[2].cursor, plans[2].inherited_from) == ("c2", 1)
+    drained = FeedState(partitions={0: PartitionState(cursor="c9", position=9, drained=True)})
+    plans = by_id(plan_rebuilds(discovery, drained, [child], []))
+    assert plans[1].status is PlanStatus.DUE and plans[1].cursor == "_first"
