@@ -554,19 +554,12 @@ def prepare_dagster(work: Path, url: str, page_size: int, writer: str, spark_por
         env["BENCH_PROFILE_FILE"] = str(profile_file)
 
     from feedapi_dagster.orchestration import build_definitions, load_config
-    from feedapi_dagster.orchestration.automation import DiscoveryCursor, evaluate_discovery
+    from feedapi_dagster.orchestration.automation import register_discovered_partitions
 
     project = load_config(config_path)
     defs = build_definitions(project)
     instance = dg.DagsterInstance.get()
-    feed = project.feeds[0]
-    client = feed.client()
-    try:
-        result = evaluate_discovery(feed, client.discover(), DiscoveryCursor())
-    finally:
-        client.close()
-    for request in result.dynamic_partitions_requests:
-        instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+    register_discovered_partitions(instance, project.feeds[0])
     return DagsterSetup(base, home, config_path, env, project, defs, instance, profile_file)
 
 

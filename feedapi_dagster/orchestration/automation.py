@@ -98,6 +98,19 @@ def build_discovery_sensor(feed: FeedConfig, sync_job: dg.JobDefinition) -> dg.S
     return discovery
 
 
+def register_discovered_partitions(instance: dg.DagsterInstance, feed: FeedConfig) -> list[str]:
+    """Discovery over HTTP, its partitions added to `instance` as the discovery sensor adds them (for
+    the demo, benchmarks and tests that run without the daemon); the feed's partition keys."""
+    client = feed.client()
+    try:
+        result = evaluate_discovery(feed, client.discover(), DiscoveryCursor())
+    finally:
+        client.close()
+    for request in result.dynamic_partitions_requests:
+        instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+    return instance.get_dynamic_partitions(partitions_def_name(feed))
+
+
 def drained_partitions(instance: dg.DagsterInstance, feed: FeedConfig, keys: list[str]) -> set[str]:
     """Partitions whose latest materialization says they are closed and read to their end."""
     return {key for key, metadata in latest_metadata_by_partition(instance, feed, keys).items()

@@ -21,7 +21,7 @@ from feedapi_dagster.lakehouse.engines import TableEngine
 from feedapi_dagster.lakehouse.spark import ensure_embedded_server
 from feedapi_dagster.lakehouse.state import read_committed_state
 
-from .automation import DiscoveryCursor, evaluate_discovery
+from .automation import register_discovered_partitions
 from .config import FeedConfig, ProjectConfig, load_config
 from .definitions import build_definitions
 from .loads import partitions_def_name, table_engine
@@ -76,10 +76,7 @@ def run_demo(args: argparse.Namespace) -> int:
     project = load_config()
     with demo_services(project, args.events, args.partitions) as feed, dg.DagsterInstance.get() as instance:
         defs = build_definitions(project)
-        client = feed.client()
-        result = evaluate_discovery(feed, client.discover(), DiscoveryCursor())
-        for request in result.dynamic_partitions_requests:
-            instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+        register_discovered_partitions(instance, feed)
         job = defs.get_job_def(f"feedapi_{feed.name}_sync")
         run = job.execute_in_process(instance=instance, tags={"feedapi/feed": feed.name})
         if not run.success:

@@ -25,7 +25,7 @@ from feedapi_dagster.demo import DemoFeed, DemoFeedServer
 from feedapi_dagster.demo.faults import Faults
 from feedapi_dagster.lakehouse.state import read_committed_state
 from feedapi_dagster.orchestration import build_definitions, load_config
-from feedapi_dagster.orchestration.automation import DiscoveryCursor, evaluate_discovery
+from feedapi_dagster.orchestration.automation import register_discovered_partitions
 from feedapi_dagster.orchestration.launcher import WORKER_TAG, ForkServerRunLauncher
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,14 +52,7 @@ class Deployment:
         self.defs = build_definitions(self.project)
         self.table = self.project.table_path(self.project.feeds[0])
         self.instance = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(self.home)))
-        feed_config = self.project.feeds[0]
-        client = feed_config.client()
-        try:
-            result = evaluate_discovery(feed_config, client.discover(), DiscoveryCursor())
-        finally:
-            client.close()
-        for request in result.dynamic_partitions_requests:
-            self.instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+        register_discovered_partitions(self.instance, self.project.feeds[0])
 
     def launch_scheduled_run(self) -> str:
         schedule = self.defs.get_schedule_def("feedapi_orders_schedule")
