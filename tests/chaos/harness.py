@@ -166,7 +166,7 @@ class ChaosRun:
             self._launch({"kind": "sync", "run_config": request.run_config, "tags": request.tags})
 
     def _schedule(self) -> None:
-        schedule = self.defs.get_schedule_def("feedapi_chaos_schedule")
+        schedule = self.defs.resolve_schedule_def("feedapi_chaos_schedule")
         with dg.build_schedule_context(instance=self.instance) as context:
             for request in schedule.evaluate_tick(context).run_requests or []:
                 self._launch({"kind": "sync", "run_config": request.run_config, "tags": request.tags})

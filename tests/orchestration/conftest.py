@@ -44,7 +44,7 @@ class Harness:
         return self.project.table_path(self.feed_config)
 
     def tick_sensor(self) -> dg.SensorResult:
-        sensor = self.defs.get_sensor_def(f"feedapi_{self.name}_discovery")
+        sensor = self.defs.resolve_sensor_def(f"feedapi_{self.name}_discovery")
         with dg.build_sensor_context(instance=self.instance, cursor=self.cursor, definitions=self.defs) as context:
             result = sensor(context)
         self.cursor = result.cursor
@@ -53,7 +53,7 @@ class Harness:
         return result
 
     def tick_schedule(self):
-        schedule = self.defs.get_schedule_def(f"feedapi_{self.name}_schedule")
+        schedule = self.defs.resolve_schedule_def(f"feedapi_{self.name}_schedule")
         with dg.build_schedule_context(instance=self.instance) as context:
             return schedule.evaluate_tick(context)
 

@@ -55,7 +55,7 @@ class Deployment:
         register_discovered_partitions(self.instance, self.project.feeds[0])
 
     def launch_scheduled_run(self) -> str:
-        schedule = self.defs.get_schedule_def("feedapi_orders_schedule")
+        schedule = self.defs.resolve_schedule_def("feedapi_orders_schedule")
         with dg.build_schedule_context(instance=self.instance) as context:
             (request,) = schedule.evaluate_tick(context).run_requests
         origin = (ReconstructableRepository.for_module("dagster_project.definitions", "defs",
