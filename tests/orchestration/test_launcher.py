@@ -137,6 +137,28 @@ def test_the_shipped_instance_forks_a_scheduled_run_that_materializes_every_part
         assert record.asset_materialization.metadata["cursor"].value == state.get(partition).cursor
 
 
+def test_a_forked_run_loads_the_feeds_file_as_it_is_now(deployment):
+    """The fork server has this library imported, not the code location: an edited feeds file is what
+    the next run loads, without restarting the fork server."""
+    assert deployment.wait(deployment.launch_scheduled_run()).is_success
+    before = {partition: len(deployment.feed.expected_events(partition)) for partition in range(PARTITIONS)}
+    deployment.feed.append(60)
+    config = yaml.safe_load(deployment.config_path.read_text())
+    config["feeds"][0]["event_id_field"] = "type"
+    deployment.config_path.write_text(yaml.safe_dump(config))
+
+    run = deployment.wait(deployment.launch_scheduled_run())
+    assert run.is_success, [e.message for e in deployment.instance.all_logs(run.run_id)][-10:]
+    deployment.assert_committed_prefix(complete=True)
+    rows = DeltaTable(deployment.table).to_pyarrow_table(
+        columns=["partition_id", "position", "payload", "payload_type", "event_id"]).to_pylist()
+    objects = [row for row in rows if row["payload_type"] == "object"]
+    id_field = {row["event_id"] == json.loads(row["payload"])[
+        "type" if row["position"] >= before[row["partition_id"]] else "id"] for row in objects}
+    assert id_field == {True}, "rows of the 2nd run keyed by the edited event_id_field, the 1st run's by id"
+    assert sum(row["position"] >= before[row["partition_id"]] for row in objects) > 10
+
+
 # every page takes 40 ms and a commit follows every 150 events: a load of ~2 s in ~20 commits, so that a
 # kill lands between two of them
 SLOW = {"events": 3000, "slow": True, "load": {"batch_events": 150}}
