@@ -13,15 +13,21 @@ def table_path(tmp_path):
 
 @pytest.fixture(params=["deltalake", "spark"])
 def writer(request):
-    """Every sink test runs with both table engines (`writer:` in the feeds file)."""
+    """Every sink test runs with both table engines (`writer:` in the feeds file). The Spark engine
+    reads the Delta log with delta-rs when it can (always, here); tests about reading the log back
+    also take `SPARK_LOG_TOO`: the Spark engine reading it through Spark, as on a cluster's storage."""
     return request.param
+
+
+SPARK_LOG_TOO = pytest.mark.parametrize("writer", ["deltalake", "spark", "spark-sql-log"])
 
 
 @pytest.fixture
 def make_sink(spark, writer, table_path):
     def make(path=None, **kwargs):
         path = path or table_path
-        engine = SparkEngine(spark, path) if writer == "spark" else DeltaRsEngine(path)
+        engine = (DeltaRsEngine(path) if writer == "deltalake"
+                  else SparkEngine(spark, path, read_log="spark" if writer == "spark-sql-log" else "auto"))
         return DeltaSink(path, engine=engine, **kwargs)
     return make
 

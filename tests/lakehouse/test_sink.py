@@ -10,7 +10,7 @@ from feedapi_dagster.lakehouse.sink import CompactionSettings, PartitionConflict
 from feedapi_dagster.lakehouse.state import read_committed_state
 from feedapi_dagster.protocol import EventFilter
 
-from .conftest import payloads, table_rows
+from .conftest import SPARK_LOG_TOO, payloads, table_rows
 
 ODD_PAYLOADS = [
     '{"id":"u1","text":"Grüße 日本 🎉 \\ud83d\\ude00","esc":"\\"q\\" \\\\ \\n \\u0000 \\/"}',
@@ -59,6 +59,7 @@ def test_the_table_is_standard_delta_for_an_independent_reader(spark, make_loade
     assert DeltaTable(table_path).metadata().partition_columns == ["partition_id"]
 
 
+@SPARK_LOG_TOO
 def test_at_least_once_feeds_are_deduplicated_across_loads(spark, make_loader, table_path):
     feed = DemoFeed(partitions=2, events=400, seed=3, exactly_once=False, duplicate_ratio=0.2)
     with DemoFeedServer(feed, dialect="draft", faults=Faults(rate=0.2, seed=3, retry_after=0)) as server:
@@ -139,6 +140,7 @@ def test_a_failed_rebuild_replaces_nothing(spark, make_loader, table_path):
     assert payloads(spark, table_path, 0) == feed.published(0)
 
 
+@SPARK_LOG_TOO
 def test_concurrent_loads_of_one_partition_never_both_commit(spark, make_loader, table_path):
     feed = DemoFeed(partitions=1, events=300, seed=8)
     with DemoFeedServer(feed, dialect="draft", faults=Faults(rate=0.3, seed=8, retry_after=0, kinds=("slow",))) as server:
@@ -183,6 +185,7 @@ def test_concurrent_loads_of_different_partitions_both_commit(spark, make_loader
         assert state.get(partition).position == len(feed.published(partition))
 
 
+@SPARK_LOG_TOO
 def test_compaction_runs_when_small_commits_pile_up(spark, make_loader, make_sink, table_path):
     feed = DemoFeed(partitions=1, events=20, seed=10)
     with DemoFeedServer(feed, dialect="draft") as server:
@@ -237,6 +240,7 @@ def _events(partition_id: int, texts: list[str]):
     return batch.to_arrow()
 
 
+@SPARK_LOG_TOO
 def test_a_writer_with_a_stale_state_rebases_or_refuses_never_overwrites(spark, make_sink, table_path):
     # Two sinks read the (empty) state; the first commits. The second still holds the old state (and,
     # for delta-rs, the old table snapshot): for another partition it must rebase on the first
@@ -278,6 +282,7 @@ def test_sinks_whose_snapshots_were_refreshed_after_their_commits_still_never_ov
     assert [(r.partition_id, r.event_id) for r in rows] == [(0, "a"), (0, "a2"), (1, "b"), (2, "c")]
 
 
+@SPARK_LOG_TOO
 def test_a_commit_buried_under_other_writers_commits_is_still_found_landed(spark, make_sink, table_path):
     # Right after its write a sink looks for its commit among the newest few; here another writer
     # commits five times between the write and that look. The commit must still be found (not
@@ -316,3 +321,23 @@ def test_a_rebuild_of_a_method1_child_waits_for_its_parent_to_drain(spark, make_
         reports = make_loader(server).rebuild([children[0]])
         assert reports[children[0]].status == "loaded" and reports[children[0]].rebuilt
         assert payloads(spark, table_path, children[0]) == feed.published(children[0])
+
+
+def test_the_spark_engine_reads_the_delta_log_with_deltalake_where_it_can(spark, make_loader, tmp_path):
+    from deltalake import DeltaTable
+
+    from feedapi_dagster.lakehouse.engines import SparkEngine
+
+    path = str(tmp_path / "feed")
+    feed = DemoFeed(partitions=2, events=40, seed=3)
+    with DemoFeedServer(feed, dialect="published") as server:
+        make_loader(server, path=path).sync()
+    by_deltalake, by_spark = SparkEngine(spark, path), SparkEngine(spark, path, read_log="spark")
+    for engine in (by_deltalake, by_spark):
+        engine.ensure_table()
+    assert isinstance(by_deltalake.history(1)[0], DeltaTable)  # delta-rs read the log
+    assert by_spark.history(1)[0] is None
+    assert by_deltalake.history(None)[1] == by_spark.history(None)[1]  # the same commits, states included
+    assert sorted(by_deltalake.event_ids([0, 1])) == sorted(by_spark.event_ids([0, 1]))
+    # a table delta-rs cannot open from this process stays with Spark
+    assert SparkEngine(spark, str(tmp_path / "not-a-table"))._open_log_reader() is None
