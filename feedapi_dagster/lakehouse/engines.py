@@ -8,21 +8,29 @@
   where only Spark can reach the lakehouse storage. Delta Spark silently skips a commit whose
   `txnVersion` was already used; the sink notices by reading the history back. The Delta log (the
   history, and the stored event ids of deduplication) is read with delta-rs when this process can
-  open the table, through Spark otherwise.
+  open the table, through Spark otherwise; where they share the table's file system, the rows reach
+  Spark as a Parquet file beside the table rather than as an Arrow batch.
 
 Both write the same table: same schema, same commit metadata, same application transaction, so
 either engine (and any Delta reader) can continue a table the other wrote.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import shutil
 import time
+import uuid
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from .table import PARTITION_COLUMN, TABLE_SCHEMA
 
@@ -192,6 +200,7 @@ class SparkEngine:
             if not self._readable(within_seconds=10):
                 raise
         self._log_reader = self._open_log_reader()
+        self._remove_abandoned_rows()
 
     def _open_log_reader(self) -> DeltaRsEngine | None:
         # A Spark query over the log (DESCRIBE HISTORY) costs 0.3-0.4 s on a running Connect server,
@@ -228,31 +237,68 @@ class SparkEngine:
         entries = [HistoryEntry(r["version"], r["operation"], r["userMetadata"]) for r in rows]
         return None, sorted(entries, key=lambda e: e.version, reverse=True)
 
-    def _frame(self, rows: pa.Table):
-        if rows.num_rows:
-            return self.spark.createDataFrame(rows)
-        return self.spark.createDataFrame([], ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in TABLE_SCHEMA))
+    @contextlib.contextmanager
+    def _frame(self, rows: pa.Table) -> Iterator[Any]:
+        """The rows as a Spark DataFrame, for one write.
+
+        An Arrow batch handed to Spark becomes a local relation that the server converts and plans row
+        by row: 200,000 rows cost a running Connect server 6.8-8.6 CPU seconds. Where this process
+        and Spark share the table's file system, the rows go instead as a Parquet file in
+        `_feedapi_staging/rows-<id>` beside the table (Delta ignores `_` folders), which Spark reads
+        vectorized: 1.8-3.2 CPU seconds. The file goes when the write is done or failed; one left by
+        a killed load is removed by a later `ensure_table`."""
+        staging = self._staging_folder()
+        if not rows.num_rows:
+            yield self.spark.createDataFrame([], ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in TABLE_SCHEMA))
+        elif staging is None:
+            yield self.spark.createDataFrame(rows)
+        else:
+            folder = staging / f"{_STAGED_ROWS}{uuid.uuid4().hex}"
+            folder.mkdir(parents=True)
+            try:
+                # uncompressed: read once, by a process on the same file system
+                pq.write_table(rows, folder / "rows.parquet", compression="none")
+                yield self.spark.read.parquet(str(folder))
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+
+    def _staging_folder(self) -> Path | None:
+        parts = urlsplit(self.path)
+        if self._log_reader is None or parts.scheme not in ("", "file"):
+            return None
+        return Path(parts.path) / "_feedapi_staging"
+
+    def _remove_abandoned_rows(self) -> None:
+        staging = self._staging_folder()
+        if staging is None or not staging.is_dir():
+            return
+        cutoff = time.time() - _ABANDONED_AFTER_SECONDS
+        for folder in staging.glob(f"{_STAGED_ROWS}*"):
+            with contextlib.suppress(OSError):
+                if folder.stat().st_mtime < cutoff:
+                    shutil.rmtree(folder)
 
     def write(self, commit: Commit, base) -> None:
-        frame = self._frame(commit.rows)
-        if commit.staged is not None:
-            frame = self.spark.read.format("delta").load(commit.staged).unionByName(frame)
-        writer = (frame.write.format("delta")
-                  .option("txnAppId", TXN_APP_ID)
-                  .option("txnVersion", str(commit.txn_version))
-                  .option("userMetadata", commit.user_metadata))
-        if commit.replace:
-            writer = writer.mode("overwrite").option("replaceWhere", _in_partitions(commit.replace))
-        else:
-            writer = writer.mode("append")
-        writer.save(self.path)
+        with self._frame(commit.rows) as frame:
+            if commit.staged is not None:
+                frame = self.spark.read.format("delta").load(commit.staged).unionByName(frame)
+            writer = (frame.write.format("delta")
+                      .option("txnAppId", TXN_APP_ID)
+                      .option("txnVersion", str(commit.txn_version))
+                      .option("userMetadata", commit.user_metadata))
+            if commit.replace:
+                writer = writer.mode("overwrite").option("replaceWhere", _in_partitions(commit.replace))
+            else:
+                writer = writer.mode("append")
+            writer.save(self.path)
 
     def is_conflict(self, error: BaseException) -> bool:
         text = f"{type(error).__name__} {error}"
         return "DELTA_CONCURRENT" in text or "Concurrent" in text
 
     def stage(self, rows: pa.Table, staging: str) -> None:
-        self._frame(rows).write.format("delta").mode("append").save(staging)
+        with self._frame(rows) as frame:
+            frame.write.format("delta").mode("append").save(staging)
 
     def event_ids(self, partition_ids: list[int]) -> list[tuple[int, str]]:
         if self._log_reader is not None:
@@ -265,6 +311,10 @@ class SparkEngine:
     def compact(self) -> None:
         self.spark.sql(f"OPTIMIZE delta.`{self.path}`").collect()
 
+
+# staged rows of a write (see `SparkEngine._frame`), and the age at which a killed load's are removed
+_STAGED_ROWS = "rows-"
+_ABANDONED_AFTER_SECONDS = 3600
 
 _SPARK_TYPES = {pa.int32(): "INT", pa.int64(): "BIGINT", pa.string(): "STRING", TABLE_SCHEMA.field("loaded_at").type:
                 "TIMESTAMP"}

@@ -341,3 +341,65 @@ def test_the_spark_engine_reads_the_delta_log_with_deltalake_where_it_can(spark,
     assert sorted(by_deltalake.event_ids([0, 1])) == sorted(by_spark.event_ids([0, 1]))
     # a table delta-rs cannot open from this process stays with Spark
     assert SparkEngine(spark, str(tmp_path / "not-a-table"))._open_log_reader() is None
+
+
+@pytest.mark.parametrize("writer", ["spark"])
+def test_a_spark_write_failing_after_its_rows_were_staged_commits_nothing_and_leaves_nothing(
+        spark, make_loader, table_path, monkeypatch):
+    # The Spark engine hands rows to Spark as a Parquet file beside the table (the run and Spark share
+    # the file system here); the write fails after that file was written, before the Delta commit.
+    from pathlib import Path
+
+    from pyspark.sql.readwriter import DataFrameWriter
+
+    feed = DemoFeed(partitions=2, events=120, seed=4)
+    with DemoFeedServer(feed, dialect="published") as server:
+        make_loader(server, page_size_hint=40).sync()
+        feed.append(60)
+        staged: list[list[str]] = []
+        real_save = DataFrameWriter.save
+
+        def failing_save(self, path=None, *args, **kwargs):
+            staged.append([p.name for p in (Path(table_path) / "_feedapi_staging").glob("rows-*/*.parquet")])
+            raise RuntimeError("the Spark job died")
+
+        monkeypatch.setattr(DataFrameWriter, "save", failing_save)
+        before = read_committed_state(table_path)
+        with pytest.raises(RuntimeError, match="the Spark job died"):
+            make_loader(server, page_size_hint=40).sync()
+        assert staged == [["rows.parquet"]]  # the rows were staged when the write failed
+        assert read_committed_state(table_path) == before
+        assert not list((Path(table_path) / "_feedapi_staging").glob("rows-*"))
+
+        monkeypatch.setattr(DataFrameWriter, "save", real_save)
+        make_loader(server, page_size_hint=40).sync()
+    for partition in (0, 1):
+        assert payloads(spark, table_path, partition) == feed.published(partition)
+
+
+@pytest.mark.parametrize("writer", ["spark"])
+def test_rows_staged_by_a_killed_spark_load_are_never_read_and_go_after_an_hour(spark, make_loader, table_path):
+    # What `kill -9` between staging and the commit leaves: a staged Parquet file of rows. Neither
+    # Delta reader sees it, the next load commits every event once, and old leftovers are removed.
+    import os
+    import time
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+
+    feed = DemoFeed(partitions=2, events=80, seed=6)
+    with DemoFeedServer(feed, dialect="published") as server:
+        make_loader(server).sync()
+        staging = Path(table_path) / "_feedapi_staging"
+        leftovers = {"rows-old": time.time() - 7200, "rows-recent": time.time() - 60}
+        for name, mtime in leftovers.items():
+            (staging / name).mkdir(parents=True)
+            pq.write_table(DeltaTable(table_path).to_pyarrow_table(), staging / name / "rows.parquet")
+            os.utime(staging / name, (mtime, mtime))
+        feed.append(40)
+        make_loader(server).sync()
+    assert sorted(p.name for p in staging.iterdir()) == ["rows-recent"]  # a load may still be using it
+    assert DeltaTable(table_path).to_pyarrow_table().num_rows == sum(len(feed.published(p)) for p in (0, 1))
+    for partition in (0, 1):
+        assert payloads(spark, table_path, partition) == feed.published(partition)
