@@ -188,6 +188,7 @@ class SparkEngine:
         self.path = path
         self.read_log = read_log
         self._log_reader: DeltaRsEngine | None = None
+        self._can_stage = True
 
     def ensure_table(self) -> None:
         columns = ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in TABLE_SCHEMA)
@@ -247,24 +248,39 @@ class SparkEngine:
         `_feedapi_staging/rows-<id>` beside the table (Delta ignores `_` folders), which Spark reads
         vectorized: 1.8-3.2 CPU seconds. The file goes when the write is done or failed; one left by
         a killed load is removed by a later `ensure_table`."""
-        staging = self._staging_folder()
         if not rows.num_rows:
             yield self.spark.createDataFrame([], ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in TABLE_SCHEMA))
-        elif staging is None:
+            return
+        folder = self._stage_rows(rows)
+        if folder is None:
             yield self.spark.createDataFrame(rows)
-        else:
-            folder = staging / f"{_STAGED_ROWS}{uuid.uuid4().hex}"
+            return
+        try:
+            yield self.spark.read.parquet(str(folder))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _stage_rows(self, rows: pa.Table) -> Path | None:
+        """The folder of a Parquet file of `rows` beside the table, or None where none can be written
+        (a table only Spark reaches, or a read-only mount of it here: Spark gets the Arrow batch)."""
+        staging = self._staging_folder()
+        if staging is None:
+            return None
+        folder = staging / f"{_STAGED_ROWS}{uuid.uuid4().hex}"
+        try:
             folder.mkdir(parents=True)
-            try:
-                # uncompressed: read once, by a process on the same file system
-                pq.write_table(rows, folder / "rows.parquet", compression="none")
-                yield self.spark.read.parquet(str(folder))
-            finally:
-                shutil.rmtree(folder, ignore_errors=True)
+            # uncompressed: read once, by a process on the same file system
+            pq.write_table(rows, folder / "rows.parquet", compression="none")
+        except OSError as error:
+            log.info("handing rows to Spark as Arrow batches: cannot write files in %s (%s)", staging, error)
+            shutil.rmtree(folder, ignore_errors=True)
+            self._can_stage = False
+            return None
+        return folder
 
     def _staging_folder(self) -> Path | None:
         parts = urlsplit(self.path)
-        if self._log_reader is None or parts.scheme not in ("", "file"):
+        if self._log_reader is None or not self._can_stage or parts.scheme not in ("", "file"):
             return None
         return Path(parts.path) / "_feedapi_staging"
 

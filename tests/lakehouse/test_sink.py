@@ -403,3 +403,21 @@ def test_rows_staged_by_a_killed_spark_load_are_never_read_and_go_after_an_hour(
     assert DeltaTable(table_path).to_pyarrow_table().num_rows == sum(len(feed.published(p)) for p in (0, 1))
     for partition in (0, 1):
         assert payloads(spark, table_path, partition) == feed.published(partition)
+
+
+@pytest.mark.parametrize("writer", ["spark"])
+def test_a_spark_load_that_cannot_stage_files_beside_the_table_hands_spark_arrow(spark, make_loader, table_path):
+    # e.g. a read-only mount of the lakehouse in the run: here a file is where the staging folder goes
+    from pathlib import Path
+
+    feed = DemoFeed(partitions=2, events=60, seed=8)
+    with DemoFeedServer(feed, dialect="published") as server:
+        make_loader(server).sync()
+        staging = Path(table_path) / "_feedapi_staging"
+        assert staging.is_dir() and not list(staging.iterdir())  # the 1st load staged its rows, then removed them
+        staging.rmdir()
+        staging.write_text("not a folder")
+        feed.append(30)
+        make_loader(server).sync()
+    for partition in (0, 1):
+        assert payloads(spark, table_path, partition) == feed.published(partition)
