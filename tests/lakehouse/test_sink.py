@@ -1,6 +1,7 @@
 """The Delta sink with real Spark, real Delta and real HTTP against the demo server."""
 import json
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -180,8 +181,8 @@ def test_concurrent_loads_of_different_partitions_both_commit(spark, make_loader
             thread.join()
     assert not errors, [f"{type(error).__name__}: {error}" for error in errors]
     state = read_committed_state(table_path).state
+    _assert_the_table_holds_the_feed(spark, table_path, feed)
     for partition in (0, 1):
-        assert payloads(spark, table_path, partition) == feed.published(partition)
         assert state.get(partition).position == len(feed.published(partition))
 
 
@@ -211,8 +212,7 @@ def test_a_409_mid_load_rediscovers_and_goes_on(spark, make_loader, table_path):
         server.rotate_token()  # the loader holds a stale token: its first fetches get 409
         reports = loader.sync()
     assert all(r.status == "loaded" for r in reports.values())
-    for partition in (0, 1):
-        assert payloads(spark, table_path, partition) == feed.published(partition)
+    _assert_the_table_holds_the_feed(spark, table_path, feed)
 
 
 def test_rebuilding_a_method2_child_does_not_load_its_parents_history_twice(spark, make_loader, table_path):
@@ -348,8 +348,6 @@ def test_a_spark_write_failing_after_its_rows_were_staged_commits_nothing_and_le
         spark, make_loader, table_path, monkeypatch):
     # The Spark engine hands rows to Spark as a Parquet file beside the table (the run and Spark share
     # the file system here); the write fails after that file was written, before the Delta commit.
-    from pathlib import Path
-
     from pyspark.sql.readwriter import DataFrameWriter
 
     feed = DemoFeed(partitions=2, events=120, seed=4)
@@ -373,8 +371,7 @@ def test_a_spark_write_failing_after_its_rows_were_staged_commits_nothing_and_le
 
         monkeypatch.setattr(DataFrameWriter, "save", real_save)
         make_loader(server, page_size_hint=40).sync()
-    for partition in (0, 1):
-        assert payloads(spark, table_path, partition) == feed.published(partition)
+    _assert_the_table_holds_the_feed(spark, table_path, feed)
 
 
 @pytest.mark.parametrize("writer", ["spark"])
@@ -383,7 +380,6 @@ def test_rows_staged_by_a_killed_spark_load_are_never_read_and_go_after_an_hour(
     # Delta reader sees it, the next load commits every event once, and old leftovers are removed.
     import os
     import time
-    from pathlib import Path
 
     import pyarrow.parquet as pq
     from deltalake import DeltaTable
@@ -401,15 +397,12 @@ def test_rows_staged_by_a_killed_spark_load_are_never_read_and_go_after_an_hour(
         make_loader(server).sync()
     assert sorted(p.name for p in staging.iterdir()) == ["rows-recent"]  # a load may still be using it
     assert DeltaTable(table_path).to_pyarrow_table().num_rows == sum(len(feed.published(p)) for p in (0, 1))
-    for partition in (0, 1):
-        assert payloads(spark, table_path, partition) == feed.published(partition)
+    _assert_the_table_holds_the_feed(spark, table_path, feed)
 
 
 @pytest.mark.parametrize("writer", ["spark"])
 def test_a_spark_load_that_cannot_stage_files_beside_the_table_hands_spark_arrow(spark, make_loader, table_path):
     # e.g. a read-only mount of the lakehouse in the run: here a file is where the staging folder goes
-    from pathlib import Path
-
     feed = DemoFeed(partitions=2, events=60, seed=8)
     with DemoFeedServer(feed, dialect="published") as server:
         make_loader(server).sync()
@@ -419,5 +412,10 @@ def test_a_spark_load_that_cannot_stage_files_beside_the_table_hands_spark_arrow
         staging.write_text("not a folder")
         feed.append(30)
         make_loader(server).sync()
-    for partition in (0, 1):
+    _assert_the_table_holds_the_feed(spark, table_path, feed)
+
+
+def _assert_the_table_holds_the_feed(spark, table_path, feed, partitions=(0, 1)):
+    """Every published event once, in order, in each partition."""
+    for partition in partitions:
         assert payloads(spark, table_path, partition) == feed.published(partition)
