@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 TXN_APP_ID = "feedapi-dagster"
+# beside a table's data (Delta ignores `_` folders): a rebuild's staged batches, the Spark engine's staged rows
+STAGING_FOLDER = "_feedapi_staging"
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +96,12 @@ def _writer_properties():
 
     return WriterProperties(compression="SNAPPY", column_properties={
         "payload": ColumnProperties(dictionary_enabled=False, statistics_enabled="NONE")})
+
+
+def local_path(path: str) -> str:
+    """The file system path of a table path with no scheme or `file:`, else ""."""
+    parts = urlsplit(path)
+    return parts.path if parts.scheme in ("", "file") else ""
 
 
 def _in_partitions(partition_ids) -> str:
@@ -279,10 +287,10 @@ class SparkEngine:
         return folder
 
     def _staging_folder(self) -> Path | None:
-        parts = urlsplit(self.path)
-        if self._log_reader is None or not self._can_stage or parts.scheme not in ("", "file"):
+        local = local_path(self.path)
+        if self._log_reader is None or not self._can_stage or not local:
             return None
-        return Path(parts.path) / "_feedapi_staging"
+        return Path(local) / STAGING_FOLDER
 
     def _remove_abandoned_rows(self) -> None:
         staging = self._staging_folder()

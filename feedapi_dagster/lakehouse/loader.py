@@ -13,7 +13,6 @@ import shutil
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 import pyarrow as pa
 
@@ -22,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from feedapi_dagster.planning import PartitionPlan, PartitionState, PlanStatus, plan_feed, plan_rebuilds
 from feedapi_dagster.protocol import FeedClient, FeedInfo
 
+from .engines import STAGING_FOLDER, local_path
 from .readers import PartitionReader, ReaderPool, RowGroup
 from .sink import DeltaSink
 from .table import EVENT_SCHEMA
@@ -169,7 +169,7 @@ class FeedLoader:
                                    seen[pid]) for pid, item in progress.items()]
         settings = self.settings
         processes = min(settings.read_processes, len(readers))
-        staging = _Staging(f"{self.sink.path}/_feedapi_staging/{uuid.uuid4().hex}") if rebuild else None
+        staging = _Staging(f"{self.sink.path}/{STAGING_FOLDER}/{uuid.uuid4().hex}") if rebuild else None
         try:
             with ReaderPool(readers, threads=-(-settings.fetch_workers // max(processes, 1)), processes=processes,
                             queued=settings.queued_groups) as pool:
@@ -248,13 +248,8 @@ def _idle_report(plan: PartitionPlan) -> PartitionReport:
                            drained=plan.status is PlanStatus.DRAINED, error=plan.reason or None)
 
 
-def _local(path: str) -> str:
-    parts = urlsplit(path)
-    return parts.path if parts.scheme in ("", "file") else ""
-
-
 def _remove_local(path: str) -> None:
-    local = _local(path)
+    local = local_path(path)
     if local:
         shutil.rmtree(local, ignore_errors=True)
     else:
