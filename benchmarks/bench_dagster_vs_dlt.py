@@ -11,8 +11,11 @@ the Delta jars (`make setup`). Steps (see benchmarks/README.md):
 1. the bundled demo feed (`feedapi-dagster demo-server --dialect published`) runs in its own process
    with P partitions and P*E events (`--events` is the total; events spread over partitions by
    aggregate, so partitions are only roughly even);
-2. raw baseline: 8 threads, one `requests.Session` each, every page of every partition from `_first`;
-   each body is only searched for its last cursor line; events/s = N / seconds;
+2. raw baselines: every page of every partition from `_first`, each body only searched for its last
+   cursor line; events/s = N / seconds. Two of them: **a plain loop** (one thread, one
+   `requests.Session`, partition after partition), the issue's baseline ("a plain HTTP read of the same
+   pages runs at about 300k events/s"), against which the 0.60 target is judged; and a stricter one,
+   8 threads with a `requests.Session` each, reported next to it;
 3. dlt: one `parallelized=True` resource per partition, each paging through its partition and
    yielding one `pyarrow.Table` per page (partition_id, position, cursor, payload = raw JSON text of
    `data`, parsed with msgspec or `--dlt-parser json`), `write_disposition="append"` into the
@@ -77,7 +80,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 DLT_RATIO_TARGET = 2.0
 RAW_RATIO_TARGET = 0.60
-RAW_THREADS = 8
+RAW_THREADS = 8  # the stricter baseline; the issue's is a plain loop (1 thread)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -969,7 +972,7 @@ def main(argv: list[str] | None = None) -> int:
     feed_server = FeedServer(args.partitions, events, work / "feed-server.log")
     spark_server = None
     spark_port: int | None = None
-    figures: dict[str, list[Figure]] = {"raw": [], "dlt": [], "dagster": []}
+    figures: dict[str, list[Figure]] = {"raw_loop": [], "raw": [], "dlt": [], "dagster": []}
     notes: list[str] = []
     breakdowns: list[list[str]] = []
     runs: list[DagsterRun] = []
@@ -1007,13 +1010,15 @@ def main(argv: list[str] | None = None) -> int:
 
         idle_seconds: list[float] = []
         for index in range(args.repeat):
-            say(f"[{index + 1}/{args.repeat}] raw: {RAW_THREADS} threads; load average {load_average()}")
-            with CpuMeter(cpu_pids) as meter:
-                started = time.perf_counter()
-                pages, size = raw_read(feed_server.url, args.page_size)
-                seconds = time.perf_counter() - started
-            figures["raw"].append(Figure(f"raw HTTP read ({RAW_THREADS} threads)", events, seconds, meter.result))
-            say(f"  {pages} pages, {size / 1e6:.1f} MB in {seconds:.2f} s: {events / seconds:,.0f} events/s")
+            for key, threads, name in (("raw_loop", 1, "raw HTTP read, a plain loop (1 thread)"),
+                                       ("raw", RAW_THREADS, f"raw HTTP read ({RAW_THREADS} threads)")):
+                say(f"[{index + 1}/{args.repeat}] {name}; load average {load_average()}")
+                with CpuMeter(cpu_pids) as meter:
+                    started = time.perf_counter()
+                    pages, size = raw_read(feed_server.url, args.page_size, threads)
+                    seconds = time.perf_counter() - started
+                figures[key].append(Figure(name, events, seconds, meter.result))
+                say(f"  {pages} pages, {size / 1e6:.1f} MB in {seconds:.2f} s: {events / seconds:,.0f} events/s")
 
             say(f"[{index + 1}/{args.repeat}] dlt; load average {load_average()}")
             dlt_work = work / f"dlt-{index}"
@@ -1064,25 +1069,29 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.page_size}; {os.cpu_count()} cores, load average {load_average()}"
           + (f"; median of {args.repeat} repetitions" if args.repeat > 1 else ""))
     print(f"{'':<66} {'seconds':>8} {'events/s':>10}")
-    for name in ("raw", "dlt", "dagster"):
+    for name in figures:
         runs_of = figures[name]
         chosen = sorted(runs_of, key=lambda f: f.rate)[(len(runs_of) - 1) // 2]
         all_rates = "" if len(runs_of) == 1 else "   (" + ", ".join(f"{f.rate:,.0f}" for f in runs_of) + ")"
         print(f"{chosen.name:<66} {chosen.seconds:8.2f} {chosen.rate:10,.0f}{all_rates}")
-    # ratios within each repetition (same machine load), then their median
+    # ratios within each repetition (same machine load), then their median; a target of None: reported only
     met = True
-    for label, other, target in (("Dagster / dlt", "dlt", DLT_RATIO_TARGET), ("Dagster / raw", "raw", RAW_RATIO_TARGET)):
+    for label, other, target in (("Dagster / dlt", "dlt", DLT_RATIO_TARGET),
+                                 ("Dagster / raw (a plain loop: the issue's baseline)", "raw_loop", RAW_RATIO_TARGET),
+                                 (f"Dagster / raw ({RAW_THREADS} threads: stricter, no target)", "raw", None)):
         ratios = [d.rate / o.rate for d, o in zip(figures["dagster"], figures[other])]
         value = median(ratios)
-        met = met and value >= target
+        verdict = "" if target is None else f"   target >= {target:.2f}: {'met' if value >= target else 'MISSED'}"
+        met = met and (target is None or value >= target)
         each = "" if len(ratios) == 1 else "   (" + ", ".join(f"{r:.3f}" for r in ratios) + ")"
-        print(f"{label:<66} {value:8.3f}   target >= {target:.2f}: {'met' if value >= target else 'MISSED'}{each}")
+        print(f"{label:<66} {value:8.3f}{verdict}{each}")
     # A run's fixed cost bounds Dagster/raw whatever the load's speed: were the load exactly as fast as
-    # the raw read, the run would take fixed + raw seconds.
+    # the parallel raw read, the run would take fixed + raw seconds. (Not a bound against the plain loop,
+    # which the load's parallel readers outrun.)
     ceilings = [r.seconds / (idle + r.seconds) for r, idle in zip(figures["raw"], idle_seconds)]
     print(f"{'the same scheduled sync with nothing new (a run without its load)':<66} {median(idle_seconds):8.2f}"
           + ("" if len(idle_seconds) == 1 else "   (" + ", ".join(f"{s:.2f}" for s in idle_seconds) + ")"))
-    print(f"{'Dagster / raw if the load ran at the raw rate: raw s / (that + raw s)':<66} {median(ceilings):8.3f}"
+    print(f"{f'Dagster / raw ({RAW_THREADS} threads) ceiling: raw s / (that + raw s)':<66} {median(ceilings):8.3f}"
           + ("" if len(ceilings) == 1 else "   (" + ", ".join(f"{c:.3f}" for c in ceilings) + ")"))
     print(f"command: {command_line}")
     launched = {"cli": shlex.join(runs[-1].command), "api": "dagster api execute_run <ExecuteRunArgs of the run>",
@@ -1096,7 +1105,7 @@ def main(argv: list[str] | None = None) -> int:
     print("changes from the defaults: " + ("; ".join(changes) if changes else "none"))
     print()
     print("CPU seconds per process during each figure (last repetition):")
-    for name in ("raw", "dlt", "dagster"):
+    for name in figures:
         figure = figures[name][-1]
         print(f"  {figure.name}: " + ", ".join(f"{k} {v:.1f}" for k, v in figure.cpu.items()))
     print()
