@@ -75,8 +75,10 @@ class TableEngine(Protocol):
         """A snapshot of the table to commit against, and its history, newest first. `refresh`: a snapshot
         this engine returned before, brought up to date in place instead of reading the table anew."""
 
-    def write(self, commit: Commit, base: Any) -> None:
-        """Commit against `base` (a snapshot from `history`); raises on a conflicting concurrent commit."""
+    def write(self, commit: Commit, base: Any) -> int | None:
+        """Commit against `base` (a snapshot from `history`); raises on a conflicting concurrent commit.
+        Returns the version the commit landed at when returning proves it landed, else None: the
+        caller must look for it (Delta Spark skips a write whose txnVersion was used, silently)."""
 
     def is_conflict(self, error: BaseException) -> bool: ...
 
@@ -148,7 +150,7 @@ class DeltaRsEngine:
                    for h in table.history(limit)]
         return table, entries
 
-    def write(self, commit: Commit, base) -> None:
+    def write(self, commit: Commit, base) -> int:
         from deltalake import CommitProperties, Transaction, write_deltalake
 
         data: pa.Table | pa.RecordBatchReader = commit.rows
@@ -164,6 +166,9 @@ class DeltaRsEngine:
         else:
             write_deltalake(base, data, mode="append", commit_properties=properties,
                             writer_properties=_writer_properties())
+        # delta-rs raises rather than skip a used txnVersion, and brings `base` up to the version it
+        # committed (past any commit it had to retry over): that version is this commit
+        return base.version()
 
     def is_conflict(self, error: BaseException) -> bool:
         from deltalake.exceptions import CommitFailedError
@@ -303,6 +308,7 @@ class SparkEngine:
                     shutil.rmtree(folder)
 
     def write(self, commit: Commit, base) -> None:
+        # None: Delta Spark may have skipped the write (a used txnVersion); the sink looks for it
         with self._frame(commit.rows) as frame:
             if commit.staged is not None:
                 frame = self.spark.read.format("delta").load(commit.staged).unionByName(frame)

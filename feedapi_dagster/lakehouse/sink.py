@@ -120,7 +120,7 @@ class DeltaSink:
             commit = Commit(rows, committed.encode(new_state, commit_id, self.run_id), new_state.generation,
                             replace, staged)
             try:
-                self.engine.write(commit, self._snapshot)
+                landed = self.engine.write(commit, self._snapshot)
             except Exception as error:  # noqa: BLE001 - classified below; engines raise many types
                 if self._landed(commit_id):
                     break
@@ -128,6 +128,11 @@ class DeltaSink:
                     raise
                 log.info("commit to %s lost a race (attempt %d); rebasing", self.path, attempt)
                 continue
+            if landed is not None:
+                # the engine proved it landed: the state is the one just written, nothing to read back
+                # (a commit another writer makes after it is met by the next commit's conflict check)
+                self._committed = committed.CommittedState(new_state, commit_id, landed)
+                break
             if self._landed(commit_id):
                 break
             log.info("commit to %s was superseded (attempt %d); rebasing", self.path, attempt)

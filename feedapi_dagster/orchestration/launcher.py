@@ -96,6 +96,7 @@ class ForkServerRunLauncher(DefaultRunLauncher):
         """Start the fork server now (it imports in the background) rather than at the first launch."""
         if self._context is None:
             context = multiprocessing.get_context("forkserver")
+            # the storage warm-up is not a preload the configuration can drop: it is part of the launcher
             context.set_forkserver_preload(self._preload)
             multiprocessing.forkserver.ensure_running()
             self._context = context

@@ -304,6 +304,38 @@ def test_a_commit_buried_under_other_writers_commits_is_still_found_landed(spark
     assert [(r.partition_id, r.event_id) for r in rows] == [(0, "a"), *((n, f"o{n}") for n in range(1, 6))]
 
 
+def test_commits_made_right_after_a_sinks_own_commit_are_rebased_on_never_overwritten(spark, make_sink, table_path):
+    # A delta-rs sink takes its new state from its own successful write rather than reading the log
+    # back (the Spark engine still reads it back). Here another writer commits twice right after that
+    # write: the sink's next commits must be refused for a partition the other writer moved, and
+    # rebased for one it did not; neither may drop the other writer's rows or cursors.
+    from feedapi_dagster.planning import PartitionState
+
+    first, other = make_sink(), make_sink()
+    write = first.engine.write
+    theirs = {n: PartitionState(cursor=f"o{n}", position=1) for n in (1, 2)}
+
+    def write_then_others_commit(commit, base):
+        landed = write(commit, base)
+        for n, state in theirs.items():
+            other.commit(_events(n, [f'{{"id":"o{n}"}}']), {n: state}, {n: None})
+        return landed
+
+    first.engine.write = write_then_others_commit
+    mine = PartitionState(cursor="a", position=1)
+    assert first.commit(_events(0, ['{"id":"a"}']), {0: mine}, {0: None}).state.get(0) == mine
+    first.engine.write = write
+    with pytest.raises(PartitionConflict):
+        first.commit(_events(1, ['{"id":"x"}']), {1: mine}, {1: None})  # partition 1 moved on: refused
+    first.commit(_events(3, ['{"id":"d"}']), {3: mine}, {3: None})  # untouched by the other: rebased
+    state = read_committed_state(table_path).state
+    assert state.generation == 4
+    assert [state.get(n) for n in range(4)] == [mine, theirs[1], theirs[2], mine]
+    assert first.state == state
+    rows = spark.read.format("delta").load(table_path).orderBy("partition_id").collect()
+    assert [(r.partition_id, r.event_id) for r in rows] == [(0, "a"), (1, "o1"), (2, "o2"), (3, "d")]
+
+
 def test_a_rebuild_of_a_method1_child_waits_for_its_parent_to_drain(spark, make_loader, table_path):
     # found by chaos seed 777003: a rebuild loaded a method-1 child while its parent still had events
     feed = DemoFeed(partitions=2, events=200, seed=8)
