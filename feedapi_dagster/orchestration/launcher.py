@@ -58,6 +58,10 @@ DEFAULT_PRELOAD: tuple[str, ...] = (
 )
 
 
+# imported by the fork server after the preloads: Dagster's migration scripts read once (see the module)
+WARM_STORAGE = "feedapi_dagster.orchestration.warm_storage"
+
+
 class ForkServerRunLauncher(DefaultRunLauncher):
     """Launches each run in a process forked from a fork server with Dagster already imported.
 
@@ -97,7 +101,7 @@ class ForkServerRunLauncher(DefaultRunLauncher):
         if self._context is None:
             context = multiprocessing.get_context("forkserver")
             # the storage warm-up is not a preload the configuration can drop: it is part of the launcher
-            context.set_forkserver_preload(self._preload)
+            context.set_forkserver_preload([*self._preload, WARM_STORAGE])
             multiprocessing.forkserver.ensure_running()
             self._context = context
 

@@ -4,6 +4,8 @@ import subprocess
 import sys
 import textwrap
 
+from feedapi_dagster.orchestration.launcher import ForkServerRunLauncher
+
 # In a process of its own: the warm-up changes Dagster's storage module for the whole process, as it
 # does in the fork server (and so in every run forked from it).
 SCRIPT = textwrap.dedent('''
@@ -56,3 +58,21 @@ def test_the_warm_up_reads_the_scripts_once_and_still_reads_each_databases_revis
     assert found["reads"] == []  # opening the instance and a run shard read no migration script again
     assert found["current"] == [found["head"], found["head"]]
     assert found["behind"] == [found["older"], found["head"]]  # a database behind is still seen as behind
+
+
+def _exit_0_if_the_storage_is_warm() -> None:
+    from dagster._core.storage import sql
+
+    sys.exit(0 if sql.ScriptDirectory.__name__ == "_ScriptsReadOnce" else 3)
+
+
+def test_what_the_launcher_forks_finds_the_storage_warmed_by_the_fork_server():
+    launcher = ForkServerRunLauncher(preload_modules=["dagster"])  # a configured list: the warm-up stays
+    launcher.start_fork_server()
+    try:
+        worker = launcher._context.Process(target=_exit_0_if_the_storage_is_warm)
+        worker.start()
+        worker.join(120)
+        assert worker.exitcode == 0
+    finally:
+        launcher.dispose()
