@@ -3,7 +3,8 @@
 * `DeltaRsEngine` (default, `writer: deltalake`): delta-rs, in the load process. Rows go from the
   page reader's bytes to Parquet in Rust with no JVM on the data path; this is what keeps a load at
   the speed of fetching. A commit is pinned to the table snapshot its feed state was read from, and
-  delta-rs refuses it when a commit made since carries our application transaction (another load).
+  delta-rs refuses it when a commit made since carries our application transaction (another load),
+  so a write that returns has landed, and the sink takes its new state from it without a read.
 * `SparkEngine` (`writer: spark`): the Spark session (Spark Connect or local) writes, for clusters
   where only Spark can reach the lakehouse storage. Delta Spark silently skips a commit whose
   `txnVersion` was already used; the sink notices by reading the history back. The Delta log (the

@@ -40,14 +40,14 @@ class CompactionSettings(BaseModel):
     every_commits: int = Field(default=50, ge=1)
 
 
-# commits looked at first after a commit of this sink's own
+# commits looked at first for a commit of this sink's own (Spark writes, or a write that raised)
 _JUST_COMMITTED = 4
 
 
 class DeltaSink:
     """Writes a feed's table through a `TableEngine` (delta-rs unless given another). One sink per
-    load process; it caches the last committed state so that each commit costs one Delta write plus
-    one short history read."""
+    load process; it caches the last committed state so that each commit costs one Delta write (plus,
+    with the Spark engine, one short history read to see that the write was not skipped)."""
 
     def __init__(
         self,
