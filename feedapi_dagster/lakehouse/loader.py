@@ -1,34 +1,46 @@
-"""`FeedLoader`: moves pages from a `FeedClient` into a `DeltaSink`, many partitions per commit.
+"""`FeedLoader`: plans a load from the cursors of record, has Spark read and write it, commits once.
 
-Fetching and writing overlap: partition readers (see `readers`: `fetch_workers` threads, in
-`read_processes` reader processes or in this one) turn pages into groups of rows on a bounded queue,
-while the calling thread batches the groups and commits. A batch closes at `batch_events` or
-`batch_bytes`, so memory stays bounded whatever the partition size; each commit carries the cursor of
-every group it covers (cursor-only pages and drained flags included).
+A load of many partitions is three Spark jobs and one Delta commit:
+
+1. **stage**: Spark tasks read the feed partitions through the `feedapi` data source (one task per
+   partition, from its committed cursor) and Spark writes what they read as Parquet under the table's
+   `_feedapi_staging/load-<id>`. Spark's file commit protocol keeps one attempt per task: a retried,
+   speculative or recomputed read never lands twice, and each task's last row (its checkpoint row)
+   says where *that* attempt stopped.
+2. **plan the commit**: the checkpoint rows (a few, skipped by Parquet statistics on the event
+   rows) give each partition's end cursor, position and drained flag.
+3. **commit**: Spark's Delta writer appends the staged rows (or, for a rebuild, replaces the
+   partitions' rows) in one Delta commit whose metadata is the new feed state (`state.py`).
+
+A run killed before step 3 leaves a staged read no one commits (removed by a later load); one killed
+after it resumes from exactly the cursors that commit holds. At-least-once feeds are deduplicated in
+Spark against the event ids the table holds (and within the read, in the tasks).
 """
 from __future__ import annotations
 
 import logging
-import shutil
+import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-
-import pyarrow as pa
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from feedapi_dagster.planning import PartitionPlan, PartitionState, PlanStatus, plan_feed, plan_rebuilds
-from feedapi_dagster.protocol import FeedClient, FeedInfo
+from feedapi_dagster.protocol import FeedInfo
 
-from .engines import STAGING_FOLDER, local_path
-from .readers import PartitionReader, ReaderPool, RowGroup
+from .datasource import END_COLUMN, SOURCE_NAME, FeedSourceOptions, ReadEnd
 from .sink import DeltaSink
-from .table import EVENT_SCHEMA
+from .spark import register_feed_source
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 log = logging.getLogger(__name__)
 
-# Moments a load passes through, reported to `on_moment` (progress logs; tests kill the process there).
+# Moments a load passes through, reported to `on_moment` (tests kill the process there).
+STAGED = "staged"
 BEFORE_COMMIT = "before_commit"
 AFTER_COMMIT = "after_commit"
 
@@ -36,16 +48,9 @@ AFTER_COMMIT = "after_commit"
 class LoadSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    # None: the table engine's own (`DeltaRsEngine.batch_events`, `SparkEngine.batch_events`)
-    batch_events: int | None = Field(default=None, ge=1)
-    batch_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
-    # reader threads (in all); spread over `read_processes` processes, or in the load process when 0.
-    # With the per-event work in Rust, threads load as fast as 2 processes, without the processes'
-    # ~0.5 s start in every run; processes help when Python work per event is back (feed filters).
-    fetch_workers: int = Field(default=8, ge=1)
-    read_processes: int = Field(default=0, ge=0)
-    # row groups waiting for the writer (reader threads; a reader process waits on its pipe instead)
-    queued_groups: int = Field(default=16, ge=1)
+    # A bound per partition and load (the task stops at the first checkpoint past it); the next
+    # load goes on from there. None: to the partition's current end.
+    max_events_per_partition: int | None = Field(default=None, ge=1)
 
 
 @dataclass
@@ -67,45 +72,22 @@ class PartitionReport:
     delta_version: int | None = None
 
 
-@dataclass
-class _Progress:
-    plan: PartitionPlan
-    state: PartitionState  # progress so far (committed or buffered)
-    expected: PartitionState | None  # what the table holds for it now
-    report: PartitionReport
-    dirty: bool = False  # progress not committed yet
-
-
-@dataclass
-class _Batch:
-    groups: list[pa.Table] = field(default_factory=list)
-    events: int = 0
-    size: int = 0
-
-    def rows(self) -> pa.Table:
-        return pa.concat_tables(self.groups) if self.groups else EVENT_SCHEMA.empty_table()
-
-
-@dataclass
-class _Staging:
-    path: str
-    used: bool = False
-
-
 class FeedLoader:
     def __init__(
         self,
-        client: FeedClient,
+        source: FeedSourceOptions,
         sink: DeltaSink,
         settings: LoadSettings | None = None,
         *,
         on_moment: Callable[[str, dict[int, PartitionState]], None] | None = None,
     ):
-        self.client = client
+        self.source = source
+        self.client = source.client()
         self.sink = sink
+        self.spark = sink.table.spark
         self.settings = settings or LoadSettings()
-        self._batch_events = self.settings.batch_events or self.sink.engine.batch_events
         self.on_moment = on_moment or (lambda moment, updates: None)
+        register_feed_source(self.spark)
 
     # ------------------------------------------------------------------ entry points
     def sync(self, partition_ids: Iterable[int] | None = None) -> dict[int, PartitionReport]:
@@ -146,111 +128,129 @@ class FeedLoader:
             reports.update(self._load(info, due, rebuild=True, drop=list(drop)))
         return dict(sorted(reports.items()))
 
-    # ------------------------------------------------------------------ the pipeline
+    # ------------------------------------------------------------------ one load
     def _load(self, info: FeedInfo, plans: list[PartitionPlan], *, rebuild: bool,
               drop: list[int] = ()) -> dict[int, PartitionReport]:
-        committed = self.sink.state
-        dedup = not info.exactly_once
-        progress: dict[int, _Progress] = {}
-        for plan in plans:
-            start = plan.start_state()
-            report = PartitionReport(plan.partition_id, "loaded", start.cursor, start.position, start.cursor,
-                                     rebuilt=rebuild, inherited_from=plan.inherited_from)
-            progress[plan.partition_id] = _Progress(plan, start, committed.get(plan.partition_id), report)
-        seen: dict[int, set[bytes] | None] = {pid: None for pid in progress}
-        if dedup:
-            # a rebuild starts its partitions (and the dropped ones) afresh; ancestors' rows stay
-            replaced = {*progress, *drop} if rebuild else set()
-            groups = {pid: [p for p in _dedup_group(info, item.plan) if p not in replaced]
-                      for pid, item in progress.items()}
-            stored = self.sink.event_ids(p for group in groups.values() for p in group)
-            seen = {pid: set().union(*(stored.get(p, set()) for p in group)) for pid, group in groups.items()}
-        readers = [PartitionReader(self.client, item.plan, item.state.position, self.sink.event_id_field,
-                                   seen[pid]) for pid, item in progress.items()]
-        settings = self.settings
-        processes = min(settings.read_processes, len(readers))
-        staging = _Staging(f"{self.sink.path}/{STAGING_FOLDER}/{uuid.uuid4().hex}") if rebuild else None
+        base = self.sink.committed_state()
+        starts = {plan.partition_id: plan.start_state() for plan in plans}
+        table = self.sink.table
+        staging = table.staging_path(uuid.uuid4().hex)
+        started = time.monotonic()
         try:
-            with ReaderPool(readers, threads=-(-settings.fetch_workers // max(processes, 1)), processes=processes,
-                            queued=settings.queued_groups) as pool:
-                self._write_loop(progress, pool, staging, drop)
+            self._stage(starts, staging)
+            staged = self.spark.read.parquet(staging)
+            ends = _read_ends(staged)
+            self.on_moment(STAGED, {})
+            rows = staged.where(f"{END_COLUMN} IS NULL").drop(END_COLUMN)
+            kept: dict[int, int] | None = None
+            if not info.exactly_once:
+                # a rebuild starts its partitions (and the dropped ones) afresh; ancestors' rows stay
+                replaced = {*starts, *drop} if rebuild else set()
+                groups = {pid: [p for p in _dedup_group(info, pid) if p not in replaced] for pid in starts}
+                rows, kept = _without_stored(rows, table.frame(base.delta_version), groups, starts)
+            reports = {pid: _report(plan, starts[plan.partition_id], ends.get(plan.partition_id), kept, rebuild)
+                       for plan in plans for pid in [plan.partition_id]}
+            seconds = time.monotonic() - started
+            events = sum(r.events for r in reports.values())
+            log.info("read %d events in %d pages from %d partitions in %.1f s (%.0f events/s)", events,
+                     sum(r.pages for r in reports.values()), len(reports), seconds, events / max(seconds, 1e-9))
+            self._commit(reports, starts, base.state, rows, rebuild, drop)
         finally:
-            if staging:
-                _remove_local(staging.path)
-        return {pid: item.report for pid, item in progress.items()}
+            table.remove_staging(staging)
+        return reports
 
-    def _write_loop(self, progress: dict[int, _Progress], pool: ReaderPool, staging: "_Staging | None",
-                    drop: list[int]) -> None:
-        batch = _Batch()
-        for kind, partition_id, payload in pool.messages():
-            item = progress[partition_id]
-            if kind == "group":
-                self._add_group(item, payload, batch)
-                if batch.size >= self.settings.batch_bytes or batch.events >= self._batch_events:
-                    self._flush(progress, batch, staging=staging)
-                    batch = _Batch()
-            elif kind == "error":
-                item.report.status, item.report.error = "failed", payload
-            elif item.plan.closed or payload:
-                # closed and caught up, or finished by a `_done` checkpoint: drained
-                item.state = item.state.model_copy(update={"drained": True})
-                item.dirty = item.report.drained = True
-        failed = [pid for pid, item in progress.items() if item.report.status == "failed"]
-        if staging and failed:
-            raise RuntimeError(f"rebuild of partitions {sorted(progress)} abandoned, nothing replaced: "
-                               + "; ".join(f"partition {pid}: {progress[pid].report.error}" for pid in failed))
-        self._flush(progress, batch, staging=staging, final=True, drop=drop)
+    def _stage(self, starts: dict[int, PartitionState], staging: str) -> None:
+        """Spark job 1: the tasks read, Spark writes what one attempt of each read as Parquet."""
+        options = self.source.spark_options(
+            partitions=sorted(starts),
+            start_cursors={pid: s.cursor for pid, s in starts.items()},
+            start_positions={pid: s.position for pid, s in starts.items()},
+            max_events=self.settings.max_events_per_partition,
+            checkpoint_rows=True,
+        )
+        frame = self.spark.read.format(SOURCE_NAME).options(**options).load()
+        # uncompressed: read once, by the commit job, on the same storage
+        frame.write.option("compression", "none").parquet(staging)
 
-    def _add_group(self, item: _Progress, group: RowGroup, batch: _Batch) -> None:
-        batch.groups.append(group.rows)
-        batch.events += group.rows.num_rows
-        batch.size += group.size
-        item.report.events += group.rows.num_rows
-        item.report.pages += group.pages
-        item.report.duplicates += group.duplicates
-        item.state = item.state.model_copy(update={"cursor": group.cursor, "position": group.position})
-        item.dirty = True
-
-    def _flush(self, progress: dict[int, _Progress], batch: _Batch, *, staging: "_Staging | None",
-               final: bool = False, drop: Iterable[int] = ()) -> None:
-        rows = batch.rows()
-        if staging and not final:
-            # a rebuild's earlier batches wait in a staging table until the one final commit
-            self.sink.stage(rows, staging.path)
-            staging.used = True
+    def _commit(self, reports: dict[int, PartitionReport], starts: dict[int, PartitionState],
+                committed, rows: "DataFrame", rebuild: bool, drop: list[int]) -> None:
+        failed = [r for r in reports.values() if r.status == "failed"]
+        if rebuild and failed:
+            raise RuntimeError(f"rebuild of partitions {sorted(reports)} abandoned, nothing replaced: "
+                               + "; ".join(f"partition {r.partition_id}: {r.error}" for r in failed))
+        updates = {}
+        for pid, report in reports.items():
+            state = PartitionState(cursor=report.cursor, position=report.position, drained=report.drained,
+                                   inherited_from=starts[pid].inherited_from)
+            if rebuild or state != starts[pid] or report.events:
+                updates[pid] = state
+        if not updates and not rebuild:
             return
-        dirty = {pid: item for pid, item in progress.items() if item.dirty}
-        if not dirty and not rows.num_rows and not staging:
-            return
-        updates = {pid: item.state for pid, item in dirty.items()}
-        expected = {pid: item.expected for pid, item in dirty.items()}
-        replace = [*progress, *drop] if staging else []
-        staged = staging.path if staging and staging.used else None
+        expected = {pid: committed.get(pid) for pid in updates}
         self.on_moment(BEFORE_COMMIT, updates)
-        result = self.sink.commit(rows, updates, expected, replace=replace, staged=staged)
+        result = self.sink.commit(rows, updates, expected, replace=[*reports, *drop] if rebuild else [])
         self.on_moment(AFTER_COMMIT, updates)
-        for pid, item in dirty.items():
-            item.expected, item.dirty = item.state, False
-            item.report.cursor, item.report.position = item.state.cursor, item.state.position
-            item.report.delta_version = result.delta_version
-        log.info("committed %d events for partitions %s (Delta version %s)", rows.num_rows,
-                 sorted(dirty), result.delta_version)
+        for pid in updates:
+            reports[pid].delta_version = result.delta_version
+        log.info("committed partitions %s (Delta version %s)", sorted(updates), result.delta_version)
 
 
-def _dedup_group(info: FeedInfo, plan: PartitionPlan) -> list[int]:
+def _read_ends(staged: "DataFrame") -> dict[int, tuple[str, int, ReadEnd]]:
+    rows = staged.where(f"{END_COLUMN} IS NOT NULL").select("partition_id", "cursor", "position", END_COLUMN).collect()
+    return {row[0]: (row[1], row[2], ReadEnd.from_json(row[3])) for row in rows}
+
+
+def _report(plan: PartitionPlan, start: PartitionState, end: tuple[str, int, ReadEnd] | None,
+            kept: dict[int, int] | None, rebuild: bool) -> PartitionReport:
+    report = PartitionReport(plan.partition_id, "loaded", start.cursor, start.position, start.cursor,
+                             rebuilt=rebuild, inherited_from=plan.inherited_from)
+    if end is None:  # cannot happen with a whole staged read; never commit a guess
+        report.status, report.error = "failed", "the read of this partition left no checkpoint row"
+        return report
+    cursor, position, read = end
+    events = read.events if kept is None else kept.get(plan.partition_id, 0)
+    report.cursor, report.position = cursor, start.position + events
+    report.events, report.pages, report.drained = events, read.pages, read.drained
+    report.duplicates = read.duplicates + (read.events - events)
+    if read.error:
+        report.status, report.error = "failed", read.error
+    return report
+
+
+def _dedup_group(info: FeedInfo, partition_id: int) -> list[int]:
     """A partition and its method-2 ancestors: their histories overlap."""
-    partition = info.partition(plan.partition_id)
-    return [plan.partition_id, *(partition.cursor_from if partition else [])]
+    partition = info.partition(partition_id)
+    return [partition_id, *(partition.cursor_from if partition else [])]
+
+
+def _without_stored(rows: "DataFrame", table: "DataFrame", groups: dict[int, list[int]],
+                    starts: dict[int, PartitionState]) -> tuple["DataFrame", dict[int, int]]:
+    """The staged rows whose event id the table does not hold in the partition's dedup group, with
+    positions renumbered to stay contiguous from each partition's start; and the kept rows per
+    partition."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    spark = rows.sparkSession
+    pairs = [(pid, source) for pid, group in groups.items() for source in group]
+    sources = sorted({source for _, source in pairs})
+    mapping = spark.createDataFrame(pairs, "partition_id INT, source INT")
+    stored = (table.where(F.col("partition_id").isin(sources) & F.col("event_id").isNotNull())
+              .select(F.col("partition_id").alias("source"), "event_id").distinct())
+    repeated = (rows.where(F.col("event_id").isNotNull()).select("partition_id", "event_id")
+                .join(mapping, "partition_id").join(stored, ["source", "event_id"])
+                .select("partition_id", "event_id").distinct())
+    starts_frame = spark.createDataFrame([(pid, s.position) for pid, s in starts.items()],
+                                         "partition_id INT, start BIGINT")
+    order = Window.partitionBy("partition_id").orderBy("position")
+    kept = (rows.join(repeated, ["partition_id", "event_id"], "left_anti")
+            .join(F.broadcast(starts_frame), "partition_id")
+            .withColumn("position", F.col("start") + F.row_number().over(order) - 1)
+            .select(*rows.columns))
+    counts = {row[0]: row[1] for row in kept.groupBy("partition_id").count().collect()}
+    return kept, counts
 
 
 def _idle_report(plan: PartitionPlan) -> PartitionReport:
     return PartitionReport(plan.partition_id, plan.status.value, plan.cursor, plan.position, plan.cursor,
                            drained=plan.status is PlanStatus.DRAINED, error=plan.reason or None)
-
-
-def _remove_local(path: str) -> None:
-    local = local_path(path)
-    if local:
-        shutil.rmtree(local, ignore_errors=True)
-    else:
-        log.warning("staging table %s left behind: remove it with your storage tools", path)

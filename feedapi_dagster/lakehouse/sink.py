@@ -1,18 +1,20 @@
-"""`DeltaSink`: rows and the feed's cursors in one idempotent Delta commit."""
+"""`DeltaSink`: rows and the feed's cursors in one idempotent Delta commit, made by Spark."""
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import uuid
 from collections.abc import Iterable, Mapping
-import pyarrow as pa
+from typing import TYPE_CHECKING
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from feedapi_dagster.planning import FeedState, PartitionState
 
 from . import state as committed
-from .engines import Commit, DeltaRsEngine, TableEngine
-from .table import check_id_field, stamped
+from .delta import Commit, FeedTable
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 log = logging.getLogger(__name__)
 
@@ -45,30 +47,27 @@ _JUST_COMMITTED = 4
 
 
 class DeltaSink:
-    """Writes a feed's table through a `TableEngine` (delta-rs unless given another). One sink per
-    load process; it caches the last committed state so that each commit costs one Delta write (plus,
-    with the Spark engine, one short history read to see that the write was not skipped)."""
+    """Writes a feed's `FeedTable`. One sink per load process; it caches the last committed state, so
+    that each commit costs one Spark write and one short history read (to see that Delta did not skip
+    the write)."""
 
     def __init__(
         self,
-        path: str,
+        table: FeedTable,
         *,
-        engine: TableEngine | None = None,
-        event_id_field: str = "id",
         run_id: str | None = None,
         compaction: CompactionSettings | None = None,
         max_conflict_retries: int = 8,
     ):
-        self.path = path
-        self.engine = engine or DeltaRsEngine(path)
-        self.event_id_field = check_id_field(event_id_field)
+        self.table = table
+        self.path = table.path
         self.run_id = run_id
         self.compaction = compaction or CompactionSettings()
         self.max_conflict_retries = max_conflict_retries
         self._committed: committed.CommittedState | None = None
         self._snapshot = None  # the table snapshot `_committed` was read from: commits are based on it
         self._commits = 0
-        self.engine.ensure_table()
+        self.table.ensure_table()
 
     # ------------------------------------------------------------------ reading
     def committed_state(self, refresh: bool = False) -> committed.CommittedState:
@@ -80,36 +79,24 @@ class DeltaSink:
     def state(self) -> FeedState:
         return self.committed_state().state
 
-    def event_ids(self, partition_ids: Iterable[int]) -> dict[int, set[bytes]]:
-        """Event ids already stored per partition, UTF-8 encoded as `table.event_ids` gives them
-        (deduplication of at-least-once feeds), one query."""
-        wanted = sorted(set(partition_ids))
-        stored: dict[int, set[bytes]] = {}
-        for partition_id, event_id in self.engine.event_ids(wanted) if wanted else []:
-            stored.setdefault(partition_id, set()).add(event_id.encode())
-        return stored
-
     # ------------------------------------------------------------------ writing
     def commit(
         self,
-        rows: pa.Table,
+        rows: "DataFrame",
         updates: Mapping[int, PartitionState],
         expected: Mapping[int, PartitionState | None],
         *,
         replace: Iterable[int] = (),
-        staged: str | None = None,
     ) -> committed.CommittedState:
         """Append `rows` (`table.EVENT_SCHEMA`; or, for `replace` partitions, replace their rows) and
         advance the state by `updates`, in one Delta commit.
 
         `expected` is each updated partition's committed state this load continues from; when another
         writer changed it meanwhile, `PartitionConflict` is raised and nothing is committed. A commit
-        that lost a race with a writer of other partitions is rebased and retried. The rows a rebuild
-        `staged` earlier are written in the same commit.
+        that lost a race with a writer of other partitions is rebased and retried.
         """
         replace = tuple(sorted(set(replace)))
         commit_id = uuid.uuid4().hex
-        rows = stamped(rows, dt.datetime.now(dt.timezone.utc), self.run_id)
         for attempt in range(1, self.max_conflict_retries + 1):
             base = self.committed_state()
             for partition_id, want in expected.items():
@@ -118,21 +105,16 @@ class DeltaSink:
                     raise PartitionConflict(partition_id, want, found)
             new_state = base.state.advanced(dict(updates))
             commit = Commit(rows, committed.encode(new_state, commit_id, self.run_id), new_state.generation,
-                            replace, staged)
+                            replace)
             try:
-                landed = self.engine.write(commit, self._snapshot)
-            except Exception as error:  # noqa: BLE001 - classified below; engines raise many types
+                self.table.write(commit, self.run_id)
+            except Exception as error:  # noqa: BLE001 - classified below; Spark raises many types
                 if self._landed(commit_id):
                     break
-                if not self.engine.is_conflict(error):
+                if not self.table.is_conflict(error):
                     raise
                 log.info("commit to %s lost a race (attempt %d); rebasing", self.path, attempt)
                 continue
-            if landed is not None:
-                # the engine proved it landed: the state is the one just written, nothing to read back
-                # (a commit another writer makes after it is met by the next commit's conflict check)
-                self._committed = committed.CommittedState(new_state, commit_id, landed)
-                break
             if self._landed(commit_id):
                 break
             log.info("commit to %s was superseded (attempt %d); rebasing", self.path, attempt)
@@ -142,12 +124,9 @@ class DeltaSink:
         self._commits += 1
         return self.committed_state()
 
-    def stage(self, rows: pa.Table, staging: str) -> None:
-        self.engine.stage(stamped(rows, dt.datetime.now(dt.timezone.utc), self.run_id), staging)
-
     def _read_history(self, limit: int = committed.RECENT_HISTORY) -> list[committed.CommittedState]:
         # The snapshot is this sink's own (nothing else refreshes it), and the state is read with it.
-        self._snapshot, history = committed.read_history(self.engine, limit, refresh=self._snapshot)
+        self._snapshot, history = committed.read_history(self.table, limit, refresh=self._snapshot)
         self._committed = history[0] if history else committed.CommittedState(FeedState(), None, None)
         return history
 
@@ -155,8 +134,7 @@ class DeltaSink:
         """Whether the commit is in the table (Delta Spark silently skips a txnVersion already used).
 
         Right after a commit it is nearly always the newest one: the last few commits are looked at
-        first (delta-rs reads each commit file whole, holding the GIL the readers need: 50 of them
-        were 10-20 % of a load's GIL time), the usual depth only when it is not among them."""
+        first, the usual depth only when it is not among them."""
         if any(entry.load_id == commit_id for entry in self._read_history(_JUST_COMMITTED)):
             return True
         return any(entry.load_id == commit_id for entry in self._read_history())
@@ -168,8 +146,8 @@ class DeltaSink:
             return False
         every = self.compaction.every_commits
         # a snapshot of its own: the sink's commits stay based on the snapshot its state was read from
-        operations = [entry.operation for entry in self.engine.history(every)[1]]
+        operations = [entry.operation for entry in self.table.history(every)[1]]
         if len(operations) < every or "OPTIMIZE" in operations:
             return False
-        self.engine.compact()
+        self.table.compact()
         return True

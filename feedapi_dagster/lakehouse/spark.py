@@ -7,7 +7,9 @@ Three modes (`SparkSettings.mode`):
 * ``embedded`` (default): a Spark Connect server started from the pip-installed pyspark as a child
   JVM (``spark-submit --class ...SparkConnectServer``) with the cached Delta jars, bound to 127.0.0.1
   only, and a thin Connect client to it. `ensure_embedded_server` reuses a server already listening
-  on the port, so a short-lived process (a Dagster run) only pays for a client.
+  on the port, so a short-lived process (a Dagster run) only pays for a client. The server runs
+  Python for whoever reaches its port, so it requires Spark Connect's authentication token: one per
+  server, handed to its clients through a file only this user can read (`token_file`).
 * ``local``: a classic in-process ``local[*]`` SparkSession with the same Delta configuration (tests).
 
 A classic session and a Connect session cannot live in one Python process (pyspark refuses the
@@ -24,6 +26,7 @@ import atexit
 import contextlib
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -31,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Literal, Mapping, Sequence
 
@@ -123,6 +127,9 @@ class SparkSettings(BaseModel):
     conf: dict[str, str] = Field(default_factory=dict)
     work_dir: Path | None = None
     detach_server: bool = False
+    # remote: send this package to the cluster as a Spark Connect artifact (off when the cluster's
+    # Python has feedapi-dagster installed, e.g. baked into its image)
+    ship_package: bool = True
 
     @field_validator("conf", mode="before")
     @classmethod
@@ -279,6 +286,35 @@ def _tail(path: Path | None, lines: int = 40) -> str:
         return "(no log)"
 
 
+def token_file(port: int) -> Path:
+    """Where the embedded server on `port` keeps its authentication token (mode 0600)."""
+    return Path(tempfile.gettempdir()) / f"feedapi-dagster-spark-{port}.token"
+
+
+def _write_token(port: int) -> str:
+    token = secrets.token_urlsafe(32)
+    path = token_file(port)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(token)
+    return token
+
+
+def read_token(port: int) -> str:
+    """The token of the embedded server on `port`; refuses a file someone else could have written or read."""
+    path = token_file(port)
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise SparkStartupError(f"a Spark Connect server listens on port {port}, but {path} (its token) is "
+                                "missing: it was not started by feedapi-dagster as this user") from None
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise SparkStartupError(f"{path} must belong to this user with mode 0600; not using it")
+    return path.read_text().strip()
+
+
 class SparkConnectServer:
     """A Spark Connect server in a child JVM (``spark-submit --class SparkConnectServer``).
 
@@ -325,7 +361,13 @@ class SparkConnectServer:
 
     @property
     def url(self) -> str:
+        """For display: the server's address, without its token."""
         return f"sc://{self.host}:{self.port}"
+
+    def client_url(self) -> str:
+        """The Spark Connect URL a client connects with: the token goes over a local channel
+        (gRPC's local credentials, which pyspark uses for `localhost` with a token)."""
+        return f"sc://localhost:{self.port}/;token={read_token(self.port)}"
 
     @property
     def owned(self) -> bool:
@@ -411,6 +453,8 @@ class SparkConnectServer:
                 self._work_dir = Path(tempfile.mkdtemp(prefix=f"feedapi-dagster-spark-{self.port}-"))
                 self._remove_work_dir = True
         self._work_dir.mkdir(parents=True, exist_ok=True)
+        # in the server's environment, not its command line (which `ps` shows to every user)
+        self._env["SPARK_CONNECT_AUTHENTICATE_TOKEN"] = _write_token(self.port)
         cmd = self.command()
         self.log_path = self._work_dir / "spark-connect-server.log"
         self._log_file = open(self.log_path, "ab")
@@ -474,6 +518,8 @@ class SparkConnectServer:
             self._log_file = None
         if self._remove_work_dir and self._work_dir is not None:
             shutil.rmtree(self._work_dir, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            token_file(self.port).unlink()
         if _started.get(self.port) is self:
             del _started[self.port]
 
@@ -593,14 +639,50 @@ def connect_session(url: str, conf: Mapping[str, str] | None = None) -> "SparkSe
     return builder.getOrCreate()
 
 
+# Sessions that have the `feedapi` data source (a Connect session is a new object per client).
+_with_source: set[int] = set()
+
+
+def register_feed_source(spark: "SparkSession", ship: bool = False) -> None:
+    """Register `FeedDataSource` as `feedapi` in the session, once. `ship`: also send this package to
+    the session's executors as a Spark Connect artifact (a cluster whose Python does not have
+    feedapi-dagster installed; its wheels - msgspec, pyarrow, requests, pydantic - must be there)."""
+    from feedapi_dagster.lakehouse.datasource import FeedDataSource
+
+    if id(spark) in _with_source:
+        return
+    if ship:
+        spark.addArtifacts(str(package_zip()), pyfile=True)
+    spark.dataSource.register(FeedDataSource)
+    _with_source.add(id(spark))
+
+
+def package_zip() -> Path:
+    """This package as a zip of its Python sources, made once per installed version of the files."""
+    root = Path(__file__).resolve().parents[1]
+    sources = sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+    stamp = max(p.stat().st_mtime_ns for p in sources)
+    target = Path(tempfile.gettempdir()) / f"feedapi_dagster-{os.getuid()}-{stamp}.zip"
+    if not target.exists():
+        partial = target.with_suffix(f".{os.getpid()}.part")
+        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
+            for path in sources:
+                archive.write(path, path.relative_to(root.parent))
+        partial.replace(target)
+    return target
+
+
 def spark_session(settings: SparkSettings | None = None) -> "SparkSession":
     """The session for ``settings.mode`` (embedded: ensure the server runs, then connect)."""
     settings = settings or SparkSettings()
     if settings.mode == "local":
-        return local_spark_session(settings.conf, work_dir=settings.work_dir)
-    if settings.mode == "remote":
+        session = local_spark_session(settings.conf, work_dir=settings.work_dir)
+    elif settings.mode == "remote":
         assert settings.remote is not None
-        return connect_session(settings.remote, settings.conf)
-    server = ensure_embedded_server(settings.port, conf=settings.conf, work_dir=settings.work_dir,
-                                    detach=settings.detach_server)
-    return connect_session(server.url)
+        session = connect_session(settings.remote, settings.conf)
+    else:
+        server = ensure_embedded_server(settings.port, conf=settings.conf, work_dir=settings.work_dir,
+                                        detach=settings.detach_server)
+        session = connect_session(server.client_url())
+    register_feed_source(session, ship=settings.mode == "remote" and settings.ship_package)
+    return session

@@ -9,8 +9,11 @@ resumes from exactly what the commit covered.
 
 Concurrent writers are serialised through Delta's application transaction (`txnAppId`/`txnVersion`):
 a commit declares `txnVersion = state.generation`, so of two writers that read the same generation
-only one commits; the other is refused (or, under Delta Spark, skipped), re-reads the state and
-rebases (see `DeltaSink` and `engines`).
+only one commits; the other is skipped by Delta Spark, re-reads the state and rebases (see `DeltaSink`).
+
+The rows come from a read that Spark staged once (`loader`), and the cursors committed are those
+that the staged read's checkpoint rows give: the cursors of the very rows committed, whatever task
+attempts Spark ran.
 """
 from __future__ import annotations
 
@@ -20,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 from feedapi_dagster.planning import FeedState
 
-from .engines import DeltaRsEngine, HistoryEntry
+from .delta import DeltaLog, HistoryEntry
 
 if TYPE_CHECKING:
-    from .engines import TableEngine
+    from .delta import FeedTable
 
 METADATA_KEY = "feedapi_dagster"
 # Commits made by others (OPTIMIZE, manual writes) carry no state; look this far back first.
@@ -65,19 +68,19 @@ def committed_states(entries: list[HistoryEntry]) -> list[CommittedState]:
     return states
 
 
-def read_history(table: "TableEngine | str", limit: int | None = RECENT_HISTORY,
+def read_history(table: "FeedTable | str", limit: int | None = RECENT_HISTORY,
                  refresh: Any = None) -> tuple[Any, list[CommittedState]]:
-    """A snapshot of the table (at `table`: an engine, or a path read with delta-rs) and the states
+    """A snapshot of the table (`table`, or a path read with delta-rs) and the states
     committed to it, newest first. `refresh`: a snapshot read before, brought up to date in place."""
-    engine = DeltaRsEngine(table) if isinstance(table, str) else table
-    snapshot, entries = engine.history(limit, refresh)
+    log = DeltaLog(table) if isinstance(table, str) else table
+    snapshot, entries = log.history(limit, refresh)
     states = committed_states(entries)
     if not states and limit and len(entries) >= limit:
-        return read_history(engine, None, snapshot)
+        return read_history(log, None, snapshot)
     return snapshot, states
 
 
-def read_committed_state(table: "TableEngine | str") -> CommittedState:
+def read_committed_state(table: "FeedTable | str") -> CommittedState:
     """The newest state committed to the table (an empty state for a new table)."""
     states = read_history(table)[1]
     return states[0] if states else CommittedState(FeedState(), None, None)

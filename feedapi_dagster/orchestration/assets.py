@@ -17,7 +17,7 @@ def build_feed_asset(project: ProjectConfig, feed: FeedConfig) -> dg.AssetsDefin
         key=asset_key(feed),
         partitions_def=partitions,
         group_name="feedapi",
-        kinds={"delta", project.writer},  # the writer: deltalake (delta-rs) or spark
+        kinds={"delta", "spark"},
         # one run per partition key: dynamic partition ranges follow insertion order, so a
         # multi-key UI backfill must never become one range run that covers other keys
         backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=1),
@@ -62,7 +62,7 @@ class SyncConfig(dg.Config):
 def build_sync_job(project: ProjectConfig, feed: FeedConfig) -> dg.JobDefinition:
     """One run, one process, many partitions: what the schedule and the sensor launch."""
 
-    @dg.op(name=f"feedapi_{feed.name}_sync_op", tags={"kind": project.writer})
+    @dg.op(name=f"feedapi_{feed.name}_sync_op", tags={"kind": "spark"})
     def sync_op(context: dg.OpExecutionContext, config: SyncConfig, spark: SparkResource) -> None:
         busy = active_partitions(context.instance, feed, exclude_run_id=context.run.run_id)
         loader = make_loader(project, feed, spark, context.run.run_id)

@@ -5,7 +5,7 @@ import dagster as dg
 from feedapi_dagster.lakehouse.state import read_committed_state
 
 from .config import FeedConfig, ProjectConfig
-from .loads import asset_key, latest_metadata_by_partition, table_engine
+from .loads import asset_key, feed_table, latest_metadata_by_partition
 from .resources import SparkResource
 
 NO_DUPLICATES = "no_duplicate_event_ids"
@@ -36,7 +36,7 @@ def build_feed_checks(project: ProjectConfig, feed: FeedConfig) -> dg.AssetCheck
             check_name=NO_DUPLICATES, passed=not duplicates,
             metadata={"examples": [f"partition {r.partition_id}: {r.event_id} x{r.copies}" for r in duplicates]})
 
-        state = read_committed_state(table_engine(project, feed, spark)).state
+        state = read_committed_state(feed_table(project, feed, spark)).state
         shape = session.sql(
             f"SELECT partition_id, count(*) AS n, min(position) AS lo, max(position) AS hi, "
             f"count(DISTINCT position) AS distinct_positions FROM delta.`{path}` GROUP BY partition_id").collect()

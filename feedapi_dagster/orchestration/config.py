@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from feedapi_dagster.lakehouse.loader import LoadSettings
 from feedapi_dagster.lakehouse.sink import CompactionSettings
 from feedapi_dagster.lakehouse.spark import SparkSettings
+from feedapi_dagster.lakehouse.datasource import FeedSourceOptions
 from feedapi_dagster.protocol import EventFilter, FeedClient, RetryPolicy
 
 CONFIG_ENV = "FEEDAPI_DAGSTER_CONFIG"
@@ -86,18 +87,21 @@ class FeedConfig(_Strict):
             raise ConfigError(f"feed {self.name!r}: environment variable {self.token_env} (token_env) is not set")
         return token
 
+    def source(self) -> FeedSourceOptions:
+        """The feed as the `feedapi` Spark data source reads it (the token is read from `token_env` here,
+        in the run, and handed to the read as a Spark-redacted option)."""
+        return FeedSourceOptions(url=self.url, dialect=self.dialect, partition_count=self.partition_count,
+                                 page_size_hint=self.page_size_hint, event_id_field=self.event_id_field,
+                                 event_filter=self.filters, retry=self.retry, verify=self.ca_bundle or True,
+                                 token=self.token())
+
     def client(self) -> FeedClient:
-        return FeedClient(self.url, dialect=self.dialect, partition_count=self.partition_count, token=self.token(),
-                          page_size_hint=self.page_size_hint, event_filter=self.filters, retry=self.retry,
-                          verify=self.ca_bundle or True)
+        return self.source().client()
 
 
 class ProjectConfig(_Strict):
     lakehouse: str = "lakehouse"
     spark: SparkSettings = Field(default_factory=SparkSettings)
-    # Who writes feed tables: delta-rs in the run process (fast; the run must reach the lakehouse
-    # storage), or the Spark session (for clusters where only Spark can reach it).
-    writer: Literal["deltalake", "spark"] = "deltalake"
     feeds: list[FeedConfig]
 
     @model_validator(mode="after")

@@ -17,14 +17,14 @@ from urllib.parse import urlsplit
 import dagster as dg
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
-from feedapi_dagster.lakehouse.engines import TableEngine
+from feedapi_dagster.lakehouse.delta import FeedTable
 from feedapi_dagster.lakehouse.spark import ensure_embedded_server
 from feedapi_dagster.lakehouse.state import read_committed_state
 
 from .automation import register_discovered_partitions
 from .config import FeedConfig, ProjectConfig, load_config
 from .definitions import build_definitions
-from .loads import partitions_def_name, table_engine
+from .loads import feed_table, partitions_def_name
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTANCE_TEMPLATE = ROOT / "dagster_project" / "dagster.yaml"
@@ -83,11 +83,11 @@ def run_demo(args: argparse.Namespace) -> int:
             print("the sync run failed; see the log above", file=sys.stderr)
             return 1
         spark = defs.resources["spark"]
-        _print_table(spark.session(), table_engine(project, feed, spark), instance, partitions_def_name(feed), home)
+        _print_table(spark.session(), feed_table(project, feed, spark), instance, partitions_def_name(feed), home)
     return 0
 
 
-def _print_table(spark, table: TableEngine, instance: dg.DagsterInstance, partitions_name: str, home: Path) -> None:
+def _print_table(spark, table: FeedTable, instance: dg.DagsterInstance, partitions_name: str, home: Path) -> None:
     path = table.path
     state = read_committed_state(table).state
     counts = {r.partition_id: r["count"] for r in spark.sql(

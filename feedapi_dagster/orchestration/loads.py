@@ -6,8 +6,8 @@ from collections.abc import Iterable
 
 import dagster as dg
 
+from feedapi_dagster.lakehouse.delta import FeedTable
 from feedapi_dagster.lakehouse.loader import FeedLoader, PartitionReport
-from feedapi_dagster.lakehouse.engines import DeltaRsEngine, SparkEngine, TableEngine
 from feedapi_dagster.lakehouse.sink import DeltaSink
 
 from .config import FeedConfig, ProjectConfig
@@ -56,16 +56,13 @@ def active_partitions(instance: dg.DagsterInstance, feed: FeedConfig, exclude_ru
     return busy
 
 
-def table_engine(project: ProjectConfig, feed: FeedConfig, spark: SparkResource) -> TableEngine:
-    """The configured writer of the feed's table (the Spark session is only started for `writer: spark`)."""
-    path = project.table_path(feed)
-    return SparkEngine(spark.session(), path) if project.writer == "spark" else DeltaRsEngine(path)
+def feed_table(project: ProjectConfig, feed: FeedConfig, spark: SparkResource) -> FeedTable:
+    return FeedTable(spark.session(), project.table_path(feed))
 
 
 def make_loader(project: ProjectConfig, feed: FeedConfig, spark: SparkResource, run_id: str | None) -> FeedLoader:
-    sink = DeltaSink(project.table_path(feed), engine=table_engine(project, feed, spark),
-                     event_id_field=feed.event_id_field, run_id=run_id, compaction=feed.compaction)
-    return FeedLoader(feed.client(), sink, feed.load)
+    sink = DeltaSink(feed_table(project, feed, spark), run_id=run_id, compaction=feed.compaction)
+    return FeedLoader(feed.source(), sink, feed.load)
 
 
 def report_metadata(report: PartitionReport, loader: FeedLoader) -> dict[str, dg.RawMetadataValue]:

@@ -1,9 +1,10 @@
 import pytest
 
-from feedapi_dagster.lakehouse.engines import DeltaRsEngine, SparkEngine
-from feedapi_dagster.lakehouse.loader import FeedLoader, LoadSettings
+from feedapi_dagster.lakehouse.datasource import FeedSourceOptions
+from feedapi_dagster.lakehouse.delta import FeedTable
+from feedapi_dagster.lakehouse.loader import FeedLoader
 from feedapi_dagster.lakehouse.sink import DeltaSink
-from feedapi_dagster.protocol import FeedClient, RetryPolicy
+from feedapi_dagster.protocol import RetryPolicy
 
 
 @pytest.fixture
@@ -11,38 +12,34 @@ def table_path(tmp_path):
     return str(tmp_path / "lakehouse" / "feed")
 
 
-@pytest.fixture(params=["deltalake", "spark"])
-def writer(request):
-    """Every sink test runs with both table engines (`writer:` in the feeds file). The Spark engine
-    reads the Delta log with delta-rs when it can (always, here); tests about reading the log back
-    also take `SPARK_LOG_TOO`: the Spark engine reading it through Spark, as on a cluster's storage."""
-    return request.param
+@pytest.fixture
+def read_log(request):
+    """How the run reads the Delta log (the committed states): delta-rs where the run can open the
+    table, Spark (`DESCRIBE HISTORY`) where only the cluster reaches the storage. Tests about reading
+    the log back run with both (`LOG_READERS`); the others with delta-rs."""
+    return getattr(request, "param", "delta-rs")
 
 
-SPARK_LOG_TOO = pytest.mark.parametrize("writer", ["deltalake", "spark", "spark-sql-log"])
+LOG_READERS = pytest.mark.parametrize("read_log", ["delta-rs", "spark"], indirect=True)
 
 
 @pytest.fixture
-def make_sink(spark, writer, table_path):
+def make_sink(spark, table_path, read_log):
     def make(path=None, **kwargs):
-        path = path or table_path
-        engine = (DeltaRsEngine(path) if writer == "deltalake"
-                  else SparkEngine(spark, path, read_log="spark" if writer == "spark-sql-log" else "auto"))
-        return DeltaSink(path, engine=engine, **kwargs)
+        table = FeedTable(spark, path or table_path, read_log="spark" if read_log == "spark" else "auto")
+        return DeltaSink(table, **kwargs)
     return make
 
 
-# Reader threads by default: a reader process costs ~1 s to start, and these loads are tiny. The
-# reader processes (the product's default) are covered by test_readers.py, the crash and chaos tests.
-THREADS = LoadSettings(read_processes=0)
+def source(url, **options) -> FeedSourceOptions:
+    options.setdefault("retry", RetryPolicy(base_delay=0.001, max_delay=0.01))
+    return FeedSourceOptions(url=url, **options)
 
 
 @pytest.fixture
 def make_loader(make_sink):
-    def make(server, *, path=None, settings=None, **client_kwargs):
-        client_kwargs.setdefault("retry", RetryPolicy(base_delay=0.001, max_delay=0.01))
-        client = FeedClient(server.url, **client_kwargs)
-        return FeedLoader(client, make_sink(path), settings or THREADS)
+    def make(server, *, path=None, settings=None, on_moment=None, **options):
+        return FeedLoader(source(server.url, **options), make_sink(path), settings, on_moment=on_moment)
     return make
 
 

@@ -11,7 +11,7 @@ from feedapi_dagster.lakehouse.sink import CompactionSettings, PartitionConflict
 from feedapi_dagster.lakehouse.state import read_committed_state
 from feedapi_dagster.protocol import EventFilter
 
-from .conftest import SPARK_LOG_TOO, payloads, table_rows
+from .conftest import LOG_READERS, payloads, table_rows
 
 ODD_PAYLOADS = [
     '{"id":"u1","text":"Grüße 日本 🎉 \\ud83d\\ude00","esc":"\\"q\\" \\\\ \\n \\u0000 \\/"}',
@@ -60,7 +60,7 @@ def test_the_table_is_standard_delta_for_an_independent_reader(spark, make_loade
     assert DeltaTable(table_path).metadata().partition_columns == ["partition_id"]
 
 
-@SPARK_LOG_TOO
+@LOG_READERS
 def test_at_least_once_feeds_are_deduplicated_across_loads(spark, make_loader, table_path):
     feed = DemoFeed(partitions=2, events=400, seed=3, exactly_once=False, duplicate_ratio=0.2)
     with DemoFeedServer(feed, dialect="draft", faults=Faults(rate=0.2, seed=3, retry_after=0)) as server:
@@ -114,7 +114,7 @@ def test_rebuild_replaces_a_partition_in_one_commit(spark, make_loader, table_pa
         feed.close(0)
         before = read_committed_state(table_path).delta_version
         # tiny batches: the rebuild stages several of them, then swaps them in with one commit
-        reports = make_loader(server, settings=LoadSettings(batch_events=40)).rebuild([0])
+        reports = make_loader(server).rebuild([0])
         after = read_committed_state(table_path)
         assert after.delta_version == before + 1 and reports[0].rebuilt
         assert payloads(spark, table_path, 0) == feed.published(0)
@@ -133,7 +133,7 @@ def test_a_failed_rebuild_replaces_nothing(spark, make_loader, table_path):
         before = read_committed_state(table_path)
         server.faults = Faults(rate=1.0, seed=1, retry_after=0, kinds=("500",))
         from feedapi_dagster.protocol import RetryPolicy
-        loader = make_loader(server, settings=LoadSettings(batch_events=40),
+        loader = make_loader(server, settings=None,
                              retry=RetryPolicy(max_attempts=2, base_delay=0))
         with pytest.raises(RuntimeError, match="rebuild .* abandoned, nothing replaced"):
             loader.rebuild([0])
@@ -141,7 +141,7 @@ def test_a_failed_rebuild_replaces_nothing(spark, make_loader, table_path):
     assert payloads(spark, table_path, 0) == feed.published(0)
 
 
-@SPARK_LOG_TOO
+@LOG_READERS
 def test_concurrent_loads_of_one_partition_never_both_commit(spark, make_loader, table_path):
     feed = DemoFeed(partitions=1, events=300, seed=8)
     with DemoFeedServer(feed, dialect="draft", faults=Faults(rate=0.3, seed=8, retry_after=0, kinds=("slow",))) as server:
@@ -186,7 +186,7 @@ def test_concurrent_loads_of_different_partitions_both_commit(spark, make_loader
         assert state.get(partition).position == len(feed.published(partition))
 
 
-@SPARK_LOG_TOO
+@LOG_READERS
 def test_compaction_runs_when_small_commits_pile_up(spark, make_loader, make_sink, table_path):
     feed = DemoFeed(partitions=1, events=20, seed=10)
     with DemoFeedServer(feed, dialect="draft") as server:
@@ -225,7 +225,7 @@ def test_rebuilding_a_method2_child_does_not_load_its_parents_history_twice(spar
         children = feed.split_method2(0, children=2)
         feed.append(60)
         make_loader(server).sync()
-        make_loader(server, settings=LoadSettings(batch_events=10)).rebuild([children[0]])
+        make_loader(server).rebuild([children[0]])
     for child in children:
         assert payloads(spark, table_path, child) == [e for e in feed.expected_events(child) if e not in parent_rows]
     ids = [r.event_id for p in (0, *children) for r in table_rows(spark, table_path, p) if r.event_id]
@@ -240,7 +240,7 @@ def _events(partition_id: int, texts: list[str]):
     return batch.to_arrow()
 
 
-@SPARK_LOG_TOO
+@LOG_READERS
 def test_a_writer_with_a_stale_state_rebases_or_refuses_never_overwrites(spark, make_sink, table_path):
     # Two sinks read the (empty) state; the first commits. The second still holds the old state (and,
     # for delta-rs, the old table snapshot): for another partition it must rebase on the first
@@ -282,7 +282,7 @@ def test_sinks_whose_snapshots_were_refreshed_after_their_commits_still_never_ov
     assert [(r.partition_id, r.event_id) for r in rows] == [(0, "a"), (0, "a2"), (1, "b"), (2, "c")]
 
 
-@SPARK_LOG_TOO
+@LOG_READERS
 def test_a_commit_buried_under_other_writers_commits_is_still_found_landed(spark, make_sink, table_path):
     # Right after its write a sink looks for its commit among the newest few; here another writer
     # commits five times between the write and that look. The commit must still be found (not
@@ -355,31 +355,28 @@ def test_a_rebuild_of_a_method1_child_waits_for_its_parent_to_drain(spark, make_
         assert payloads(spark, table_path, children[0]) == feed.published(children[0])
 
 
-def test_the_spark_engine_reads_the_delta_log_with_deltalake_where_it_can(spark, make_loader, tmp_path):
+def test_the_delta_log_is_read_with_deltalake_where_the_run_can_open_the_table(spark, make_loader, tmp_path):
     from deltalake import DeltaTable
 
-    from feedapi_dagster.lakehouse.engines import SparkEngine
+    from feedapi_dagster.lakehouse.delta import FeedTable
 
     path = str(tmp_path / "feed")
     feed = DemoFeed(partitions=2, events=40, seed=3)
     with DemoFeedServer(feed, dialect="published") as server:
         make_loader(server, path=path).sync()
-    by_deltalake, by_spark = SparkEngine(spark, path), SparkEngine(spark, path, read_log="spark")
-    for engine in (by_deltalake, by_spark):
-        engine.ensure_table()
+    by_deltalake, by_spark = FeedTable(spark, path), FeedTable(spark, path, read_log="spark")
+    for table in (by_deltalake, by_spark):
+        table.ensure_table()
     assert isinstance(by_deltalake.history(1)[0], DeltaTable)  # delta-rs read the log
     assert by_spark.history(1)[0] is None
     assert by_deltalake.history(None)[1] == by_spark.history(None)[1]  # the same commits, states included
-    assert sorted(by_deltalake.event_ids([0, 1])) == sorted(by_spark.event_ids([0, 1]))
     # a table delta-rs cannot open from this process stays with Spark
-    assert SparkEngine(spark, str(tmp_path / "not-a-table"))._open_log_reader() is None
+    assert FeedTable(spark, str(tmp_path / "not-a-table"))._open_log() is None
 
 
-@pytest.mark.parametrize("writer", ["spark"])
-def test_a_spark_write_failing_after_its_rows_were_staged_commits_nothing_and_leaves_nothing(
+def test_a_delta_commit_failing_after_the_read_was_staged_commits_nothing_and_leaves_nothing(
         spark, make_loader, table_path, monkeypatch):
-    # The Spark engine hands rows to Spark as a Parquet file beside the table (the run and Spark share
-    # the file system here); the write fails after that file was written, before the Delta commit.
+    # The read is staged by Spark beside the table; the Delta write of the staged rows fails.
     from pyspark.sql.readwriter import DataFrameWriter
 
     feed = DemoFeed(partitions=2, events=120, seed=4)
@@ -390,26 +387,25 @@ def test_a_spark_write_failing_after_its_rows_were_staged_commits_nothing_and_le
         real_save = DataFrameWriter.save
 
         def failing_save(self, path=None, *args, **kwargs):
-            staged.append([p.name for p in (Path(table_path) / "_feedapi_staging").glob("rows-*/*.parquet")])
+            staged.append([p.name for p in (Path(table_path) / "_feedapi_staging").glob("load-*")])
             raise RuntimeError("the Spark job died")
 
         monkeypatch.setattr(DataFrameWriter, "save", failing_save)
         before = read_committed_state(table_path)
         with pytest.raises(RuntimeError, match="the Spark job died"):
             make_loader(server, page_size_hint=40).sync()
-        assert staged == [["rows.parquet"]]  # the rows were staged when the write failed
+        assert len(staged) == 1 and len(staged[0]) == 1  # the read was staged when the write failed
         assert read_committed_state(table_path) == before
-        assert not list((Path(table_path) / "_feedapi_staging").glob("rows-*"))
+        assert not list((Path(table_path) / "_feedapi_staging").glob("load-*"))
 
         monkeypatch.setattr(DataFrameWriter, "save", real_save)
         make_loader(server, page_size_hint=40).sync()
     _assert_the_table_holds_the_feed(spark, table_path, feed)
 
 
-@pytest.mark.parametrize("writer", ["spark"])
-def test_rows_staged_by_a_killed_spark_load_are_never_read_and_go_after_an_hour(spark, make_loader, table_path):
-    # What `kill -9` between staging and the commit leaves: a staged Parquet file of rows. Neither
-    # Delta reader sees it, the next load commits every event once, and old leftovers are removed.
+def test_reads_staged_by_a_killed_load_are_never_committed_and_go_after_an_hour(spark, make_loader, table_path):
+    # What `kill -9` between staging and the commit leaves: a staged read. Neither Delta reader sees
+    # it, the next load commits every event once, and old leftovers are removed.
     import os
     import time
 
@@ -420,30 +416,15 @@ def test_rows_staged_by_a_killed_spark_load_are_never_read_and_go_after_an_hour(
     with DemoFeedServer(feed, dialect="published") as server:
         make_loader(server).sync()
         staging = Path(table_path) / "_feedapi_staging"
-        leftovers = {"rows-old": time.time() - 7200, "rows-recent": time.time() - 60}
+        leftovers = {"load-old": time.time() - 7200, "load-recent": time.time() - 60}
         for name, mtime in leftovers.items():
             (staging / name).mkdir(parents=True)
-            pq.write_table(DeltaTable(table_path).to_pyarrow_table(), staging / name / "rows.parquet")
+            pq.write_table(DeltaTable(table_path).to_pyarrow_table(), staging / name / "part-0.parquet")
             os.utime(staging / name, (mtime, mtime))
         feed.append(40)
         make_loader(server).sync()
-    assert sorted(p.name for p in staging.iterdir()) == ["rows-recent"]  # a load may still be using it
+    assert sorted(p.name for p in staging.iterdir()) == ["load-recent"]  # a load may still be using it
     assert DeltaTable(table_path).to_pyarrow_table().num_rows == sum(len(feed.published(p)) for p in (0, 1))
-    _assert_the_table_holds_the_feed(spark, table_path, feed)
-
-
-@pytest.mark.parametrize("writer", ["spark"])
-def test_a_spark_load_that_cannot_stage_files_beside_the_table_hands_spark_arrow(spark, make_loader, table_path):
-    # e.g. a read-only mount of the lakehouse in the run: here a file is where the staging folder goes
-    feed = DemoFeed(partitions=2, events=60, seed=8)
-    with DemoFeedServer(feed, dialect="published") as server:
-        make_loader(server).sync()
-        staging = Path(table_path) / "_feedapi_staging"
-        assert staging.is_dir() and not list(staging.iterdir())  # the 1st load staged its rows, then removed them
-        staging.rmdir()
-        staging.write_text("not a folder")
-        feed.append(30)
-        make_loader(server).sync()
     _assert_the_table_holds_the_feed(spark, table_path, feed)
 
 

@@ -1,0 +1,207 @@
+"""A feed's Delta table: written by Spark's Delta writer, its log read by delta-rs where the run can.
+
+`FeedTable` is what `DeltaSink` writes through. Every write is a Spark job (Spark's Delta writer, on
+the embedded server or a cluster), carrying the feed state as the commit's `userMetadata` under
+Delta's application transaction (`txnAppId`/`txnVersion`). Delta Spark silently skips a write whose
+`txnVersion` was already used; the sink notices by reading the history back.
+
+The Delta log (the history with the committed states) is small and read often (before and after every
+commit): `DeltaLog` reads it with delta-rs in milliseconds where the run process can open the table, and
+`FeedTable` falls back to Spark (`DESCRIBE HISTORY`, 0.3-0.4 s) where only the cluster reaches the
+storage.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
+
+import pyarrow as pa
+
+from .table import PARTITION_COLUMN, TABLE_SCHEMA
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+TXN_APP_ID = "feedapi-dagster"
+# beside a table's data (Delta ignores `_` folders): the staged reads of loads
+STAGING_FOLDER = "_feedapi_staging"
+# a killed load's staged read is removed by a later load after this long
+ABANDONED_AFTER_SECONDS = 3600
+
+log = logging.getLogger(__name__)
+
+_SPARK_TYPES = {pa.int32(): "INT", pa.int64(): "BIGINT", pa.string(): "STRING",
+                TABLE_SCHEMA.field("loaded_at").type: "TIMESTAMP"}
+TABLE_DDL = ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in TABLE_SCHEMA)
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    version: int
+    operation: str
+    user_metadata: str | None
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One commit of the sink: rows (appended, or replacing the `replace` partitions' rows) with the
+    feed state as user metadata, under `txn_version`."""
+
+    rows: "DataFrame"
+    user_metadata: str
+    txn_version: int
+    replace: tuple[int, ...] = ()
+
+
+def local_path(path: str) -> str:
+    """The file system path of a table path with no scheme or `file:`, else ""."""
+    parts = urlsplit(path)
+    return parts.path if parts.scheme in ("", "file") else ""
+
+
+def in_partitions(partition_ids: Any) -> str:
+    return f"{PARTITION_COLUMN} IN ({','.join(str(int(p)) for p in partition_ids)})"
+
+
+class DeltaLog:
+    """The Delta log of a table read with delta-rs, in this process."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def history(self, limit: int | None, refresh: Any = None) -> tuple[Any, list[HistoryEntry]]:
+        """A snapshot of the table and its history, newest first. `refresh`: a snapshot returned before,
+        brought up to date in place (reads only the new commits) instead of opening the table anew."""
+        from deltalake import DeltaTable
+
+        if refresh is None:
+            table = DeltaTable(self.path)
+        else:
+            table = refresh
+            table.update_incremental()
+        entries = [HistoryEntry(h["version"], h.get("operation", ""), h.get("userMetadata"))
+                   for h in table.history(limit)]
+        return table, entries
+
+
+class FeedTable:
+    """The Delta table of one feed, written by a Spark session (Spark Connect or classic)."""
+
+    def __init__(self, spark: "SparkSession", path: str, *, read_log: Literal["auto", "spark"] = "auto"):
+        """`read_log`: `auto` reads the Delta log with delta-rs when this process can open the table
+        (decided by `ensure_table`), `spark` always through the Spark session."""
+        self.spark = spark
+        self.path = path
+        self.read_log = read_log
+        self._log: DeltaLog | None = None
+
+    # ------------------------------------------------------------------ set-up
+    def ensure_table(self) -> None:
+        try:
+            self.spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{self.path}` ({TABLE_DDL}) USING delta "
+                           f"PARTITIONED BY ({PARTITION_COLUMN})")
+        except Exception:  # noqa: BLE001 - Spark's error types differ between classic and Connect
+            # Two first loads racing to create the table: the loser's CREATE fails, named by timing
+            # (protocol changed, table exists, location not empty...); the winner's table is the table.
+            if not self._readable(within_seconds=10):
+                raise
+        self._log = self._open_log()
+        self._remove_abandoned_staging()
+
+    def _open_log(self) -> DeltaLog | None:
+        if self.read_log == "spark":
+            return None
+        reader = DeltaLog(self.path)
+        try:
+            reader.history(1)
+        except Exception as error:  # noqa: BLE001 - delta-rs raises many types for an unreachable table
+            log.info("reading the Delta log of %s through Spark: delta-rs cannot open it here (%s: %s)",
+                     self.path, type(error).__name__, str(error).splitlines()[0][:200] if str(error) else "")
+            return None
+        return reader
+
+    def _readable(self, within_seconds: float) -> bool:
+        deadline = time.monotonic() + within_seconds
+        while True:
+            try:
+                self.spark.sql(f"DESCRIBE HISTORY delta.`{self.path}` LIMIT 1").collect()
+                return True
+            except Exception:  # noqa: BLE001
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.2)
+
+    # ------------------------------------------------------------------ the log
+    def history(self, limit: int | None, refresh: Any = None) -> tuple[Any, list[HistoryEntry]]:
+        if self._log is not None:
+            return self._log.history(limit, refresh)
+        clause = f" LIMIT {limit}" if limit else ""
+        rows = self.spark.sql(f"DESCRIBE HISTORY delta.`{self.path}`{clause}") \
+            .select("version", "operation", "userMetadata").collect()
+        entries = [HistoryEntry(r["version"], r["operation"], r["userMetadata"]) for r in rows]
+        return None, sorted(entries, key=lambda e: e.version, reverse=True)
+
+    def version(self) -> int:
+        return self.history(1)[1][0].version
+
+    # ------------------------------------------------------------------ data
+    def frame(self, version: int | None = None) -> "DataFrame":
+        reader = self.spark.read.format("delta")
+        if version is not None:
+            reader = reader.option("versionAsOf", version)
+        return reader.load(self.path)
+
+    def write(self, commit: Commit, run_id: str | None) -> None:
+        """One Spark job: the rows, stamped with the commit's time and run, into one Delta commit.
+        It may have been skipped (a used txnVersion): the sink looks for it in the history."""
+        from pyspark.sql import functions as F
+
+        loaded_at = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+        frame = (commit.rows.withColumn("loaded_at", F.lit(loaded_at).cast("timestamp"))
+                 .withColumn("run_id", F.lit(run_id).cast("string")))
+        writer = (frame.write.format("delta")
+                  .option("txnAppId", TXN_APP_ID)
+                  .option("txnVersion", str(commit.txn_version))
+                  .option("userMetadata", commit.user_metadata))
+        if commit.replace:
+            writer = writer.mode("overwrite").option("replaceWhere", in_partitions(commit.replace))
+        else:
+            writer = writer.mode("append")
+        writer.save(self.path)
+
+    def is_conflict(self, error: BaseException) -> bool:
+        text = f"{type(error).__name__} {error}"
+        return "DELTA_CONCURRENT" in text or "Concurrent" in text
+
+    def compact(self) -> None:
+        self.spark.sql(f"OPTIMIZE delta.`{self.path}`").collect()
+
+    # ------------------------------------------------------------------ staged reads
+    def staging_path(self, load_id: str) -> str:
+        return f"{self.path.rstrip('/')}/{STAGING_FOLDER}/load-{load_id}"
+
+    def remove_staging(self, staging: str) -> None:
+        local = local_path(staging)
+        if local:
+            shutil.rmtree(local, ignore_errors=True)
+        else:
+            log.warning("staged read %s left behind: remove it with your storage tools (or a lifecycle rule "
+                        "on %s/)", staging, STAGING_FOLDER)
+
+    def _remove_abandoned_staging(self) -> None:
+        local = local_path(self.path)
+        staging = Path(local) / STAGING_FOLDER if local else None
+        if staging is None or not staging.is_dir():
+            return
+        cutoff = time.time() - ABANDONED_AFTER_SECONDS
+        for folder in staging.iterdir():
+            with contextlib.suppress(OSError):
+                if folder.stat().st_mtime < cutoff:
+                    shutil.rmtree(folder)
