@@ -54,6 +54,18 @@ class _Fetch:
         return self.types is None or (event.type in self.types) == self.include
 
 
+class Gate:
+    """Holds every fetch response until opened: a test catches a load in the middle of its read."""
+
+    def __init__(self) -> None:
+        self.arrived = threading.Event()  # a fetch is being held
+        self.opened = threading.Event()
+
+    def hold(self) -> None:
+        self.arrived.set()
+        self.opened.wait(120)
+
+
 class DemoFeedServer:
     """Serves `feed` on http://host:port/feed until stopped; use as a context manager."""
 
@@ -78,6 +90,7 @@ class DemoFeedServer:
         self.dialect = dialect
         self.token = token
         self.faults = faults  # swappable at runtime
+        self.gate: Gate | None = None  # swappable at runtime
         self.ignore_filters = ignore_filters
         self.empty_when_caught_up = empty_when_caught_up
         self.quirks = quirks
@@ -337,6 +350,9 @@ class _Handler(BaseHTTPRequestHandler):
         except _HttpError as e:
             self._send(e.status, e.message.encode() + b"\n", "text/plain; charset=utf-8")
             return
+        gate = demo.gate
+        if gate is not None:
+            gate.hold()
         faults = demo.faults  # read once: it may be swapped concurrently
         kind = None if faults is None else faults.pick()
         if faults is None or kind is None:

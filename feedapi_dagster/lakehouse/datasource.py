@@ -222,6 +222,7 @@ class PartitionRead:
         self.cursor = partition.cursor
         self.position = partition.position
         self.events = self.pages = self.duplicates = 0
+        self._fetched = 0  # events fetched, duplicates included (what `maxEvents` bounds)
         self.done = False
         # an at-least-once feed repeats events: ids seen in this read are dropped (ids stored by
         # earlier loads are the loader's business, in Spark)
@@ -254,7 +255,7 @@ class PartitionRead:
 
     @property
     def _bounded(self) -> bool:
-        return self.options.max_events is not None and self.events >= self.options.max_events
+        return self.options.max_events is not None and self._fetched >= self.options.max_events
 
     def _run_groups(self, client: FeedClient) -> Iterator[list[PageRun]]:
         """Page runs in groups of about `GROUP_EVENTS` events or `GROUP_BYTES` bytes; what was read
@@ -265,6 +266,7 @@ class PartitionRead:
             for run in self._runs(client):
                 runs.append(run)
                 count += len(run.raw_events)
+                self._fetched += len(run.raw_events)
                 size += run.payload_bytes
                 if count >= GROUP_EVENTS or size >= GROUP_BYTES:
                     yield runs

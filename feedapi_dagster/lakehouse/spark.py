@@ -71,6 +71,10 @@ SMALL_WORK_CONF: dict[str, str] = {
     "spark.sql.optimizer.excludedRules": "org.apache.spark.sql.catalyst.optimizer.ConvertToLocalRelation",
 }
 
+# Task attempts before a job fails, as a cluster's `spark.task.maxFailures` (local mode's default is
+# 1: a Python worker that dies would fail the load instead of being retried).
+LOCAL_MASTER = "local[*,4]"
+
 # Short-lived JVMs doing small jobs: C1 only. Measured on 2 cores: Connect server ready in ~7-10 s
 # instead of ~13-14 s, first Delta client on a cold server ~22 s instead of ~30-39 s. Long, CPU-heavy
 # jobs want C2 back: pass spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=4 (the last flag wins).
@@ -228,7 +232,7 @@ def local_spark_session(
     conf: Mapping[str, str] | None = None,
     *,
     work_dir: Path | None = None,
-    master: str = "local[*]",
+    master: str = LOCAL_MASTER,
     app_name: str = "feedapi-dagster",
 ) -> "SparkSession":
     """A classic in-process SparkSession with Delta; returns the existing one if there is one."""
@@ -416,7 +420,7 @@ class SparkConnectServer:
         })
         cmd = [
             str(pyspark_home() / "bin" / "spark-submit"),
-            "--master", conf.pop("spark.master", "local[*]"),
+            "--master", conf.pop("spark.master", LOCAL_MASTER),
             "--name", conf.pop("spark.app.name", "feedapi-dagster-connect"),
             "--class", CONNECT_SERVER_CLASS,
         ]

@@ -52,9 +52,8 @@ class Tally:
 
 class ChaosRun:
     def __init__(self, seed: int, work_dir: Path, fault_rate: float = 0.2, kill_rate: float = 0.3,
-                 spark_port: int | None = None, writer: str = "deltalake"):
+                 spark_port: int | None = None):
         self.seed = seed
-        self.writer = writer
         self.rng = random.Random(seed)
         self.work_dir = work_dir
         self.fault_rate = fault_rate
@@ -73,11 +72,10 @@ class ChaosRun:
         config_path = work_dir / "feeds.yaml"
         config_path.write_text(yaml.safe_dump({
             "lakehouse": str(work_dir / "lakehouse"),
-            "writer": writer,
             "spark": {"mode": "embedded", "port": self.spark.port},
             "feeds": [{"name": "chaos", "url": self.server.url, "page_size_hint": 50,
                        "retry": {"max_attempts": 30, "base_delay": 0.01, "max_delay": 0.2},
-                       "load": {"batch_events": 150, "fetch_workers": 4}}],
+                       "load": {"max_events_per_partition": 150}}],
         }))
         self.env = {**os.environ, "DAGSTER_HOME": str(home), "FEEDAPI_DAGSTER_CONFIG": str(config_path)}
         self.env.pop("FEEDAPI_LAKEHOUSE", None)
@@ -114,7 +112,7 @@ class ChaosRun:
 
     def summary(self) -> str:
         t = self.tally
-        return (f"chaos seed={self.seed} writer={self.writer} feed={'at-least-once' if not self.feed.exactly_once else 'exactly-once'} "
+        return (f"chaos seed={self.seed} feed={'at-least-once' if not self.feed.exactly_once else 'exactly-once'} "
                 f"published_events={sum(len(self.feed.published(p)) for p in self._all_partitions())} "
                 f"steps={dict(t.steps)} runs={dict(t.runs)} (under chaos: {getattr(self, 'chaos_runs', '?')}) "
                 f"kills={dict(t.kills)} "

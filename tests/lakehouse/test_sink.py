@@ -233,11 +233,14 @@ def test_rebuilding_a_method2_child_does_not_load_its_parents_history_twice(spar
 
 
 def _events(partition_id: int, texts: list[str]):
+    """Rows as the loader hands them to the sink: a Spark DataFrame (of the shared test session)."""
+    from pyspark.sql import SparkSession
+
     from feedapi_dagster.lakehouse.table import EventBatch
 
     batch = EventBatch()
     batch.add(partition_id, 0, [t.encode() for t in texts], [len(texts)], ["c1"])
-    return batch.to_arrow()
+    return SparkSession.getActiveSession().createDataFrame(batch.to_arrow())
 
 
 @LOG_READERS
@@ -290,14 +293,14 @@ def test_a_commit_buried_under_other_writers_commits_is_still_found_landed(spark
     from feedapi_dagster.planning import PartitionState
 
     first, other = make_sink(), make_sink()
-    write = first.engine.write
+    write = first.table.write
 
-    def write_then_others_commit(commit, base):
-        write(commit, base)
+    def write_then_others_commit(commit, run_id):
+        write(commit, run_id)
         for n in range(1, 6):
             other.commit(_events(n, [f'{{"id":"o{n}"}}']), {n: PartitionState(cursor="o", position=1)}, {n: None})
 
-    first.engine.write = write_then_others_commit
+    first.table.write = write_then_others_commit
     landed = first.commit(_events(0, ['{"id":"a"}']), {0: PartitionState(cursor="a", position=1)}, {0: None})
     assert landed.state.generation == 6 and landed.state.get(0) == PartitionState(cursor="a", position=1)
     rows = spark.read.format("delta").load(table_path).orderBy("partition_id").collect()
@@ -305,26 +308,23 @@ def test_a_commit_buried_under_other_writers_commits_is_still_found_landed(spark
 
 
 def test_commits_made_right_after_a_sinks_own_commit_are_rebased_on_never_overwritten(spark, make_sink, table_path):
-    # A delta-rs sink takes its new state from its own successful write rather than reading the log
-    # back (the Spark engine still reads it back). Here another writer commits twice right after that
-    # write: the sink's next commits must be refused for a partition the other writer moved, and
+    # Another writer commits twice right after the sink's own write: the sink's next commits must be refused for a partition the other writer moved, and
     # rebased for one it did not; neither may drop the other writer's rows or cursors.
     from feedapi_dagster.planning import PartitionState
 
     first, other = make_sink(), make_sink()
-    write = first.engine.write
+    write = first.table.write
     theirs = {n: PartitionState(cursor=f"o{n}", position=1) for n in (1, 2)}
 
-    def write_then_others_commit(commit, base):
-        landed = write(commit, base)
+    def write_then_others_commit(commit, run_id):
+        write(commit, run_id)
         for n, state in theirs.items():
             other.commit(_events(n, [f'{{"id":"o{n}"}}']), {n: state}, {n: None})
-        return landed
 
-    first.engine.write = write_then_others_commit
+    first.table.write = write_then_others_commit
     mine = PartitionState(cursor="a", position=1)
     assert first.commit(_events(0, ['{"id":"a"}']), {0: mine}, {0: None}).state.get(0) == mine
-    first.engine.write = write
+    first.table.write = write
     with pytest.raises(PartitionConflict):
         first.commit(_events(1, ['{"id":"x"}']), {1: mine}, {1: None})  # partition 1 moved on: refused
     first.commit(_events(3, ['{"id":"d"}']), {3: mine}, {3: None})  # untouched by the other: rebased

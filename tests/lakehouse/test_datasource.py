@@ -1,0 +1,87 @@
+"""`FeedDataSource`, the public PySpark data source `feedapi`, used without Dagster."""
+import json
+
+import pytest
+
+from feedapi_dagster import FeedDataSource
+from feedapi_dagster.demo import DemoFeed, DemoFeedServer
+from feedapi_dagster.lakehouse.datasource import END_COLUMN, FeedSourceOptions, ReadEnd
+
+TOKEN = "tok-datasource-7c1f-secret"
+
+
+@pytest.fixture(scope="module")
+def feedapi(spark):
+    spark.dataSource.register(FeedDataSource)
+    return spark
+
+
+def by_partition(rows):
+    grouped = {}
+    for row in sorted(rows, key=lambda r: (r.partition_id, r.position)):
+        grouped.setdefault(row.partition_id, []).append(row)
+    return grouped
+
+
+def test_with_only_a_url_it_reads_every_partition_from_first_to_its_end(feedapi):
+    feed = DemoFeed(partitions=3, events=240, seed=51)
+    with DemoFeedServer(feed, dialect="published") as server:
+        frame = feedapi.read.format("feedapi").option("url", server.url).load()
+        assert frame.columns == ["partition_id", "position", "cursor", "payload", "payload_type", "event_id"]
+        assert frame.rdd.getNumPartitions() == 3  # one input partition per feed partition
+        rows = by_partition(frame.collect())
+    assert sorted(rows) == [0, 1, 2]
+    for partition, got in rows.items():
+        assert [r.payload for r in got] == feed.published(partition)
+        assert [r.position for r in got] == list(range(len(got)))
+        assert all(r.payload_type == "object" and r.event_id for r in got if r.payload.startswith("{"))
+
+
+def test_incremental_options_resume_where_a_checkpoint_row_says(feedapi):
+    feed = DemoFeed(partitions=3, events=300, seed=52)
+    with DemoFeedServer(feed, dialect="draft") as server:
+        options = FeedSourceOptions(url=server.url, page_size_hint=20)
+        first = feedapi.read.format("feedapi").options(**options.spark_options(
+            partitions=[1, 2], max_events=30, checkpoint_rows=True)).load().collect()
+        ends = {r.partition_id: r for r in first if r[END_COLUMN] is not None}
+        assert sorted(ends) == [1, 2]
+        for partition, end in ends.items():
+            read = ReadEnd.from_json(end[END_COLUMN])
+            assert 30 <= read.events == end.position < len(feed.published(partition)) and not read.drained
+        rest = feedapi.read.format("feedapi").options(**options.spark_options(
+            partitions=[1, 2], start_cursors={p: e.cursor for p, e in ends.items()},
+            start_positions={p: e.position for p, e in ends.items()})).load().collect()
+    events = by_partition([r for r in first if r[END_COLUMN] is None] + rest)
+    for partition in (1, 2):
+        assert [r.payload for r in events[partition]] == feed.published(partition)
+        assert [r.position for r in events[partition]] == list(range(len(feed.published(partition))))
+
+
+def test_a_50_mb_event_loads(feedapi):
+    feed = DemoFeed(partitions=1, events=5, seed=53)
+    big = '{"id":"huge","blob":"' + "x" * (50 * 1024 * 1024) + '"}'
+    feed.add_event(big, partition=0)
+    with DemoFeedServer(feed, dialect="published") as server:
+        rows = feedapi.read.format("feedapi").option("url", server.url).load() \
+            .selectExpr("position", "length(payload) AS size", "event_id").collect()
+    assert sorted(rows)[-1] == (5, len(big), "huge")
+
+
+def test_bad_options_fail_with_a_message_that_names_them(feedapi):
+    with pytest.raises(Exception, match="needs the option `url`"):
+        feedapi.read.format("feedapi").load().collect()
+    with pytest.raises(Exception, match="bad option"):
+        feedapi.read.format("feedapi").option("url", "http://127.0.0.1:9/feed") \
+            .option("startCursors", "{not json").load().collect()
+
+
+def test_the_bearer_token_is_not_in_the_plan(feedapi, capsys):
+    feed = DemoFeed(partitions=2, events=50, seed=54)
+    with DemoFeedServer(feed, dialect="published", token=TOKEN) as server:
+        options = FeedSourceOptions(url=server.url, token=TOKEN)
+        frame = feedapi.read.format("feedapi").options(**options.spark_options()).load()
+        frame.explain("extended")
+        frame.explain("formatted")
+        assert frame.count() == sum(len(feed.published(p)) for p in (0, 1))  # the token worked
+    assert TOKEN not in capsys.readouterr().out
+    assert TOKEN not in repr(options) and TOKEN not in json.dumps(options.__repr__())
