@@ -1,10 +1,8 @@
-# One entry point for set-up, the demo and the tests. Prerequisites: Python 3.11+, Java 17+ and Rust (cargo).
+# One entry point for set-up, the demo and the tests. Prerequisites: Python 3.11+ and Java 17+.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# rustup installs cargo here; a non-login shell (CI) may not have it on PATH
-export PATH := $(HOME)/.cargo/bin:$(PATH)
 JARS_STAMP := $(VENV)/share/feedapi-dagster/delta-jars/manifest.json
 
 .PHONY: setup demo dev test clean browser
@@ -13,10 +11,8 @@ setup: $(STAMP) $(JARS_STAMP)
 
 # uv makes the install a matter of seconds once its cache is warm; it is bootstrapped into the venv
 # so that nothing outside the repository is touched. Bytecode is compiled once here, so that every
-# Dagster run process does not recompile dagster and pyspark on import. feedapi-native (native/, the
-# per-event work in Rust) is built by maturin with cargo, from pyproject's [tool.uv.sources].
-$(STAMP): pyproject.toml native/pyproject.toml native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
-	@command -v cargo >/dev/null || { echo "Rust's cargo is needed to build native/: see https://rustup.rs" >&2; exit 1; }
+# Dagster run process does not recompile dagster and pyspark on import.
+$(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check "uv>=0.5"
 	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -e ".[test]"

@@ -14,10 +14,12 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import re
+import struct
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate, chain
+from itertools import chain
+from operator import attrgetter, mul, sub
 
 import msgspec
 import pyarrow as pa
@@ -44,8 +46,9 @@ def check_id_field(event_id_field: str) -> str:
 def event_ids(raws: Sequence[bytes], event_id_field: str) -> list[bytes | None]:
     """The first top-level id field of each object payload as UTF-8 (a string id as its value, any other
     JSON value as its text), else None: the ids that the `event_id` column holds."""
-    payloads, _ = _binary(raws)
-    return _ids(payloads, pc.starts_with(payloads, "{"), event_id_field).to_pylist()
+    payloads, firsts = _payloads(raws)
+    objects = pc.equal(pc.take(_KIND_OF_BYTE, firsts), _KIND_CODES_ARRAY[_OBJECT_KIND])
+    return _ids(payloads, objects, event_id_field).to_pylist()
 
 
 @dataclass
@@ -55,7 +58,7 @@ class EventBatch:
 
     event_id_field: str = "id"
     partition_ids: array = field(default_factory=lambda: array("i"))
-    positions: array = field(default_factory=lambda: array("q"))
+    positions: list[tuple[int, int]] = field(default_factory=list)  # (first position, count) of each run
     payloads: list[Sequence[bytes]] = field(default_factory=list)  # each run's, as added
     ends: list[int] = field(default_factory=list)
     cursors: list[str] = field(default_factory=list)
@@ -71,10 +74,10 @@ class EventBatch:
         `cursors[i]` (a `PageRun`'s layout); `size`: their payload bytes, when known."""
         count, before = len(raws), self.count
         self.partition_ids.extend(array("i", [partition_id]) * count)
-        self.positions.extend(range(position, position + count))
         self.ends.extend([before + end for end in ends] if before else ends)
         self.cursors.extend(cursors)
         if count:
+            self.positions.append((position, count))
             self.payloads.append(raws)
         self.count += count
         self.size += sum(map(len, raws)) if size is None else size
@@ -82,16 +85,14 @@ class EventBatch:
     def to_arrow(self) -> pa.Table:
         count = self.count
         raws = self.payloads[0] if len(self.payloads) == 1 else list(chain.from_iterable(self.payloads))
-        payloads, firsts = _binary(raws)
-        if count and firsts is None:
-            raise ValueError("payload is not valid JSON: an empty payload")
-        kinds = pc.take(_KIND_OF_BYTE, firsts) if count else _fixed(pa.uint8(), array("B"))
-        objects, strings = pc.starts_with(payloads, "{"), pc.starts_with(payloads, '"')
-        ids = _ids(payloads, objects, self.event_id_field)
+        payloads, firsts = _payloads(raws)
+        kinds = pc.take(_KIND_OF_BYTE, firsts)
+        strings = pc.equal(kinds, _KIND_CODES_ARRAY[_STRING_KIND])
+        ids = _ids(payloads, pc.equal(kinds, _KIND_CODES_ARRAY[_OBJECT_KIND]), self.event_id_field)
         if strings.true_count:  # a string payload is stored as the string itself
             payloads = pc.replace_with_mask(payloads, strings, _unquoted(pc.filter(payloads, strings)))
         return pa.Table.from_arrays([
-            _fixed(pa.int32(), self.partition_ids), _fixed(pa.int64(), self.positions),
+            _fixed(pa.int32(), self.partition_ids), _positions(count, self.positions),
             _page_column(count, self.ends or [0], self.cursors or [""]), _text(payloads),
             pc.take(_KIND_NAMES, kinds), _text(ids),
         ], schema=EVENT_SCHEMA)
@@ -114,26 +115,38 @@ def stamped(events: pa.Table, loaded_at: dt.datetime, run_id: str | None) -> pa.
 
 # A payload's kind from its first byte, as an index into the names (JSON payloads have no blanks around).
 _KIND_NAMES_LIST = ["object", "string", "array", "boolean", "null", "number"]
+_OBJECT_KIND, _STRING_KIND = 0, 1
 _KIND_CODES = bytearray([5]) * 256
 for _byte, _code in ((b"{", 0), (b'"', 1), (b"[", 2), (b"t", 3), (b"f", 3), (b"n", 4)):
     _KIND_CODES[_byte[0]] = _code
 
 
-def _binary(raws: Sequence[bytes]) -> tuple[pa.BinaryArray, pa.UInt8Array | None]:
-    """Payloads laid end to end as an Arrow binary array, and the first byte of each (None if one is
-    empty). Two passes of builtins over the payloads: their lengths, then their bytes."""
+def _payloads(raws: Sequence[bytes]) -> tuple[pa.BinaryArray, pa.UInt8Array]:
+    """Payloads as an Arrow binary array, and the first byte of each (its kind)."""
+    binary, lengths = _binary(raws)
+    if len(binary) and pc.min_max(lengths)["min"].as_py() == 0:
+        raise ValueError("payload is not valid JSON: an empty payload")
+    offsets, data = binary.buffers()[1:]
+    starts = pa.Array.from_buffers(pa.int32(), len(binary), [None, offsets])
+    return binary, pc.take(pa.Array.from_buffers(pa.uint8(), data.size, [None, data]), starts)
+
+
+def _binary(items: Sequence[bytes]) -> tuple[pa.BinaryArray, pa.Int32Array]:
+    """Bytes laid end to end as an Arrow binary array, and their lengths. Two passes of builtins over
+    the items: their lengths (packed as int32), then their bytes (joined)."""
+    count = len(items)
     try:
-        offsets = array("i", accumulate(map(len, raws), initial=0))
-    except OverflowError:
+        lengths = _fixed(pa.int32(), struct.pack(f"<{count}i", *map(len, items)))
+    except struct.error:
         raise ValueError("more than 2 GiB of text in one column") from None
-    data = b"".join(raws)  # TypeError unless bytes
-    count = len(offsets) - 1
-    binary = pa.BinaryArray.from_buffers(pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
-    firsts = None
-    if count and pc.min_max(pc.binary_length(binary))["min"].as_py() > 0:
-        starts = pa.Array.from_buffers(pa.int32(), count, [None, pa.py_buffer(offsets)])
-        firsts = pc.take(_fixed(pa.uint8(), data), starts)
-    return binary, firsts
+    data = b"".join(items)  # TypeError unless bytes
+    if len(data) > _MAX_OFFSET:
+        raise ValueError("more than 2 GiB of text in one column")
+    offsets = pa.concat_arrays([_ZERO_OFFSET, pc.cumulative_sum(lengths)]).buffers()[1]
+    return pa.BinaryArray.from_buffers(pa.binary(), count, [None, offsets, pa.py_buffer(data)]), lengths
+
+
+_MAX_OFFSET = (1 << 31) - 1
 
 
 def _unquoted(strings: pa.BinaryArray) -> pa.BinaryArray:
@@ -178,10 +191,11 @@ def _ids(payloads: pa.BinaryArray, objects: pa.BooleanArray, event_id_field: str
     others = pc.and_(objects, pc.is_null(fields))
     if others.true_count:
         fields = pc.replace_with_mask(fields, others, _other_ids(pc.filter(payloads, others), event_id_field))
-    strings = pc.and_kleene(pc.starts_with(fields, '"'), pc.is_valid(fields))
-    if strings.true_count:
-        fields = pc.replace_with_mask(fields, strings, _unquoted(pc.filter(fields, strings)))
-    return fields
+    strings = pc.starts_with(fields, '"')  # null where no id
+    count = strings.true_count
+    if count == len(fields) - fields.null_count:  # every id a string (or none)
+        return _unquoted(fields) if count else fields
+    return pc.replace_with_mask(fields, pc.fill_null(strings, _FALSE), _unquoted(pc.filter(fields, strings)))
 
 
 @functools.lru_cache(maxsize=16)
@@ -221,7 +235,7 @@ def _other_ids(objects: pa.BinaryArray, event_id_field: str) -> pa.BinaryArray:
     return ids
 
 
-_ID = lambda holder: holder.id  # noqa: E731  (attrgetter would do; the field is named `id` in every holder)
+_ID = attrgetter("id")  # the holder's field, whatever its name in the payloads
 
 
 def _nullable(binary: pa.BinaryArray) -> pa.BinaryArray:
@@ -274,28 +288,45 @@ def _value_end(raw: bytes, at: int) -> int:
 
 def _page_column(count: int, ends: list[int], cursors: list[str]) -> pa.StringArray:
     """Each event's page cursor: page i holds events ends[i-1]..ends[i]."""
-    if len(ends) != len(cursors) or ends[-1] != count or any(map(int.__gt__, ends, ends[1:])):
+    sizes = list(map(sub, ends, [0, *ends]))  # events a page
+    if len(ends) != len(cursors) or ends[-1] != count or min(sizes) < 0:
         raise ValueError("ends must be non-decreasing, one per cursor, the last one the number of payloads")
-    if count == 0:
-        return _strings(0, b"", array("i", [0]).tobytes())
-    values = _binary([cursor.encode() for cursor in cursors])[0]
-    pages = b"".join([page.to_bytes(4, "little") * (end - start)
-                      for page, (start, end) in enumerate(zip([0, *ends], ends)) if end > start])
-    return _text(pc.take(values, pa.Array.from_buffers(pa.int32(), count, [None, pa.py_buffer(pages)])))
+    values = _binary(list(map(str.encode, cursors)))[0]
+    pages = b"".join(map(mul, map(_INT32.pack, range(len(ends))), sizes))  # each event's page
+    return _text(pc.take(values, _fixed(pa.int32(), pages)))
+
+
+def _positions(count: int, runs: list[tuple[int, int]]) -> pa.Int64Array:
+    """Runs of consecutive positions: a cumulative sum of ones, but for the first of each run."""
+    steps = bytearray(_ONE * count)
+    at = last = 0
+    for position, size in runs:
+        _INT64.pack_into(steps, at * 8, position - last)
+        at, last = at + size, position + size - 1
+    return pc.cumulative_sum(_fixed(pa.int64(), steps))
+
+
+_INT32, _INT64 = struct.Struct("<i"), struct.Struct("<q")
+_ONE = _INT64.pack(1)
 
 
 def _text(binary: pa.BinaryArray) -> pa.StringArray:
-    return binary.cast(pa.string())  # validates UTF-8, shares the buffers
+    # payloads are valid UTF-8 (the page reader checks each body), and so are the parts cut from them
+    # at quotes, and the strings msgspec decodes: a view, not a cast that would check it again
+    return binary.view(pa.string())
 
 
 # Arrow columns are built from buffers: converting Python objects (`pa.array(list)`) makes pyarrow
 # import pandas on first use, ~1.5 s of every run's first commit.
 def _fixed(kind: pa.DataType, values: array | bytes | bytearray) -> pa.Array:
-    return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(values)])
+    return pa.Array.from_buffers(kind, memoryview(values).nbytes * 8 // kind.bit_width, [None, pa.py_buffer(values)])
 
 
+_ZERO_OFFSET = _fixed(pa.int32(), bytes(4))
 _KIND_NAMES = _binary([name.encode() for name in _KIND_NAMES_LIST])[0].cast(pa.string())
 _KIND_OF_BYTE = _fixed(pa.uint8(), _KIND_CODES)
+_KIND_CODES_ARRAY = _fixed(pa.uint8(), bytes(range(len(_KIND_NAMES_LIST))))  # its items: scalars for compute
+_FALSE = pa.Array.from_buffers(pa.bool_(), 1, [None, pa.py_buffer(b"\0")])[0]
 
 
 def _strings(count: int, data: bytes, offsets: bytes, validity: bytes | None = None) -> pa.Array:

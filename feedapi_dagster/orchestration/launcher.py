@@ -51,7 +51,6 @@ DEFAULT_PRELOAD: tuple[str, ...] = (
     "requests",
     "pydantic",
     "yaml",
-    "feedapi_native",
     # this library (protocol, planning, lakehouse, orchestration: ~0.15 s of a run's start); the code
     # location that uses it (`dagster_project`, the feeds file) is still loaded afresh by every run
     "feedapi_dagster.orchestration",

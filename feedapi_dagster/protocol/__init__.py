@@ -1,4 +1,4 @@
-"""FeedAPI protocol, no Spark, no Dagster: discovery, paging, NDJSON (lines scanned by `feedapi_native`),
+"""FeedAPI protocol, no Spark, no Dagster: discovery, paging, NDJSON (lines decoded in bulk by msgspec),
 dialects, retries."""
 from .client import FeedClient
 from .dialects import EventFilter

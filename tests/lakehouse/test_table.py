@@ -1,4 +1,4 @@
-"""Columns of the feed table derived from raw payloads (`feedapi_native.table_columns`), against an
+"""Columns of the feed table derived from raw payloads (`EventBatch.to_arrow`, `event_ids`), against an
 independent oracle: Python's json module."""
 import json
 

@@ -196,3 +196,62 @@ def test_line_fields_are_read_as_the_protocol_says():
     assert (page.events, page.cursor) == (["escaped key", None, "both"], "42")
     (page,) = PageReader(0, "data").pages([b'{"data":[1]}\n{"event":2}\n{"cursor":"c"}\n'])
     assert page.raw_events == [b"[1]"]
+
+
+def test_runs_hand_the_payloads_as_a_list_of_the_bytes_sent():
+    body = b'{"event":{"id":1}}\n{"event":"two"}\n{"cursor":"c1"}\n{"event":[3]}\n{"cursor":"c2"}\n'
+    (run,) = list(PageReader(0, "event").runs([body[:25], body[25:]]))  # an event carried across chunks
+    assert type(run.raw_events) is list and all(type(raw) is bytes for raw in run.raw_events)
+    assert run.raw_events == [b'{"id":1}', b'"two"', b"[3]"] and run.payload_bytes == sum(map(len, run.raw_events))
+    assert [page.raw_events for page in run.pages()] == [[b'{"id":1}', b'"two"'], [b"[3]"]]
+
+
+def test_blank_lines_and_crlf_between_lines_are_skipped():
+    body = b'\r\n{"event":1}\r\n\r\n  \n\t\n\x0b\n{"cursor":"c1"}\r\n\n{"event":2}\n{"cursor":"c2"}\n\n'
+    pages = list(read_pages([body]))
+    assert [(page.raw_events, page.cursor) for page in pages] == [([b"1"], "c1"), ([b"2"], "c2")]
+
+
+@pytest.mark.parametrize("lines", [
+    [b'{"event":2},{"event":3}'],         # two values on one line
+    [b'{"event":[2', b'3]}'],             # one value on two lines (a newline where a comma could be)
+    [b'{"event":{"a":[2', b'3]}},{"event":4}'],  # both: as many values as lines
+    [b'{"event":2}', b'', b'{"event":3} {"event":4}'],  # a blank line and two values on one line
+])
+def test_a_line_is_one_json_object_however_the_lines_add_up(lines):
+    body = b'{"event":1}\n{"cursor":"c1"}\n' + b"\n".join(lines) + b'\n{"cursor":"c2"}\n'
+    pages = []
+    with pytest.raises(MalformedResponse, match="line is not a FeedAPI JSON object"):
+        for page in read_pages([body]):
+            pages.append(page)
+    assert [(page.raw_events, page.cursor) for page in pages] == [([b"1"], "c1")]
+
+
+def test_invalid_utf8_inside_a_payload_string_is_damage_after_the_good_pages():
+    body = '{"event":"é"}\n{"cursor":"c1"}\n'.encode() + b'{"event":"\xe9t\xe9"}\n{"cursor":"c2"}\n'
+    pages = []
+    with pytest.raises(MalformedResponse, match="body is not valid UTF-8"):
+        for page in read_pages([body]):
+            pages.append(page)
+    assert [(page.events, page.cursor) for page in pages] == [(["é"], "c1")]
+
+
+def test_a_large_block_is_read_in_pieces_as_a_whole():
+    # more than the scan's piece (1 MiB): one run, pages across the cuts, damage located in a later piece
+    payload = {"id": "x" * 200, "n": "é"}
+    event = json.dumps({"event": payload}, ensure_ascii=False).encode()
+    lines = [b'{"cursor":"%d"}' % i if i % 7 == 6 else event for i in range(20_000)]
+    body = b"\n".join(lines) + b"\n"
+    assert len(body) > 3 << 20
+    (run,) = PageReader(0, "event").runs([body])
+    assert run.cursors == [str(i) for i in range(6, 20_000, 7)]
+    assert run.ends == list(range(6, 6 * len(run.cursors) + 1, 6))
+    assert run.payload_bytes == run.ends[-1] * len(json.dumps(payload, ensure_ascii=False).encode())
+    chunked = read_pages([body[i:i + 65536] for i in range(0, len(body), 65536)])
+    assert [(page.raw_events, page.cursor) for page in run.pages()] == [
+        (page.raw_events, page.cursor) for page in chunked]
+    pages = []
+    with pytest.raises(MalformedResponse, match=r"line is not a FeedAPI JSON object .*'\{\"event\":oops\}'"):
+        for page in read_pages([body + b'{"event":oops}\n{"cursor":"end"}\n']):
+            pages.append(page)
+    assert len(pages) == len(run.cursors)
