@@ -64,6 +64,7 @@ class ReadEnd:
     pages: int
     duplicates: int
     drained: bool  # closed (or a `_done` checkpoint) and read to its end
+    bounded: bool = False  # stopped at `maxEvents`: there may be more
     error: str | None = None
 
     def to_json(self) -> str:
@@ -247,7 +248,7 @@ class PartitionRead:
                 error = str(failure)
         if options.checkpoint_rows:
             drained = error is None and (self.done or (closed and not self._bounded))
-            end = ReadEnd(self.events, self.pages, self.duplicates, drained, error)
+            end = ReadEnd(self.events, self.pages, self.duplicates, drained, self._bounded and not drained, error)
             yield pa.RecordBatch.from_pydict({
                 "partition_id": [self.partition_id], "position": [self.position], "cursor": [self.cursor],
                 "payload": [None], "payload_type": [None], "event_id": [None], END_COLUMN: [end.to_json()],

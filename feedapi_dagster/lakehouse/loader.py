@@ -48,8 +48,9 @@ AFTER_COMMIT = "after_commit"
 class LoadSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    # A bound per partition and load (the task stops at the first checkpoint past it); the next
-    # load goes on from there. None: to the partition's current end.
+    # A bound per partition and Spark job (its task stops at the first checkpoint past it): a sync
+    # goes on with another job, and another commit, until the partition is caught up. None: one
+    # job reads each partition to its current end.
     max_events_per_partition: int | None = Field(default=None, ge=1)
 
 
@@ -70,6 +71,15 @@ class PartitionReport:
     inherited_from: int | None = None
     error: str | None = None
     delta_version: int | None = None
+    bounded: bool = False  # the read stopped at `max_events_per_partition`: there may be more
+
+    def then(self, later: "PartitionReport") -> "PartitionReport":
+        """This report followed by a later load of the same partition in the same sync."""
+        later.start_cursor = self.start_cursor
+        later.events += self.events
+        later.pages += self.pages
+        later.duplicates += self.duplicates
+        return later
 
 
 class FeedLoader:
@@ -104,12 +114,14 @@ class FeedLoader:
             plans = [p for p in plan_feed(info, self.sink.state)
                      if (wanted is None or p.partition_id in wanted) and p.partition_id not in loaded]
             due = [p for p in plans if p.due]
-            reports.update({p.partition_id: _idle_report(p) for p in plans if not p.due})
+            reports.update({p.partition_id: _idle_report(p) for p in plans
+                            if not p.due and p.partition_id not in reports})
             if not due:
                 return dict(sorted(reports.items()))
             results = self._load(info, due, rebuild=False)
-            reports.update(results)
-            loaded.update(results)
+            for pid, report in results.items():
+                reports[pid] = reports[pid].then(report) if pid in reports else report
+            loaded.update(pid for pid, report in results.items() if not report.bounded)
 
     def rebuild(self, partition_ids: Iterable[int], drop: Iterable[int] = ()) -> dict[int, PartitionReport]:
         """Reload partitions from `_first` and replace their rows (and the rows of `drop`, e.g. the
@@ -212,6 +224,7 @@ def _report(plan: PartitionPlan, start: PartitionState, end: tuple[str, int, Rea
     report.cursor, report.position = cursor, start.position + events
     report.events, report.pages, report.drained = events, read.pages, read.drained
     report.duplicates = read.duplicates + (read.events - events)
+    report.bounded = read.bounded
     if read.error:
         report.status, report.error = "failed", read.error
     return report
