@@ -25,6 +25,8 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..protocol.ndjson import json_fields
+
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 # What the loader hands the sink: everything but the commit's own columns.
 EVENT_SCHEMA = pa.schema([
@@ -223,14 +225,14 @@ def _other_ids(objects: pa.BinaryArray, event_id_field: str) -> pa.BinaryArray:
     try:
         # objects end to end are one value an object: the array's data is all their text
         holders = _id_decoder(event_id_field).decode_lines(_data(objects))
-    except msgspec.MsgspecError as error:
-        raise ValueError(f"payload is not valid JSON: {error}") from None
-    if len(holders) != len(objects):
-        raise ValueError("payload is not valid JSON: an object payload is not one JSON object")
+    except msgspec.MsgspecError:
+        holders = None  # surrogates escaped alone (the page reader lets them through), or not JSON
+    if holders is None or len(holders) != len(objects):
+        return _nullable(_binary([_walked(raw, event_id_field) for raw in objects.to_pylist()])[0])
     ids = _nullable(_binary(list(map(_ID, holders)))[0])  # an empty Raw: no id field
     doubtful = pc.match_substring_regex(objects, _duplicate_pattern(event_id_field))
     if doubtful.true_count:
-        walked = [_first_field(raw, event_id_field) or b"" for raw in pc.filter(objects, doubtful).to_pylist()]
+        walked = [_walked(raw, event_id_field) for raw in pc.filter(objects, doubtful).to_pylist()]
         ids = pc.replace_with_mask(ids, doubtful, _nullable(_binary(walked)[0]))
     return ids
 
@@ -244,44 +246,20 @@ def _nullable(binary: pa.BinaryArray) -> pa.BinaryArray:
     return pa.Array.from_buffers(pa.binary(), len(binary), [present.buffers()[1], *binary.buffers()[1:]])
 
 
-_SPACE = re.compile(rb"[ \t\n\r]*")
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
-_SCALAR = re.compile(rb"[^,}\] \t\n\r]*")
-_NESTING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+def _walked(raw: bytes, name: str) -> bytes:
+    try:
+        return _first_field(raw, name) or b""
+    except (AttributeError, ValueError, IndexError):  # a regular expression found no match: not JSON
+        raise ValueError(f"payload is not valid JSON: {raw[:80]!r}") from None
 
 
 def _first_field(raw: bytes, name: str) -> bytes | None:
     """The raw value of the first top-level field `name` of the JSON object `raw` (valid JSON)."""
-    key = name.encode()
-    at = _SPACE.match(raw, 1).end()
-    while raw[at:at + 1] == b'"':
-        key_end = _STRING.match(raw, at).end()
-        quoted = raw[at + 1:key_end - 1]
-        matches = quoted == key if b"\\" not in quoted else msgspec.json.decode(raw[at:key_end]) == name
-        value = _SPACE.match(raw, _SPACE.match(raw, key_end).end() + 1).end()  # past the colon
-        value_end = _value_end(raw, value)
-        if matches:
-            return raw[value:value_end]
-        at = _SPACE.match(raw, value_end).end()
-        if raw[at:at + 1] != b",":
-            return None
-        at = _SPACE.match(raw, at + 1).end()
+    key = f'"{name}"'.encode()
+    for quoted, start, end in json_fields(raw):
+        if quoted == key or b"\\" in quoted and msgspec.json.decode(quoted) == name:
+            return raw[start:end]
     return None
-
-
-def _value_end(raw: bytes, at: int) -> int:
-    first = raw[at:at + 1]
-    if first == b'"':
-        return _STRING.match(raw, at).end()
-    if first not in (b"{", b"["):
-        return _SCALAR.match(raw, at).end()
-    depth = 0
-    for token in _NESTING.finditer(raw, at):
-        if token.end() - token.start() == 1:  # a bracket
-            depth += 1 if raw[token.start()] in b"{[" else -1
-            if depth == 0:
-                return token.end()
-    return len(raw)
 
 
 # ------------------------------------------------------------------------------------------- columns

@@ -17,6 +17,7 @@ if still refused, line by line, to locate and describe the damage.
 """
 from __future__ import annotations
 
+import json
 import re
 from array import array
 from collections.abc import Iterable, Iterator
@@ -314,13 +315,101 @@ def _line_by_line(block: bytes, event_key: str) -> Scan:
             damage = ("json", line_start, end, _invalid(str(error)))
             break
         except msgspec.DecodeError as error:
-            damage = ("json", line_start, end, _malformed(str(error)))
-            break
+            line = _with_lone_surrogates(raw, event_key)
+            if line is None:
+                damage = ("json", line_start, end, _malformed(str(error)))
+                break
         except RecursionError:
             damage = ("json", line_start, end, "recursion limit exceeded")
             break
         lines.append(line)
     return (*_sort(lines, _PAYLOAD, _CURSOR), damage)
+
+
+# A UTF-16 surrogate escaped alone (`"\\ud800"`) is valid JSON text but no Unicode: msgspec refuses it
+# anywhere, serde_json (the Rust reader's) only where it decodes a string, and JavaScript's
+# JSON.stringify writes one for a broken string. Lines with one are read by Python's json module.
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+class _Pairs(list):
+    """An object's fields as Python's json module reads them, duplicates kept."""
+
+
+def _with_lone_surrogates(raw: bytes, event_key: str):
+    """The line `raw` that msgspec refused, if only for surrogates escaped alone in its payload or in
+    fields it ignores (not in its keys or cursor, which are decoded); else None."""
+    if _SURROGATE.search(raw) is None:
+        return None
+    try:
+        fields = json.loads(raw, object_pairs_hook=_Pairs, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        return None
+    if fields.__class__ is not _Pairs:
+        return None
+    cursor = None
+    for key, value in fields:
+        if not _is_unicode(key):
+            return None
+        if key == "cursor":
+            if value.__class__ is str and not _is_unicode(value) or value.__class__ not in (str, int, type(None)):
+                return None
+            cursor = value
+    event = None
+    for key, start, end in json_fields(raw):
+        if (json.loads(key) if b"\\" in key else key[1:-1].decode()) == event_key:
+            event = raw[start:end]  # the last one, as decoders keep the last of duplicate keys
+    if event is None:
+        return _LINES[event_key](cursor=cursor)
+    return _LINES[event_key](msgspec.Raw(event), cursor)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+_SPACE = re.compile(rb"[ \t\n\r]*")
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_SCALAR = re.compile(rb"[^,}\] \t\n\r]*")
+_NESTING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+
+
+def json_fields(raw: bytes) -> Iterator[tuple[bytes, int, int]]:
+    """The top-level fields of the JSON object `raw` (valid JSON), in order: each key as sent, quotes
+    and escapes included, and where its value starts and ends in `raw`. Nothing is decoded."""
+    at = _SPACE.match(raw, raw.index(b"{") + 1).end()
+    while raw[at:at + 1] == b'"':
+        key_end = _STRING.match(raw, at).end()
+        value = _SPACE.match(raw, _SPACE.match(raw, key_end).end() + 1).end()  # past the colon
+        value_end = _value_end(raw, value)
+        yield raw[at:key_end], value, value_end
+        at = _SPACE.match(raw, value_end).end()
+        if raw[at:at + 1] != b",":
+            return
+        at = _SPACE.match(raw, at + 1).end()
+
+
+def _value_end(raw: bytes, at: int) -> int:
+    first = raw[at:at + 1]
+    if first == b'"':
+        return _STRING.match(raw, at).end()
+    if first not in (b"{", b"["):
+        return _SCALAR.match(raw, at).end()
+    depth = 0
+    for token in _NESTING.finditer(raw, at):
+        if token.end() - token.start() == 1:  # a bracket
+            depth += 1 if raw[token.start()] in b"{[" else -1
+            if depth == 0:
+                return token.end()
+    return len(raw)
 
 
 _EXPECTED = re.compile(r"Expected `[^`]*`, got `([^`]*)`(?: - at `\$(.*)`)?$")

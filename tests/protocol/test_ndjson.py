@@ -255,3 +255,15 @@ def test_a_large_block_is_read_in_pieces_as_a_whole():
         for page in read_pages([body + b'{"event":oops}\n{"cursor":"end"}\n']):
             pages.append(page)
     assert len(pages) == len(run.cursors)
+
+
+def test_surrogates_escaped_alone_pass_in_payloads_but_not_in_keys_or_cursors():
+    # valid JSON text but no Unicode (JavaScript's JSON.stringify writes them for broken strings):
+    # payloads are kept as sent, fields nobody reads are skipped; keys and cursors are decoded
+    body = (rb'{"event":"\ud800"}' b"\n" rb'{"x":"\udc00","event":{"a":"\ud83d\ude00\ud83d"}}' b"\n"
+            rb'{"cursor":"c1"}' b"\n")
+    (page,) = read_pages([body])
+    assert page.raw_events == [rb'"\ud800"', rb'{"a":"\ud83d\ude00\ud83d"}'] and page.cursor == "c1"
+    for line in [rb'{"cursor":"\ud800"}', rb'{"ev\ud800ent":1}', rb'{"event":1,"cursor":"\udfff"}']:
+        with pytest.raises(MalformedResponse, match="line is not a FeedAPI JSON object"):
+            list(read_pages([body + line + b'\n{"cursor":"c2"}\n']))
