@@ -150,6 +150,7 @@ class FeedLoader:
         started = time.monotonic()
         try:
             self._stage(starts, staging)
+            log.info("staged in %.1f s", time.monotonic() - started)
             staged = self.spark.read.parquet(staging)
             ends = _read_ends(staged)
             self.on_moment(STAGED, {})
@@ -166,7 +167,9 @@ class FeedLoader:
             events = sum(r.events for r in reports.values())
             log.info("read %d events in %d pages from %d partitions in %.1f s (%.0f events/s)", events,
                      sum(r.pages for r in reports.values()), len(reports), seconds, events / max(seconds, 1e-9))
+            committing = time.monotonic()
             self._commit(reports, starts, base.state, rows, rebuild, drop)
+            log.info("commit took %.1f s", time.monotonic() - committing)
         finally:
             table.remove_staging(staging)
         return reports
