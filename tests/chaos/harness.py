@@ -29,6 +29,8 @@ from feedapi_dagster.orchestration.loads import latest_metadata_by_partition
 from feedapi_dagster.planning import FeedState
 from feedapi_dagster.protocol import FeedClient
 
+from ..spark_processes import connect_server_pid, kill, python_workers
+
 ROOT = Path(__file__).resolve().parents[2]
 RUN_JOB = Path(__file__).with_name("run_job.py")
 MAX_PARTITIONS = 10
@@ -198,9 +200,12 @@ class ChaosRun:
                                       stdout=self.log, stderr=subprocess.STDOUT) for spec in specs]
         kill = self.rng.random() < self.kill_rate if kill is None else kill
         if kill:
-            how = self.rng.choice(["timer", "after_commit"])
+            how = self.rng.choice(["timer", "after_commit", "python_worker"])
             self.tally.kills[how] += 1
-            self._kill_later(processes, how, version)
+            if how == "python_worker":
+                self._kill_python_workers_later(processes)
+            else:
+                self._kill_later(processes, how, version)
         for process in processes:
             code = process.wait(timeout=600)
             self.tally.runs["killed" if code == -signal.SIGKILL else "succeeded" if code == 0 else "failed"] += 1
@@ -216,6 +221,16 @@ class ChaosRun:
         for process in processes:
             if process.poll() is None:
                 process.send_signal(signal.SIGKILL)
+
+    def _kill_python_workers_later(self, processes: list[subprocess.Popen]) -> None:
+        """SIGKILL the Spark server's Python workers while the runs read (their tasks are retried by
+        Spark; the run goes on)."""
+        deadline = time.monotonic() + self.rng.uniform(1, 10)
+        while time.monotonic() < deadline and any(p.poll() is None for p in processes):
+            time.sleep(0.05)
+        jvm = connect_server_pid(self.spark.port)
+        if jvm is not None and any(p.poll() is None for p in processes):
+            self.tally.kills["python_worker_pids"] += len(kill(python_workers(jvm), signal.SIGKILL))
 
     def _fail_dead_runs(self) -> None:
         """What run monitoring does for a run whose process died: mark it failed."""

@@ -18,6 +18,7 @@ import pytest
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Gate
 from feedapi_dagster.lakehouse.state import read_committed_state
 
+from ..spark_processes import kill, python_workers
 from .conftest import table_rows
 
 SCRIPT = Path(__file__).with_name("load_and_die.py")
@@ -51,7 +52,7 @@ def test_a_python_worker_killed_mid_read_is_retried_and_its_read_lands_once(spar
         load = threading.Thread(target=lambda: outcome.update(reports=make_loader(server).sync()))
         load.start()
         assert gate.arrived.wait(120), "the read tasks never fetched"
-        killed = kill_python_workers()
+        killed = kill(python_workers(os.getpid()), signal.SIGKILL)
         assert killed, "no Python worker was reading"
         feed.append(70)  # the retried task reads more than the killed one had
         server.gate = None
@@ -92,29 +93,6 @@ def test_the_spark_connect_server_killed_mid_read_commits_nothing_then_resume(sp
     finally:
         spark_server.stop()
     assert_every_event_once(spark, table_path, feed, exactly_once=True)
-
-
-def kill_python_workers() -> list[int]:
-    """SIGKILL the Python workers of this process's Spark (forks of pyspark.daemon), not the daemon."""
-    daemons, workers = set(), []
-    processes = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        processes[int(entry.name)] = (command, parent)
-    for pid, (command, parent) in processes.items():
-        if b"pyspark.daemon" in command and b"pyspark.daemon" not in processes.get(parent, (b"", 0))[0]:
-            daemons.add(pid)
-    for pid, (command, parent) in processes.items():
-        if parent in daemons:
-            os.kill(pid, signal.SIGKILL)
-            workers.append(pid)
-    return workers
 
 
 def assert_every_event_once(spark, table_path, feed, exactly_once=False):
