@@ -173,6 +173,37 @@ def test_server_listens_on_loopback_only_and_is_reused(connect_server: SparkConn
     assert connect_server.is_running()
 
 
+REMOTE_CLIENT = textwrap.dedent("""
+    import sys
+    from pyspark.sql import SparkSession
+    try:
+        SparkSession.builder.remote(sys.argv[1]).getOrCreate().range(3).collect()
+    except Exception as error:
+        print("refused:", type(error).__name__, str(error).splitlines()[0][:300])
+        sys.exit(3)
+    print("accepted")
+""")
+
+
+@pytest.mark.spark
+def test_a_client_without_the_servers_token_is_refused(connect_server: SparkConnectServer) -> None:
+    """The server runs Python for its clients: only those holding its token (a 0600 file) get in."""
+    from feedapi_dagster.lakehouse.spark import token_file
+
+    port = connect_server.port
+    assert token_file(port).stat().st_mode & 0o777 == 0o600
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_AUTHENTICATE_TOKEN"}
+    outcomes = {}
+    for name, url in {"no token": f"sc://127.0.0.1:{port}", "wrong token": f"sc://localhost:{port}/;token=wrong",
+                      "the server's token": connect_server.client_url()}.items():
+        proc = subprocess.run([sys.executable, "-c", REMOTE_CLIENT, url], capture_output=True, text=True,
+                              timeout=120, env=env)
+        outcomes[name] = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-500:]
+    assert outcomes["no token"].startswith("refused"), outcomes
+    assert outcomes["wrong token"].startswith("refused"), outcomes
+    assert outcomes["the server's token"] == "accepted", outcomes
+
+
 @pytest.mark.spark
 def test_stop_leaves_no_process_behind(connect_server: SparkConnectServer) -> None:
     """Runs last in this module: it stops the shared server."""
