@@ -1,0 +1,431 @@
+#!/usr/bin/env python
+"""One feed, one run: raw HTTP reads, a dlt pipeline into Delta, and the project's scheduled sync
+through Dagster on the embedded Spark Connect server, cold and warm.
+
+    .venv/bin/python benchmarks/bench_sync.py                        # 16 partitions x 25,000 events
+    .venv/bin/python benchmarks/bench_sync.py --events 40000         # quick
+    .venv/bin/python benchmarks/bench_sync.py --repeat 3 --keep      # 3 warm runs, keep the temp folder
+
+Needs the `bench` extra (dlt) and the Delta jars (`make setup`); benchmarks/README.md says what each
+line measures. In order: the bundled demo feed in its own process (generated once, read by all); raw
+HTTP reads (a plain loop, then `--threads` threads); dlt into Delta (`dlt_load.py`, its own process);
+the Spark Connect server started (timed); then `--repeat` + 1 scheduled syncs through Dagster, each
+into a fresh deployment (feeds file, lakehouse, DAGSTER_HOME with the project's dagster.yaml,
+partitions registered as the discovery sensor does: untimed), timed from the schedule's tick to the
+exit of the `dagster api execute_run` process: the first on the new server is cold, the others warm.
+Each run is checked (rows, materializations) and cut into stages from its events and log lines
+(`run_hooks/sitecustomize.py`). Peak memory of every process. Everything started here is stopped at
+the end. Exit status 0 when the median warm sync runs at >= 1.5x dlt's events/s, 2 when not, 1 on
+errors.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+from procstat import MemoryWatch, proc_cpu, status_mb, stop_process, stop_strays, tree_cpu, wait_with_usage
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+BIN = Path(sys.executable).parent
+TARGET = 1.5  # warm sync / dlt, events per second
+
+
+def say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+@dataclass
+class Line:
+    """A line of the figures table."""
+
+    name: str
+    seconds: float
+    events: int | None = None
+    rss_mb: float | None = None
+    notes: str = ""
+    process_seconds: float | None = None  # dlt: its process from start to exit
+
+    @property
+    def rate(self) -> float | None:
+        return self.events / self.seconds if self.events else None
+
+
+# ----------------------------------------------------------------------------- 1. feed server
+def start_feed_server(partitions: int, events: int, log_path: Path) -> tuple[subprocess.Popen, str]:
+    command = [str(BIN / "feedapi-dagster"), "demo-server", "--dialect", "published", "--partitions", str(partitions),
+               "--events", str(events), "--host", "127.0.0.1", "--port", "0"]
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, cwd=ROOT,
+                                start_new_session=True)
+    url = proc.stdout.readline().decode().strip()  # printed once the feed is generated and the port listens
+    if not url.startswith("http"):
+        proc.kill()
+        raise RuntimeError(f"the feed server printed no URL (exit {proc.wait()}); see {log_path}")
+    return proc, url
+
+
+# ----------------------------------------------------------------------------- 2. raw HTTP
+def raw_read(url: str, page_size: int, threads: int) -> int:
+    """Every page of every partition from `_first`, each body only searched for its last cursor; pages."""
+    document = requests.get(url, timeout=30).json()
+    todo: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for partition in document["partitions"]:
+        todo.put(int(partition["id"]))
+    pages = [0]
+
+    def reader() -> None:
+        with requests.Session() as session:
+            while True:
+                try:
+                    partition_id = todo.get_nowait()
+                except queue.Empty:
+                    return
+                cursor = "_first"
+                while True:
+                    response = session.get(f"{url}/events", timeout=60, params={
+                        "token": document["token"], "partition": partition_id, "cursor": cursor,
+                        "pagesizehint": page_size})
+                    response.raise_for_status()
+                    body = response.content
+                    pages[0] += 1
+                    start = body.rindex(b'"cursor":"') + len(b'"cursor":"')
+                    following = body[start:body.index(b'"', start)].decode()
+                    if following == cursor:
+                        break  # caught up: a checkpoint-only page that does not advance
+                    cursor = following
+
+    pool = [threading.Thread(target=reader) for _ in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    return pages[0]
+
+
+# ----------------------------------------------------------------------------- 3. dlt
+def run_dlt(url: str, page_size: int, work: Path, events: int, workers: int) -> Line:
+    with open(work.parent / "dlt.log", "ab") as log:
+        started = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-W", "ignore", str(HERE / "dlt_load.py"), url, str(page_size),
+                                 str(work), str(events), "--workers", str(workers)],
+                                stdout=subprocess.PIPE, stderr=log, cwd=ROOT)
+        out = proc.stdout.read().decode()
+        code, rss, cpu = wait_with_usage(proc)
+        wall = time.perf_counter() - started
+    if code != 0:
+        raise RuntimeError(f"dlt failed (exit {code}): {out.strip()[-500:]}; see {work.parent / 'dlt.log'}")
+    result = json.loads(out.strip().splitlines()[-1])
+    steps = ", ".join(f"{k} {v:.2f}" for k, v in result["steps"].items())
+    return Line(f"dlt {result['version']} pipeline.run into Delta", result["seconds"], events, rss,
+                f"process {wall:.2f} s, CPU {cpu:.1f} s; {steps}", wall)
+
+
+# ----------------------------------------------------------------------------- 4. Dagster
+@dataclass
+class Setup:
+    base: Path
+    env: dict[str, str]
+    project: object
+    defs: object
+    instance: object
+
+
+def prepare(base: Path, url: str, page_size: int, spark_port: int) -> Setup:
+    """A fresh deployment of the project: feeds file, DAGSTER_HOME, partitions registered (untimed)."""
+    import dagster as dg
+    import yaml
+
+    from feedapi_dagster.orchestration import build_definitions, load_config
+    from feedapi_dagster.orchestration.automation import register_discovered_partitions
+
+    home = base / "dagster_home"
+    home.mkdir(parents=True)
+    shutil.copy(ROOT / "dagster_project" / "dagster.yaml", home / "dagster.yaml")
+    config = base / "feeds.yaml"
+    config.write_text(yaml.safe_dump({
+        "lakehouse": str(base / "lakehouse"),
+        "spark": {"mode": "embedded", "port": spark_port},
+        "feeds": [{"name": "bench", "url": url, "dialect": "published", "page_size_hint": page_size}],
+    }, sort_keys=False))
+    os.environ.update(FEEDAPI_DAGSTER_CONFIG=str(config), DAGSTER_HOME=str(home))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE / "run_hooks"),
+                                                                     os.environ.get("PYTHONPATH")]))}
+    env.pop("FEEDAPI_LAKEHOUSE", None)
+    project = load_config(config)
+    instance = dg.DagsterInstance.get()
+    register_discovered_partitions(instance, project.feeds[0])
+    return Setup(base, env, project, build_definitions(project), instance)
+
+
+@dataclass
+class Run:
+    line: Line
+    stages: dict[str, float] = field(default_factory=dict)
+    cpu: dict[str, float] = field(default_factory=dict)
+
+
+def run_sync(setup: Setup, name: str, events: int, spark_pid: int) -> Run:
+    """The schedule's tick and the run it requests, in a `dagster api execute_run` process; checked."""
+    import dagster as dg
+    from dagster._core.definitions.reconstruct import ReconstructableRepository
+    from dagster._grpc.types import ExecuteRunArgs
+    from dagster._serdes import serialize_value
+
+    feed = setup.project.feeds[0]
+    job_name = f"feedapi_{feed.name}_sync"
+    instance = setup.instance
+    spark_cpu = tree_cpu(spark_pid)
+    tick_started = time.perf_counter()
+    schedule = setup.defs.resolve_schedule_def(f"feedapi_{feed.name}_schedule")
+    with dg.build_schedule_context(instance=instance) as context:
+        data = schedule.evaluate_tick(context)
+    if not data.run_requests:
+        raise RuntimeError(f"the schedule requested no run: {data.skip_message}")
+    request = data.run_requests[0]
+    origin = (ReconstructableRepository.for_module("dagster_project.definitions", "defs", working_directory=str(ROOT))
+              .get_reconstructable_job(job_name).get_python_origin())
+    run = instance.create_run_for_job(setup.defs.get_job_def(job_name), run_config=dict(request.run_config),
+                                      tags={**request.tags, "dagster/schedule_name": schedule.name},
+                                      job_code_origin=origin)
+    args = ExecuteRunArgs(job_origin=run.job_code_origin, run_id=run.run_id, instance_ref=instance.get_ref(),
+                          set_exit_code_on_failure=True)
+    tick = time.perf_counter() - tick_started
+    log_path = setup.base / "run.log"
+    with open(log_path, "wb") as log:
+        started = time.time()
+        proc = subprocess.Popen([str(BIN / "dagster"), "api", "execute_run", serialize_value(args)], env=setup.env,
+                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        code, rss, cpu = wait_with_usage(proc)
+        ended = time.time()
+    if code != 0 or not instance.get_run_by_id(run.run_id).is_success:
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
+        raise RuntimeError(f"the Dagster run failed (exit {code}); the end of {log_path}:\n{tail}")
+    verify(setup, run.run_id, events)
+    seconds = tick + ended - started
+    result = Run(Line(name, seconds, events, rss, f"run process {ended - started:.2f} s"),
+                 cpu={"run process": cpu, "Spark server (JVM + workers)": tree_cpu(spark_pid) - spark_cpu})
+    result.stages = stages(instance, run.run_id, log_path, tick, started, ended)
+    return result
+
+
+def verify(setup: Setup, run_id: str, events: int) -> None:
+    """All events in the table, one materialization per partition, the staged read removed."""
+    from deltalake import DeltaTable
+
+    path = Path(setup.project.table_path(setup.project.feeds[0]))
+    rows = DeltaTable(str(path)).to_pyarrow_dataset().count_rows()
+    partitions = setup.instance.get_dynamic_partitions("feedapi_bench")
+    materialized = [e for e in setup.instance.all_logs(run_id)
+                    if e.dagster_event is not None and e.dagster_event.event_type_value == "ASSET_MATERIALIZATION"]
+    staged = list((path / "_feedapi_staging").glob("load-*"))
+    if rows != events or len(materialized) != len(partitions) or staged:
+        raise RuntimeError(f"run {run_id}: {rows} rows (expected {events}), {len(materialized)} materializations "
+                           f"for {len(partitions)} partitions, staged reads left: {staged}")
+
+
+def stages(instance, run_id: str, log_path: Path, tick: float, started: float, ended: float) -> dict[str, float]:
+    """The run's wall time in consecutive stages, from Dagster's event timestamps and the run's log lines."""
+    events = {}
+    for entry in instance.all_logs(run_id):
+        if entry.dagster_event is not None:
+            events.setdefault(entry.dagster_event.event_type.name, entry.timestamp)
+    marks: dict[str, float] = {}
+    for text in log_path.read_text(errors="replace").splitlines():
+        if not text.startswith("BENCH "):
+            continue
+        _, at, _, message = text.split(" ", 3)
+        at = float(at)
+        words = message.split()
+        if message.startswith("mark "):
+            marks.setdefault(f"{words[1]} {words[2]}", at)
+        elif message.startswith("staged in "):
+            marks.setdefault("stage start", at - float(words[2]))
+            marks.setdefault("stage end", at)
+        elif message.startswith("read ") and "events in" in message:
+            marks.setdefault("ends read", at)
+        elif message.startswith("commit took "):
+            marks["commit end"] = at
+    if not {"STEP_START", "STEP_SUCCESS"} <= events.keys() or len(marks) < 7:
+        return {}
+    points = [("process start, imports, Dagster run start-up", started),
+              ("Spark client: pyspark import + Connect session", events["STEP_START"]),
+              ("feedapi data source registered in the session", marks["connect end"]),
+              ("table check/creation (CREATE TABLE IF NOT EXISTS)", marks["table start"]),
+              ("discovery, planning (Delta log read by delta-rs)", marks["table end"]),
+              ("Spark job 1: feed read, staged as Parquet", marks["stage start"]),
+              ("checkpoint rows read (end cursors)", marks["stage end"]),
+              ("commit job (Delta write) + history check", marks["ends read"]),
+              ("Dagster: materializations, mirror check, compaction check", marks["commit end"]),
+              ("Dagster run end, process exit", events["STEP_SUCCESS"]),
+              ("", ended)]
+    result = {"schedule tick (evaluation, run created; bench process)": tick}
+    result.update({label: max(0.0, points[i + 1][1] - at) for i, (label, at) in enumerate(points[:-1])})
+    return result
+
+
+def start_spark(port: int, work: Path):
+    from feedapi_dagster.lakehouse.spark import ensure_embedded_server, port_open
+
+    if port_open(port):
+        raise RuntimeError(f"port {port} is taken")
+    return ensure_embedded_server(port, work_dir=work)
+
+
+def report(args: argparse.Namespace, lines: list[Line], runs: list[Run], watch: MemoryWatch,
+           spark_peaks: dict[str, float]) -> float:
+    """Prints the figures; returns warm sync / dlt (events/s)."""
+    raw_loop = lines[0]
+    dlt_line = next(line for line in lines if line.name.startswith("dlt"))
+    warm = [run.line for run in runs[1:]]
+    warm_rate = statistics.median(line.rate for line in warm)
+    print()
+    print(f"{args.partitions} partitions, {args.events} events, page size hint {args.page_size}; "
+          f"{os.cpu_count()} cores, load average {load_average()}; {time.strftime('%Y-%m-%d %H:%M')}")
+    print(f"{'':<58} {'seconds':>8} {'events/s':>10} {'/ dlt':>6} {'/ raw':>6} {'max RSS MB':>10}")
+    for line in [*lines, *(run.line for run in runs)]:
+        rate = "" if line.rate is None else f"{line.rate:10,.0f} {line.rate / dlt_line.rate:6.2f} " \
+                                            f"{line.rate / raw_loop.rate:6.2f}"
+        rss = "" if line.rss_mb is None else f"{line.rss_mb:10.0f}"
+        print(f"{line.name:<58} {line.seconds:8.2f} {rate:<24} {rss}   {line.notes}")
+    ratio = warm_rate / dlt_line.rate
+    print(f"{'warm sync / dlt (median of ' + str(len(warm)) + ' warm runs)':<58} {ratio:8.2f}   target >= {TARGET}: "
+          f"{'met' if ratio >= TARGET else 'MISSED'}")
+    print(f"{'warm sync / dlt process (start to exit, imports included)':<58} "
+          f"{warm_rate / (dlt_line.events / dlt_line.process_seconds):8.2f}")
+    print(f"{'warm sync / raw HTTP plain loop':<58} {warm_rate / raw_loop.rate:8.2f}")
+
+    print("\nWhere a run's time goes (seconds; consecutive stages adding up to the run's figure; the log "
+          "lines round to 0.1 s):")
+    print(f"  {'':<58}" + "".join(f"{'cold' if i == 0 else f'warm #{i}':>9}" for i in range(len(runs))))
+    for label in runs[0].stages or (runs[-1].stages):
+        print(f"  {label:<58}" + "".join(f"{run.stages.get(label, float('nan')):9.2f}" for run in runs))
+    print(f"  {'total':<58}" + "".join(f"{run.line.seconds:9.2f}" for run in runs))
+    print("CPU seconds during each run:")
+    for key in runs[0].cpu:
+        print(f"  {key:<58}" + "".join(f"{run.cpu[key]:9.1f}" for run in runs))
+
+    print("\nMemory (MB; peak resident set):")
+    print(f"  feed server: {watch.root_peak.get('feed server', 0):.0f}")
+    print(f"  dlt process: {dlt_line.rss_mb:.0f}")
+    print("  Dagster run process: " + ", ".join(f"{'cold' if i == 0 else f'warm #{i}'} {run.line.rss_mb:.0f}"
+                                                 for i, run in enumerate(runs)))
+    print("  Spark server JVM (its peak so far): " + ", ".join(f"{k} {v:.0f}" for k, v in spark_peaks.items()))
+    workers = watch.child_peak.get("Spark server", {})
+    if workers:
+        print(f"  Spark's Python workers (below the JVM): {len(workers)} processes seen, largest sum in one "
+              f"sample {watch.children_sum['Spark server']:.0f} (forked workers share pages; the sum counts "
+              "them in each); by command:")
+        kinds: dict[str, list[float]] = {}
+        for pid, peak in workers.items():
+            kinds.setdefault(" ".join(watch.kinds.get(pid, "?").split()[-2:]), []).append(peak)
+        for kind, peaks in sorted(kinds.items(), key=lambda item: -max(item[1])):
+            print(f"    {kind}: {len(peaks)} processes, largest {max(peaks):.0f}")
+    print(f"\ncommand: {shlex.join(['.venv/bin/python', 'benchmarks/bench_sync.py', *sys.argv[1:]])}")
+    return ratio
+
+
+# ----------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--partitions", type=int, default=16)
+    parser.add_argument("--events", type=int, default=400_000, help="in all (spread over the partitions)")
+    parser.add_argument("--page-size", type=int, default=5000, help="the feed's page_size_hint")
+    parser.add_argument("--threads", type=int, default=8, help="threads of the second raw read, and dlt's workers")
+    parser.add_argument("--repeat", type=int, default=2, help="warm runs (each into a fresh table)")
+    parser.add_argument("--keep", action="store_true", help="keep the temp folder (tables, logs, DAGSTER_HOMEs)")
+    args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error("--repeat must be >= 1")
+    warnings.filterwarnings("ignore", message=r".*is currently in beta")
+    from feedapi_dagster.lakehouse.spark import find_free_port
+
+    work = Path(tempfile.mkdtemp(prefix="bench-sync-"))
+    say(f"work dir {work}; {os.cpu_count()} cores; load average {load_average()}")
+    watch = MemoryWatch()
+    feed = spark = None
+    spark_port = find_free_port()
+    lines: list[Line] = []
+    runs: list[Run] = []
+    spark_peaks: dict[str, float] = {}
+    try:
+        started = time.perf_counter()
+        feed, url = start_feed_server(args.partitions, args.events, work / "feed-server.log")
+        watch.watch("feed server", feed.pid)
+        say(f"feed server {url}: {args.partitions} partitions, {args.events} events, ready after "
+            f"{time.perf_counter() - started:.1f} s")
+
+        for threads, name in ((1, "raw HTTP read, a plain loop"), (args.threads, f"raw HTTP read, {args.threads} threads")):
+            say(f"{name}; load average {load_average()}")
+            feed_cpu, started = proc_cpu(feed.pid), time.perf_counter()
+            pages = raw_read(url, args.page_size, threads)
+            lines.append(Line(name, time.perf_counter() - started, args.events,
+                              notes=f"{pages} pages; feed server CPU {proc_cpu(feed.pid) - feed_cpu:.1f} s"))
+            say(f"  {lines[-1].seconds:.2f} s: {lines[-1].rate:,.0f} events/s")
+
+        say(f"dlt; load average {load_average()}")
+        (work / "dlt").mkdir()
+        dlt_line = run_dlt(url, args.page_size, work / "dlt", args.events, args.threads)
+        lines.append(dlt_line)
+        say(f"  {dlt_line.seconds:.2f} s: {dlt_line.rate:,.0f} events/s")
+
+        say(f"starting the Spark Connect server on port {spark_port}; load average {load_average()}")
+        started = time.perf_counter()
+        spark = start_spark(spark_port, work / "spark")
+        lines.append(Line("Spark Connect server start (until it listens)", time.perf_counter() - started))
+        watch.watch("Spark server", spark.pid)
+        spark_peaks["after start"] = status_mb(spark.pid) or 0.0
+        say(f"  ready after {lines[-1].seconds:.1f} s (pid {spark.pid})")
+
+        for index in range(args.repeat + 1):
+            name = "Dagster scheduled sync, cold (1st run on the new server)" if index == 0 else \
+                f"Dagster scheduled sync, warm #{index}"
+            setup = prepare(work / f"run-{index}", url, args.page_size, spark_port)
+            say(f"{name}; load average {load_average()}")
+            run = run_sync(setup, name, args.events, spark.pid)
+            setup.instance.dispose()
+            runs.append(run)
+            spark_peaks["after the cold run" if index == 0 else f"warm #{index}"] = status_mb(spark.pid) or 0.0
+            say(f"  {run.line.seconds:.2f} s: {run.line.rate:,.0f} events/s ({run.line.notes}); verified")
+        watch.sample()
+    except Exception:  # noqa: BLE001 - reported, exit 1
+        traceback.print_exc()
+        return 1
+    finally:
+        watch.stop()
+        stop_process(feed)
+        if spark is not None:
+            spark.stop()
+        strays = stop_strays(spark_port)
+        if strays:
+            say(f"stopped a Spark server that a run started on port {spark_port}: {strays}")
+        Path(tempfile.gettempdir(), f"feedapi-dagster-spark-{spark_port}.lock").unlink(missing_ok=True)
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+    ratio = report(args, lines, runs, watch, spark_peaks)
+    return 0 if ratio >= TARGET else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

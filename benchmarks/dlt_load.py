@@ -1,0 +1,105 @@
+#!/usr/bin/env python
+"""The feed through a dlt pipeline into a Delta table, in a process of its own (`bench_sync.py` starts it).
+
+    .venv/bin/python benchmarks/dlt_load.py URL PAGE_SIZE WORK_DIR EXPECTED_EVENTS [--workers 8]
+
+What a dlt user would write (needs the `bench` extra, `dlt[deltalake]`): one `parallelized=True`
+resource per feed partition, paging through it from `_first` and yielding one `pyarrow.Table` per page
+(partition_id, position, cursor, payload = the raw JSON text of `data`, cut out by msgspec);
+`write_disposition="append"` into the `filesystem` destination with `table_format="delta"`.
+`pipeline.run` is timed; the table must hold EXPECTED_EVENTS rows. Prints one JSON line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+import requests
+
+
+class _Line(msgspec.Struct):
+    """A published-dialect line: an event (`data`, kept as raw JSON text) or a checkpoint (`cursor`)."""
+
+    data: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    cursor: str | None = None
+
+
+def partition_pages(url: str, token: str, partition_id: int, page_size: int):
+    """Pages of one partition from `_first` until a page no longer moves the cursor; one Arrow table each."""
+    import pyarrow as pa
+
+    decoder = msgspec.json.Decoder(_Line)
+    cursor, position = "_first", 0
+    with requests.Session() as session:
+        while True:
+            response = session.get(f"{url}/events", params={"token": token, "partition": partition_id,
+                                                            "cursor": cursor, "pagesizehint": page_size}, timeout=60)
+            response.raise_for_status()
+            payloads: list[str] = []
+            cursors: list[str] = []
+            pending: list[str] = []
+            following = cursor
+            for line in decoder.decode_lines(response.content):
+                if line.data is not msgspec.UNSET:
+                    pending.append(bytes(line.data).decode())
+                elif line.cursor is not None:  # the events since the last checkpoint are covered by it
+                    following = line.cursor
+                    cursors.extend([following] * len(pending))
+                    payloads.extend(pending)
+                    pending = []
+            if payloads:
+                count = len(payloads)
+                yield pa.table({
+                    "partition_id": pa.array([partition_id] * count, pa.int32()),
+                    "position": pa.array(range(position, position + count), pa.int64()),
+                    "cursor": pa.array(cursors, pa.string()),
+                    "payload": pa.array(payloads, pa.string()),
+                })
+                position += count
+            if following == cursor:
+                return
+            cursor = following
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("url")
+    parser.add_argument("page_size", type=int)
+    parser.add_argument("work", type=Path)
+    parser.add_argument("expected", type=int)
+    parser.add_argument("--workers", type=int, default=8, help="dlt extract workers (threads)")
+    args = parser.parse_args()
+    os.environ["DLT_DATA_DIR"] = str(args.work / "dlt_data")
+    os.environ.setdefault("RUNTIME__DLTHUB_TELEMETRY", "false")
+    os.environ.setdefault("EXTRACT__WORKERS", str(args.workers))
+    import dlt
+    from dlt.common.libs.deltalake import get_delta_tables
+
+    document = requests.get(args.url, timeout=30).json()
+    token, partition_ids = document["token"], [int(p["id"]) for p in document["partitions"]]
+    resources = [
+        dlt.resource(partition_pages, name=f"feed_partition_{pid}", table_name="events", write_disposition="append",
+                     table_format="delta", parallelized=True)(args.url, token, pid, args.page_size)
+        for pid in partition_ids
+    ]
+    pipeline = dlt.pipeline(pipeline_name="bench_feed", pipelines_dir=str(args.work / "dlt_pipelines"),
+                            destination=dlt.destinations.filesystem(bucket_url=(args.work / "dlt_lake").as_uri()),
+                            dataset_name="feed", progress=None)
+    started = time.perf_counter()
+    pipeline.run(resources)
+    seconds = time.perf_counter() - started
+    rows = get_delta_tables(pipeline, "events")["events"].to_pyarrow_dataset().count_rows()
+    steps = {step.step: (step.finished_at - step.started_at).total_seconds()
+             for step in (pipeline.last_trace.steps if pipeline.last_trace else [])
+             if step.started_at and step.finished_at}
+    print(json.dumps({"seconds": seconds, "rows": rows, "version": dlt.__version__, "steps": steps}))
+    return 0 if rows == args.expected else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
