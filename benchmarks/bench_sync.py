@@ -223,8 +223,10 @@ def run_sync(setup: Setup, name: str, events: int, spark_pid: int) -> Run:
         raise RuntimeError(f"the Dagster run failed (exit {code}); the end of {log_path}:\n{tail}")
     verify(setup, run.run_id, events)
     seconds = tick + ended - started
+    jvm, workers = tree_cpu(spark_pid)
     result = Run(Line(name, seconds, events, rss, f"run process {ended - started:.2f} s"),
-                 cpu={"run process": cpu, "Spark server (JVM + workers)": tree_cpu(spark_pid) - spark_cpu})
+                 cpu={"run process": cpu, "Spark server JVM": jvm - spark_cpu[0],
+                      "Spark's Python workers (below the JVM)": workers - spark_cpu[1]})
     result.stages = stages(instance, run.run_id, log_path, tick, started, ended)
     return result
 
@@ -338,7 +340,9 @@ def report(args: argparse.Namespace, lines: list[Line], runs: list[Run], watch: 
               "them in each); by command:")
         kinds: dict[str, list[float]] = {}
         for pid, peak in workers.items():
-            kinds.setdefault(" ".join(watch.kinds.get(pid, "?").split()[-2:]), []).append(peak)
+            words = watch.kinds.get(pid, "?").split()
+            kinds.setdefault(" ".join(words[2:4]) if words[1:2] == ["-m"] else
+                             " ".join([Path(words[0]).name, *words[1:2]]), []).append(peak)
         for kind, peaks in sorted(kinds.items(), key=lambda item: -max(item[1])):
             print(f"    {kind}: {len(peaks)} processes, largest {max(peaks):.0f}")
     print(f"\ncommand: {shlex.join(['.venv/bin/python', 'benchmarks/bench_sync.py', *sys.argv[1:]])}")

@@ -121,9 +121,9 @@ def wait_with_usage(proc: subprocess.Popen) -> tuple[int, float, float]:
     return proc.returncode, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
 
 
-def tree_cpu(pid: int) -> float:
-    """CPU seconds of a process and its live descendants (those that exited count in their parents)."""
-    return sum(proc_cpu(p) or 0.0 for p in [pid, *descendants(pid)])
+def tree_cpu(pid: int) -> tuple[float, float]:
+    """CPU seconds of a process, and of its live descendants (those that exited count in their parents)."""
+    return proc_cpu(pid) or 0.0, sum(proc_cpu(p) or 0.0 for p in descendants(pid))
 
 
 def stop_process(proc: subprocess.Popen | None) -> None:
