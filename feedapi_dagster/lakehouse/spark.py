@@ -511,6 +511,7 @@ class SparkConnectServer:
         """Terminate (SIGTERM to the process group), wait, kill after ``timeout``; idempotent."""
         if not self._owned or self._proc is None:
             return
+        _close_clients(self.port)
         proc = self._proc
         if proc.poll() is None:
             self._signal_group(signal.SIGTERM)
@@ -648,7 +649,23 @@ def connect_session(url: str, conf: Mapping[str, str] | None = None) -> "SparkSe
     builder = SparkSession.builder.remote(url)
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    session = builder.getOrCreate()
+    _clients.append(session)
+    return session
+
+
+# Connect sessions of this process: a server this process stops closes its clients first, or their
+# exit hook would wait up to 10 minutes (pyspark's retry policy) for the server that went away.
+_clients: list["SparkSession"] = []
+
+
+def _close_clients(port: int) -> None:
+    for session in list(_clients):
+        client = session.client
+        if client._builder.endpoint.endswith(f":{port}"):
+            with contextlib.suppress(Exception):
+                client.close()
+            _clients.remove(session)
 
 
 # Sessions that have the `feedapi` data source (a Connect session is a new object per client).

@@ -23,7 +23,7 @@ from feedapi_dagster.orchestration.launcher import WORKER_TAG
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_the_daemon_launches_the_sensors_run_in_a_forked_worker(tmp_path):
+def test_the_daemon_launches_the_sensors_run_in_a_forked_worker(tmp_path, connect_server):
     feed = DemoFeed(partitions=3, events=300, seed=9)
     home = tmp_path / "dagster_home"
     home.mkdir()
@@ -32,6 +32,7 @@ def test_the_daemon_launches_the_sensors_run_in_a_forked_worker(tmp_path):
         config = tmp_path / "feeds.yaml"
         config.write_text(yaml.safe_dump({
             "lakehouse": str(tmp_path / "lakehouse"),
+            "spark": {"mode": "embedded", "port": connect_server.port},  # the tests' shared server
             "feeds": [{"name": "orders", "url": server.url, "dialect": "published", "page_size_hint": 50,
                        "schedule": {"enabled": False, "discovery_enabled": True}}],
         }))

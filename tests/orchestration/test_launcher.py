@@ -37,7 +37,8 @@ class Deployment:
     """A feeds file and DAGSTER_HOME as a deployment has them; runs created the way the daemon creates
     a schedule's run (with the code server's origin of the job) and launched by the instance."""
 
-    def __init__(self, tmp_path: Path, feed: DemoFeed, server: DemoFeedServer, load: dict | None = None):
+    def __init__(self, tmp_path: Path, feed: DemoFeed, server: DemoFeedServer, spark_port: int,
+                 load: dict | None = None):
         self.feed = feed
         self.home = tmp_path / "dagster_home"
         self.home.mkdir()
@@ -45,6 +46,7 @@ class Deployment:
         self.config_path = tmp_path / "feeds.yaml"
         self.config_path.write_text(yaml.safe_dump({
             "lakehouse": str(tmp_path / "lakehouse"),
+            "spark": {"mode": "embedded", "port": spark_port},  # the tests' shared server
             "feeds": [{"name": "orders", "url": server.url, "dialect": "published", "page_size_hint": 25,
                        **({"load": load} if load else {})}],
         }))
@@ -105,12 +107,12 @@ class Deployment:
 
 
 @pytest.fixture
-def deployment(tmp_path, monkeypatch, request):
+def deployment(tmp_path, monkeypatch, request, connect_server):
     options = getattr(request, "param", {})
     feed = DemoFeed(partitions=PARTITIONS, events=options.get("events", 300), seed=5)
     faults = Faults(rate=1.0, kinds=("slow",)) if options.get("slow") else None
     with DemoFeedServer(feed, dialect="published", faults=faults) as server:
-        deployment = Deployment(tmp_path, feed, server, options.get("load"))
+        deployment = Deployment(tmp_path, feed, server, connect_server.port, options.get("load"))
         # the fork server starts with the first launch and inherits this environment, as in the daemon
         monkeypatch.setenv("DAGSTER_HOME", str(deployment.home))
         monkeypatch.setenv("FEEDAPI_DAGSTER_CONFIG", str(deployment.config_path))
