@@ -29,10 +29,8 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -42,7 +40,7 @@ from feedapi_dagster.protocol import (EventFilter, FeedAPIError, FeedClient, Fee
                                       RediscoveryNeeded, RetryPolicy)
 from feedapi_dagster.protocol.models import FIRST
 
-from .table import EVENT_SCHEMA, EventBatch, check_id_field, event_ids
+from .table import EVENT_SCHEMA, EventBatch, check_id_field, event_ids, spark_ddl
 
 SOURCE_NAME = "feedapi"
 # The column of a task's checkpoint row (`checkpointRows`): JSON of `ReadEnd`; NULL on event rows.
@@ -51,8 +49,7 @@ END_COLUMN = "read_end"
 GROUP_EVENTS = 10_000
 GROUP_BYTES = 8 * 1024 * 1024
 _MAX_REDISCOVERIES = 3
-_SPARK_TYPES = {pa.int32(): "INT", pa.int64(): "BIGINT", pa.string(): "STRING"}
-EVENT_DDL = ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in EVENT_SCHEMA)
+EVENT_DDL = spark_ddl(EVENT_SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -282,20 +279,19 @@ class PartitionRead:
             yield runs
 
     def _runs(self, client: FeedClient) -> Iterator[PageRun]:
-        lock = threading.Lock()
+        cursor = self.cursor  # of the last run read (runs are batched later: `self.cursor` lags)
         for attempt in range(1, _MAX_REDISCOVERIES + 2):
             try:
-                for run in client.page_runs(self.partition_id, self.cursor):
+                for run in client.page_runs(self.partition_id, cursor):
                     yield run
+                    cursor = run.cursor
                 return
             except RediscoveryNeeded:
                 # the discovery token changed (published dialect): discover again and go on from the
                 # last cursor, unless the partition vanished in a method-2 split
                 if attempt > _MAX_REDISCOVERIES:
                     raise
-                with lock:
-                    info = client.discover()
-                if info.partition(self.partition_id) is None:
+                if client.discover().partition(self.partition_id) is None:
                     return
 
     def _batch(self, runs: list[PageRun], schema: pa.Schema) -> pa.RecordBatch:

@@ -22,9 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
-import pyarrow as pa
-
-from .table import PARTITION_COLUMN, TABLE_SCHEMA
+from .table import PARTITION_COLUMN, TABLE_SCHEMA, spark_ddl
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -37,9 +35,7 @@ ABANDONED_AFTER_SECONDS = 3600
 
 log = logging.getLogger(__name__)
 
-_SPARK_TYPES = {pa.int32(): "INT", pa.int64(): "BIGINT", pa.string(): "STRING",
-                TABLE_SCHEMA.field("loaded_at").type: "TIMESTAMP"}
-TABLE_DDL = ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in TABLE_SCHEMA)
+TABLE_DDL = spark_ddl(TABLE_SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -147,9 +143,6 @@ class FeedTable:
             .select("version", "operation", "userMetadata").collect()
         entries = [HistoryEntry(r["version"], r["operation"], r["userMetadata"]) for r in rows]
         return None, sorted(entries, key=lambda e: e.version, reverse=True)
-
-    def version(self) -> int:
-        return self.history(1)[1][0].version
 
     # ------------------------------------------------------------------ data
     def frame(self, version: int | None = None) -> "DataFrame":

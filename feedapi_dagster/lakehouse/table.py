@@ -11,7 +11,6 @@ Arrow arrays are built from buffers and compute kernels, never from Python objec
 """
 from __future__ import annotations
 
-import datetime as dt
 import functools
 import re
 import struct
@@ -35,8 +34,13 @@ EVENT_SCHEMA = pa.schema([
 ])
 TABLE_SCHEMA = pa.schema([*EVENT_SCHEMA, ("loaded_at", TIMESTAMP), ("run_id", pa.string())])
 PARTITION_COLUMN = "partition_id"
+_SPARK_TYPES = {pa.int32(): "INT", pa.int64(): "BIGINT", pa.string(): "STRING", TIMESTAMP: "TIMESTAMP"}
+
+
+def spark_ddl(schema: pa.Schema) -> str:
+    """The schema as Spark's column DDL (`partition_id INT, position BIGINT, ...`)."""
+    return ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in schema)
 _ID_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
 
 def check_id_field(event_id_field: str) -> str:
@@ -98,19 +102,6 @@ class EventBatch:
             _page_column(count, self.ends or [0], self.cursors or [""]), _text(payloads),
             pc.take(_KIND_NAMES, kinds), _text(ids),
         ], schema=EVENT_SCHEMA)
-
-
-def stamped(events: pa.Table, loaded_at: dt.datetime, run_id: str | None) -> pa.Table:
-    """Events plus the columns of the commit that stores them."""
-    count = events.num_rows
-    micros = (loaded_at - _EPOCH) // dt.timedelta(microseconds=1)
-    if run_id is None:
-        run_ids = pa.nulls(count, pa.string())
-    else:  # from buffers: `pa.repeat` imports pandas
-        text = run_id.encode()
-        run_ids = _strings(count, text * count, array("i", range(0, len(text) * (count + 1), len(text))).tobytes())
-    return (events.append_column("loaded_at", _fixed(TIMESTAMP, array("q", [micros]) * count))
-            .append_column("run_id", run_ids))
 
 
 # ------------------------------------------------------------------------------------------ payloads

@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults
-from feedapi_dagster.lakehouse.loader import LoadSettings
 from feedapi_dagster.lakehouse.sink import CompactionSettings, PartitionConflict
 from feedapi_dagster.lakehouse.state import read_committed_state
 from feedapi_dagster.protocol import EventFilter
@@ -204,14 +203,21 @@ def test_compaction_runs_when_small_commits_pile_up(spark, make_loader, make_sin
     assert read_committed_state(table_path).state.get(0).position == len(feed.published(0))
 
 
-def test_a_409_mid_load_rediscovers_and_goes_on(spark, make_loader, table_path):
+def test_a_409_mid_read_rediscovers_and_goes_on_from_the_last_page_read(spark, make_loader, table_path):
+    from feedapi_dagster.demo import Gate
+
     feed = DemoFeed(partitions=2, events=200, seed=11)
     with DemoFeedServer(feed, dialect="published") as server:
-        loader = make_loader(server)
-        loader.client.discover()
-        server.rotate_token()  # the loader holds a stale token: its first fetches get 409
-        reports = loader.sync()
-    assert all(r.status == "loaded" for r in reports.values())
+        gate = server.gate = Gate()
+        outcome = {}
+        load = threading.Thread(target=lambda: outcome.update(reports=make_loader(server, page_size_hint=20).sync()))
+        load.start()
+        assert gate.arrived.wait(120), "the read tasks never fetched"
+        server.rotate_token()  # the tasks' next fetches carry a stale discovery token: 409
+        server.gate = None
+        gate.opened.set()
+        load.join(300)
+    assert all(r.status == "loaded" for r in outcome["reports"].values())
     _assert_the_table_holds_the_feed(spark, table_path, feed)
 
 
