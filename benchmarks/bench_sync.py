@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import queue
+import re
 import shlex
 import shutil
 import statistics
@@ -249,25 +250,27 @@ def verify(setup: Setup, run_id: str, events: int) -> None:
 def stages(instance, run_id: str, log_path: Path, tick: float, started: float, ended: float) -> dict[str, float]:
     """The run's wall time in consecutive stages, from Dagster's event timestamps and the run's log lines."""
     events = {}
+    marks: dict[str, float] = {}
     for entry in instance.all_logs(run_id):
         if entry.dagster_event is not None:
             events.setdefault(entry.dagster_event.event_type.name, entry.timestamp)
-    marks: dict[str, float] = {}
-    for text in log_path.read_text(errors="replace").splitlines():
-        if not text.startswith("BENCH "):
             continue
-        _, at, _, message = text.split(" ", 3)
-        at = float(at)
-        words = message.split()
-        if message.startswith("mark "):
-            marks.setdefault(f"{words[1]} {words[2]}", at)
-        elif message.startswith("staged in "):
-            marks.setdefault("stage start", at - float(words[2]))
+        # the loader's progress lines, in the run's own log (FeedLoader logs to `context.log`)
+        message, at = entry.user_message, entry.timestamp
+        staged = re.search(r"staged in ([0-9.]+) s", message)
+        if staged:
+            marks.setdefault("stage start", at - float(staged.group(1)))
             marks.setdefault("stage end", at)
         elif message.startswith("read ") and "events in" in message:
             marks.setdefault("ends read", at)
         elif message.startswith("commit took "):
             marks["commit end"] = at
+    for text in log_path.read_text(errors="replace").splitlines():
+        if text.startswith("BENCH "):
+            _, at, _, message = text.split(" ", 3)
+            if message.startswith("mark "):
+                words = message.split()
+                marks.setdefault(f"{words[1]} {words[2]}", float(at))
     if not {"STEP_START", "STEP_SUCCESS"} <= events.keys() or len(marks) < 7:
         return {}
     points = [("process start, imports, Dagster run start-up", started),

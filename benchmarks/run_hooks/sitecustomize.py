@@ -1,9 +1,9 @@
 """Loaded by the Dagster run processes that `bench_sync.py` starts (it puts this folder on PYTHONPATH).
 
-It changes nothing the run does. It writes the project's own log lines (`feedapi_dagster.*` at INFO:
-"staged in X s", "read N events ...", "commit took Y s") to stderr with their time, and marks two
-moments the project does not log: the Spark Connect session (pyspark import + connect) and the feed
-table's check/creation (`FeedTable.ensure_table`). Lines: `BENCH <epoch seconds> <logger> <message>`.
+It changes nothing the run does. It marks two moments the project does not log: the Spark Connect
+session (pyspark import + connect) and the feed table's check/creation (`FeedTable.ensure_table`),
+on stderr as `BENCH <epoch seconds> <logger> <message>`. The loader's own progress lines ("staged
+in X s", "read N events ...", "commit took Y s") are in the run's Dagster event log.
 """
 import importlib.abc
 import logging

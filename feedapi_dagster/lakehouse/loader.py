@@ -90,7 +90,11 @@ class FeedLoader:
         settings: LoadSettings | None = None,
         *,
         on_moment: Callable[[str, dict[int, PartitionState]], None] | None = None,
+        logger: "logging.Logger | logging.LoggerAdapter | None" = None,
     ):
+        """`logger`: where progress goes (a Dagster run passes `context.log`, so it shows live in the
+        run's log)."""
+        self.log = logger or log
         self.source = source
         self.client = source.client()
         self.sink = sink
@@ -150,7 +154,8 @@ class FeedLoader:
         started = time.monotonic()
         try:
             self._stage(starts, staging)
-            log.info("staged in %.1f s", time.monotonic() - started)
+            self.log.info("partitions %s: read by Spark and staged in %.1f s", sorted(starts),
+                          time.monotonic() - started)
             staged = self.spark.read.parquet(staging)
             ends = _read_ends(staged)
             self.on_moment(STAGED, {})
@@ -165,11 +170,15 @@ class FeedLoader:
                        for plan in plans for pid in [plan.partition_id]}
             seconds = time.monotonic() - started
             events = sum(r.events for r in reports.values())
-            log.info("read %d events in %d pages from %d partitions in %.1f s (%.0f events/s)", events,
-                     sum(r.pages for r in reports.values()), len(reports), seconds, events / max(seconds, 1e-9))
+            for report in reports.values():
+                self.log.info("partition %s: %d events in %d pages%s, cursor %s", report.partition_id, report.events,
+                              report.pages, f" ({report.duplicates} duplicates skipped)" if report.duplicates else "",
+                              report.cursor)
+            self.log.info("read %d events in %d pages from %d partitions in %.1f s (%.0f events/s)", events,
+                          sum(r.pages for r in reports.values()), len(reports), seconds, events / max(seconds, 1e-9))
             committing = time.monotonic()
             self._commit(reports, starts, base.state, rows, rebuild, drop)
-            log.info("commit took %.1f s", time.monotonic() - committing)
+            self.log.info("commit took %.1f s", time.monotonic() - committing)
         finally:
             table.remove_staging(staging)
         return reports
@@ -207,7 +216,7 @@ class FeedLoader:
         self.on_moment(AFTER_COMMIT, updates)
         for pid in updates:
             reports[pid].delta_version = result.delta_version
-        log.info("committed partitions %s (Delta version %s)", sorted(updates), result.delta_version)
+        self.log.info("committed partitions %s (Delta version %s)", sorted(updates), result.delta_version)
 
 
 def _read_ends(staged: "DataFrame") -> dict[int, tuple[str, int, ReadEnd]]:

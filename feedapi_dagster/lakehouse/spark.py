@@ -66,10 +66,6 @@ SMALL_WORK_CONF: dict[str, str] = {
     "spark.ui.showConsoleProgress": "false",
     "spark.databricks.delta.snapshotPartitions": "2",
     "spark.sql.session.timeZone": "UTC",
-    # A load hands Spark an Arrow batch (a LocalRelation); this rule would evaluate the sink's
-    # projection over every row in the driver, interpreted and single-threaded (45% of the JVM's
-    # samples in benchmarks/bench_sink.py --jfr); without it the projection runs in the tasks.
-    "spark.sql.optimizer.excludedRules": "org.apache.spark.sql.catalyst.optimizer.ConvertToLocalRelation",
 }
 
 # Task attempts before a job fails, as a cluster's `spark.task.maxFailures` (local mode's default is

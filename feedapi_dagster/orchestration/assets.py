@@ -33,7 +33,7 @@ def build_feed_asset(project: ProjectConfig, feed: FeedConfig) -> dg.AssetsDefin
         if partition_id in busy:
             raise dg.Failure(f"feed {feed.name} partition {partition_id}: another run is loading it; not starting "
                              "a second load (see the runs tagged feedapi/feed)", allow_retries=False)
-        loader = make_loader(project, feed, spark, context.run.run_id)
+        loader = make_loader(project, feed, spark, context)
         partition = loader.client.info.partition(partition_id)
         backfill = BACKFILL_TAG in context.run.tags
         rebuild = context.run.tags.get(REBUILD_TAG) == "true" or (backfill and partition is not None and partition.closed)
@@ -65,7 +65,7 @@ def build_sync_job(project: ProjectConfig, feed: FeedConfig) -> dg.JobDefinition
     @dg.op(name=f"feedapi_{feed.name}_sync_op", tags={"kind": "spark"})
     def sync_op(context: dg.OpExecutionContext, config: SyncConfig, spark: SparkResource) -> None:
         busy = active_partitions(context.instance, feed, exclude_run_id=context.run.run_id)
-        loader = make_loader(project, feed, spark, context.run.run_id)
+        loader = make_loader(project, feed, spark, context)
         _register_partitions(context.instance, feed, [str(p.id) for p in loader.client.info.partitions])
         if config.rebuild:
             clash = busy & {*config.rebuild, *config.drop}

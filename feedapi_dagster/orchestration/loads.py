@@ -60,9 +60,10 @@ def feed_table(project: ProjectConfig, feed: FeedConfig, spark: SparkResource) -
     return FeedTable(spark.session(), project.table_path(feed))
 
 
-def make_loader(project: ProjectConfig, feed: FeedConfig, spark: SparkResource, run_id: str | None) -> FeedLoader:
-    sink = DeltaSink(feed_table(project, feed, spark), run_id=run_id, compaction=feed.compaction)
-    return FeedLoader(feed.source(), sink, feed.load)
+def make_loader(project: ProjectConfig, feed: FeedConfig, spark: SparkResource,
+                context: dg.OpExecutionContext) -> FeedLoader:
+    sink = DeltaSink(feed_table(project, feed, spark), run_id=context.run.run_id, compaction=feed.compaction)
+    return FeedLoader(feed.source(), sink, feed.load, logger=context.log)
 
 
 def report_metadata(report: PartitionReport, loader: FeedLoader) -> dict[str, dg.RawMetadataValue]:

@@ -1,5 +1,5 @@
 """The shipped dagster.yaml's run launcher: scheduled runs forked from a warm fork server, against the
-demo server, a real instance in a temporary DAGSTER_HOME and real Delta tables (delta-rs, no Spark).
+demo server, a real instance in a temporary DAGSTER_HOME and real Delta tables (written by the tests' shared Spark server, read back with delta-rs).
 
 A forked run worker that is killed mid-load is reported dead to run monitoring, and the next run
 loads what it left, exactly once; a terminated run stops as CANCELED with its commits consistent."""
