@@ -229,20 +229,20 @@ class PartitionRead:
     def batches(self) -> Iterator[pa.RecordBatch]:
         options = self.options
         schema = _schema(options.checkpoint_rows)
-        error = None
-        with options.client() as client:
-            info = client.discover()
-            if not info.exactly_once:
-                self._seen = set()
-            partition = info.partition(self.partition_id)
-            closed = partition is not None and partition.closed
-            try:
+        error, closed = None, False
+        try:
+            with options.client() as client:
+                info = client.discover()
+                if not info.exactly_once:
+                    self._seen = set()
+                partition = info.partition(self.partition_id)
+                closed = partition is not None and partition.closed
                 for runs in self._run_groups(client):
                     yield self._batch(runs, schema)
-            except FeedAPIError as failure:
-                if not options.checkpoint_rows:
-                    raise
-                error = str(failure)
+        except FeedAPIError as failure:
+            if not options.checkpoint_rows:
+                raise
+            error = str(failure)
         if options.checkpoint_rows:
             drained = error is None and (self.done or (closed and not self._bounded))
             end = ReadEnd(self.events, self.pages, self.duplicates, drained, self._bounded and not drained, error)
