@@ -50,7 +50,7 @@ class LoadSettings(BaseModel):
 
     # A bound per partition and Spark job (its task stops at the first checkpoint past it): a sync
     # goes on with another job, and another commit, until the partition is caught up. None: one
-    # job reads each partition to its current end.
+    # job reads each partition to its current end. Rebuilds read whole partitions regardless.
     max_events_per_partition: int | None = Field(default=None, ge=1)
 
 
@@ -153,7 +153,8 @@ class FeedLoader:
         staging = table.staging_path(uuid.uuid4().hex)
         started = time.monotonic()
         try:
-            self._stage(starts, staging)
+            # a rebuild replaces whole partitions in one commit: it is never cut short by the bound
+            self._stage(starts, staging, None if rebuild else self.settings.max_events_per_partition)
             self.log.info("partitions %s: read by Spark and staged in %.1f s", sorted(starts),
                           time.monotonic() - started)
             staged = self.spark.read.parquet(staging)
@@ -183,13 +184,13 @@ class FeedLoader:
             table.remove_staging(staging)
         return reports
 
-    def _stage(self, starts: dict[int, PartitionState], staging: str) -> None:
+    def _stage(self, starts: dict[int, PartitionState], staging: str, max_events: int | None) -> None:
         """Spark job 1: the tasks read, Spark writes what one attempt of each read as Parquet."""
         options = self.source.spark_options(
             partitions=sorted(starts),
             start_cursors={pid: s.cursor for pid, s in starts.items()},
             start_positions={pid: s.position for pid, s in starts.items()},
-            max_events=self.settings.max_events_per_partition,
+            max_events=max_events,
             checkpoint_rows=True,
         )
         frame = self.spark.read.format(SOURCE_NAME).options(**options).load()

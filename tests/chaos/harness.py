@@ -262,12 +262,15 @@ class ChaosRun:
     def _all_partitions(self) -> list[int]:
         return sorted({p.id for p in self._discovery().partitions} | set(self._state().partitions))
 
-    def _state(self) -> FeedState:
-        if self._table_version() is None:
-            return FeedState()
-        for commit in DeltaTable(self.table).history():
+    def _state(self, table: DeltaTable | None = None) -> FeedState:
+        """The state committed as of `table`'s version (a snapshot), else the newest."""
+        if table is None:
+            if self._table_version() is None:
+                return FeedState()
+            table = DeltaTable(self.table)
+        for commit in table.history():
             decoded = decode(commit.get("userMetadata"))
-            if decoded is not None:
+            if decoded is not None and commit["version"] <= table.version():
                 return decoded[0]
         return FeedState()
 
@@ -283,7 +286,9 @@ class ChaosRun:
             rows.setdefault(row["partition_id"], []).append(row)
         for partition_rows in rows.values():
             partition_rows.sort(key=lambda r: r["position"])
-        state = self._state()
+        # the state of the very snapshot the rows came from: a killed run's Spark job may still be
+        # committing (the server finishes what a client submitted; the commit is whole either way)
+        state = self._state(table)
         info = self._discovery()
         live = {p.id: p for p in info.partitions}
         problems = []

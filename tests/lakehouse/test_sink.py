@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults
+from feedapi_dagster.lakehouse.loader import LoadSettings
 from feedapi_dagster.lakehouse.sink import CompactionSettings, PartitionConflict
 from feedapi_dagster.lakehouse.state import read_committed_state
 from feedapi_dagster.protocol import EventFilter
@@ -112,8 +113,9 @@ def test_rebuild_replaces_a_partition_in_one_commit(spark, make_loader, table_pa
         make_loader(server).sync()
         feed.close(0)
         before = read_committed_state(table_path).delta_version
-        # tiny batches: the rebuild stages several of them, then swaps them in with one commit
-        reports = make_loader(server).rebuild([0])
+        # a loader whose syncs go 40 events per partition and job: a rebuild still reads the whole
+        # partition and swaps it in with one commit
+        reports = make_loader(server, settings=LoadSettings(max_events_per_partition=40)).rebuild([0])
         after = read_committed_state(table_path)
         assert after.delta_version == before + 1 and reports[0].rebuilt
         assert payloads(spark, table_path, 0) == feed.published(0)
