@@ -150,8 +150,11 @@ def test_asset_checks_pass_on_a_good_table_and_catch_a_stale_mirror(spark, harne
                             "cursor_metadata_matches_delta": True}
     # a load committed to Delta but the run died before recording its materialization
     harness.feed.append(20, partition=0)
-    from feedapi_dagster.orchestration.loads import make_loader
-    make_loader(harness.project, harness.feed_config, harness.defs.resources["spark"], None).sync([0])
+    from feedapi_dagster.lakehouse.loader import FeedLoader
+    from feedapi_dagster.lakehouse.sink import DeltaSink
+    from feedapi_dagster.orchestration.loads import feed_table
+    table = feed_table(harness.project, harness.feed_config, harness.defs.resources["spark"])
+    FeedLoader(harness.feed_config.source(), DeltaSink(table)).sync([0])
     assert run_checks()["cursor_metadata_matches_delta"] is False
     # the next sync records the cursor of record for the partition it finds stale
     harness.launch(harness.tick_schedule().run_requests[0])
