@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 import uuid
+import weakref
 import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Literal, Mapping, Sequence
@@ -664,8 +665,8 @@ def _close_clients(port: int) -> None:
             _clients.remove(session)
 
 
-# Sessions that have the `feedapi` data source (a Connect session is a new object per client).
-_with_source: set[int] = set()
+# Sessions that have the `feedapi` data source (weakly: an id() of a collected session is reused).
+_with_source: "weakref.WeakSet[SparkSession]" = weakref.WeakSet()
 
 
 def register_feed_source(spark: "SparkSession", ship: bool = False) -> None:
@@ -674,12 +675,12 @@ def register_feed_source(spark: "SparkSession", ship: bool = False) -> None:
     feedapi-dagster installed; its wheels - msgspec, pyarrow, requests, pydantic - must be there)."""
     from feedapi_dagster.lakehouse.datasource import FeedDataSource
 
-    if id(spark) in _with_source:
+    if spark in _with_source:
         return
     if ship:
         spark.addArtifacts(str(package_zip()), pyfile=True)
     spark.dataSource.register(FeedDataSource)
-    _with_source.add(id(spark))
+    _with_source.add(spark)
 
 
 def package_zip() -> Path:
