@@ -237,7 +237,7 @@ def local_spark_session(
     from pyspark.sql import SparkSession
 
     existing = SparkSession.getActiveSession()
-    if existing is not None and not _is_connect(existing):
+    if existing is not None and not is_connect(existing):
         return existing
     if work_dir is None:
         work_dir = Path(tempfile.mkdtemp(prefix="feedapi-dagster-spark-"))
@@ -256,7 +256,7 @@ def local_spark_session(
     return session
 
 
-def _is_connect(session: Any) -> bool:
+def is_connect(session: Any) -> bool:
     return type(session).__module__.startswith("pyspark.sql.connect")
 
 
@@ -646,7 +646,11 @@ def connect_session(url: str, conf: Mapping[str, str] | None = None) -> "SparkSe
     builder = SparkSession.builder.remote(url)
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    return track_client(builder.getOrCreate())
+
+
+def track_client(session: "SparkSession") -> "SparkSession":
+    """Remember a Connect client of this process, so that a server this process stops closes it first."""
     _clients.append(session)
     return session
 

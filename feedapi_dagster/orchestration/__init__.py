@@ -1,6 +1,9 @@
-"""Orchestration: Dagster assets, sensors, schedules, resources and config, built from a feeds file."""
-from .config import ConfigError, FeedConfig, ProjectConfig, load_config
-from .definitions import build_definitions
+"""Orchestration: the Dagster side of feeds (assets, checks, sensors, schedules, the Spark resource),
+built by `build_feedapi_definitions` from a `ProjectConfig`, or by the `FeedApiComponent` from a defs.yaml."""
+from .config import ConfigError, FeedConfig, ProjectConfig
+from .definitions import SPARK_RESOURCE_KEY, build_feedapi_definitions
 from .resources import SparkResource
+from .translator import FeedApiTranslator, FeedTranslatorData
 
-__all__ = ["ConfigError", "FeedConfig", "ProjectConfig", "SparkResource", "build_definitions", "load_config"]
+__all__ = ["SPARK_RESOURCE_KEY", "ConfigError", "FeedApiTranslator", "FeedConfig", "FeedTranslatorData",
+           "ProjectConfig", "SparkResource", "build_feedapi_definitions"]

@@ -1,114 +1,88 @@
-"""The asset of a feed: one Delta table whose dynamic partitions are the feed's partitions."""
+"""The asset of a feed: one Delta table whose dynamic partitions are the feed's partitions.
+
+Every load is a run of this asset, whoever starts it (the schedule, the discovery sensor, a backfill,
+the UI): one partition key or a range of keys, all loaded by one Spark job per wave. Materializations
+are logged per partition the load committed (not one per key of the range: a partition with nothing
+new keeps its latest materialization), and the checks run in the same step, after the commit.
+"""
 
 import dagster as dg
 
-from .config import FeedConfig, ProjectConfig
-from .loads import (REBUILD_TAG, active_partitions, asset_key, make_loader, materializations, mirror_repairs,
-                    partitions_def_name, raise_for_failures, report_metadata)
-from .resources import SparkResource
-
-BACKFILL_TAG = "dagster/backfill"
+from .checks import feed_check_results, feed_check_specs
+from .loads import (BACKFILL_TAG, PARTITIONS_TAG, REBUILD_TAG, FeedBinding, active_partitions, failure, make_loader,
+                    materializations, mirror_repairs)
 
 
-def build_feed_asset(project: ProjectConfig, feed: FeedConfig) -> dg.AssetsDefinition:
-    partitions = dg.DynamicPartitionsDefinition(name=partitions_def_name(feed))
+class LoadConfig(dg.Config):
+    """Run configuration of a load. Empty: bring every due partition of the run's keys up to date."""
 
+    rebuild: list[int] = []  # partitions to reload from `_first`, their rows replaced atomically
+    drop: list[int] = []  # partitions whose rows go in the same commit (the vanished parent of a split)
+
+
+def build_feed_asset(binding: FeedBinding, spec: dg.AssetSpec) -> dg.AssetsDefinition:
     @dg.asset(
-        key=asset_key(feed),
-        partitions_def=partitions,
-        group_name="feedapi",
-        kinds={"delta", "spark"},
-        # one run per partition key: dynamic partition ranges follow insertion order, so a
-        # multi-key UI backfill must never become one range run that covers other keys
-        backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=1),
-        description=f"FeedAPI feed `{feed.name}` ({feed.url}) in the Delta table "
-                    f"`{project.table_path(feed)}`, partitioned by FeedAPI partition.",
+        key=spec.key,
+        group_name=spec.group_name,
+        kinds=spec.kinds,
+        owners=spec.owners,
+        tags=spec.tags,
+        description=spec.description,
+        metadata=spec.metadata,
+        partitions_def=dg.DynamicPartitionsDefinition(name=binding.partitions_name),
+        check_specs=feed_check_specs(spec.key),
+        required_resource_keys={binding.spark_key},
+        # one run may load many partitions: a backfill's contiguous keys become one range run
+        backfill_policy=dg.BackfillPolicy.single_run(),
+        # one load of a feed at a time (the instance sets the pool's limit; dagster.yaml ships 1)
+        pool=f"feedapi_{binding.name}",
+        # materializations are logged per partition the load committed, not one per key of the range
+        output_required=False,
     )
-    def feed_asset(context: dg.AssetExecutionContext, spark: SparkResource) -> dg.MaterializeResult:
-        keys = context.partition_keys
-        if len(keys) != 1:
-            raise dg.Failure(f"feed {feed.name}: a run of this asset loads exactly one partition, got {keys}")
-        partition_id = int(keys[0])
-        busy = active_partitions(context.instance, feed, exclude_run_id=context.run.run_id)
-        if partition_id in busy:
-            raise dg.Failure(f"feed {feed.name} partition {partition_id}: another run is loading it; not starting "
-                             "a second load (see the runs tagged feedapi/feed)", allow_retries=False)
-        loader = make_loader(project, feed, spark, context)
-        partition = loader.client.info.partition(partition_id)
-        backfill = BACKFILL_TAG in context.run.tags
-        rebuild = context.run.tags.get(REBUILD_TAG) == "true" or (backfill and partition is not None and partition.closed)
-        if rebuild:
-            context.log.info("partition %s: rebuilding from _first (rows replaced atomically)", partition_id)
-            reports = loader.rebuild([partition_id])
-        else:
-            reports = loader.sync([partition_id])
-        report = reports[partition_id]
-        context.log.info("partition %s: %s, %d events, cursor %s", partition_id, report.status, report.events,
-                         report.cursor)
-        raise_for_failures(feed, reports.values())
-        return dg.MaterializeResult(metadata=report_metadata(report, loader))
+    def feed_asset(context: dg.AssetExecutionContext, config: LoadConfig):
+        yield from load(binding, context, config)
 
     return feed_asset
 
 
-class SyncConfig(dg.Config):
-    """What a multi-partition run loads. Empty `partitions`: every due partition of the feed."""
-
-    partitions: list[int] = []
-    rebuild: list[int] = []
-    drop: list[int] = []
-
-
-def build_sync_job(project: ProjectConfig, feed: FeedConfig) -> dg.JobDefinition:
-    """One run, one process, many partitions: what the schedule and the sensor launch."""
-
-    @dg.op(name=f"feedapi_{feed.name}_sync_op", tags={"kind": "spark"})
-    def sync_op(context: dg.OpExecutionContext, config: SyncConfig, spark: SparkResource) -> None:
-        busy = active_partitions(context.instance, feed, exclude_run_id=context.run.run_id)
-        loader = make_loader(project, feed, spark, context)
-        _register_partitions(context.instance, feed, [str(p.id) for p in loader.client.info.partitions])
-        if config.rebuild:
-            clash = busy & {*config.rebuild, *config.drop}
-            if clash:
-                raise dg.Failure(f"feed {feed.name}: partitions {sorted(clash)} are being loaded by another run")
-            reports = loader.rebuild(config.rebuild, drop=config.drop)
-        else:
-            wanted = set(config.partitions) or {p.id for p in loader.client.info.partitions}
-            if wanted & busy:
-                context.log.info("skipping partitions %s: other runs are loading them", sorted(wanted & busy))
-            reports = loader.sync(sorted(wanted - busy))
-        # one line for the run (every log line is an event the instance stores); the materializations
-        # carry each partition's figures
-        summary = [f"{r.partition_id} {r.status} +{r.events}" + (f" ({r.duplicates} duplicates skipped)"
-                                                                  if r.duplicates else "") for r in reports.values()]
-        context.log.info("%d events into %d partitions: %s", sum(r.events for r in reports.values()), len(reports),
-                         "; ".join(summary))
-        for report in reports.values():
-            if report.error:
-                context.log.error("partition %s: %s", report.partition_id, report.error)
-        for event in materializations(feed, reports.values(), loader):
-            context.log_event(event)
-        loaded = [r.partition_id for r in reports.values() if r.status == "loaded"]
-        for event in mirror_repairs(context.instance, feed, loader, skip=loaded):
-            context.log.info("partition %s: materialization metadata was behind Delta; recorded the cursor of "
-                             "record", event.partition)
-            context.log_event(event)
-        loader.sink.compact_if_due()
-        raise_for_failures(feed, reports.values())
-
-    @dg.job(name=f"feedapi_{feed.name}_sync", tags={"feedapi/feed": feed.name},
-            description=f"Loads many partitions of feed `{feed.name}` in one run (batches span partitions).")
-    def sync_job():
-        sync_op()
-
-    return sync_job
-
-
-def _register_partitions(instance: dg.DagsterInstance, feed: FeedConfig, keys: list[str]) -> None:
-    """Partitions a run loads exist as dynamic partitions even if the sensor has not seen them yet."""
-    name = partitions_def_name(feed)
-    known = set(instance.get_dynamic_partitions(name))
-    missing = [key for key in keys if key not in known]
-    if missing:
-        instance.add_dynamic_partitions(name, missing)
-
+def load(binding: FeedBinding, context: dg.AssetExecutionContext, config: LoadConfig):
+    keys = [int(key) for key in context.partition_keys]
+    if listed := context.run.tags.get(PARTITIONS_TAG):  # the sensor's and the schedule's runs say which
+        keys = [key for key in keys if str(key) in listed.split(",")]
+    busy = active_partitions(context.instance, binding, exclude_run_id=context.run.run_id)
+    if len(keys) == 1 and keys[0] in busy:
+        raise dg.Failure(f"feed {binding.name} partition {keys[0]}: another run is loading it; not starting a "
+                         "second load (see the runs tagged feedapi/feed)", allow_retries=False)
+    loader = make_loader(binding, context)
+    info = loader.client.info
+    wanted = [key for key in keys if key not in busy]
+    if len(wanted) < len(keys):
+        context.log.info("skipping partitions %s: other runs are loading them", sorted(set(keys) - set(wanted)))
+    rebuild = set(config.rebuild)
+    if context.run.tags.get(REBUILD_TAG) == "true":
+        rebuild |= set(wanted)
+    elif BACKFILL_TAG in context.run.tags:  # a backfill of a closed partition rebuilds it from `_first`
+        rebuild |= {key for key in wanted if (p := info.partition(key)) is not None and p.closed}
+    if clash := busy & {*rebuild, *config.drop}:
+        raise dg.Failure(f"feed {binding.name}: partitions {sorted(clash)} are being loaded by another run")
+    reports = {}
+    if rebuild:
+        context.log.info("partitions %s: rebuilding from _first (rows replaced atomically)", sorted(rebuild))
+        reports.update(loader.rebuild(sorted(rebuild), drop=config.drop))
+    synced = [key for key in wanted if key not in rebuild]
+    if synced:
+        reports.update(loader.sync(synced))
+    for report in reports.values():
+        if report.error:
+            context.log.error("partition %s: %s", report.partition_id, report.error)
+    for event in materializations(binding, reports.values(), loader):
+        context.log_event(event)
+    loaded = [r.partition_id for r in reports.values() if r.status == "loaded"]
+    for event in mirror_repairs(context.instance, binding, loader, skip=loaded):
+        context.log.info("partition %s: materialization metadata was behind Delta; recorded the cursor of record",
+                         event.partition)
+        context.log_event(event)
+    yield from feed_check_results(binding, context.instance, loader, loaded)
+    loader.sink.compact_if_due()
+    if problem := failure(binding, reports.values()):
+        raise problem

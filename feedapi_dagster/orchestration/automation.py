@@ -1,14 +1,14 @@
 """The discovery sensor and the sync schedule of a feed."""
 
 import hashlib
+from collections.abc import Sequence
 
 import dagster as dg
 from pydantic import BaseModel, Field
 
 from feedapi_dagster.protocol import FeedAPIError, FeedInfo
 
-from .config import FeedConfig
-from .loads import active_partitions, latest_metadata_by_partition, partitions_def_name, sync_run_tags
+from .loads import REBUILD_TAG, FeedBinding, active_partitions, latest_metadata_by_partition, partition_run_tags
 
 
 class DiscoveryCursor(BaseModel):
@@ -26,20 +26,26 @@ class DiscoveryCursor(BaseModel):
         return cls(token=info.token, partitions={p.id: p.closed for p in info.partitions})
 
 
-def sync_request(feed: FeedConfig, partitions: list[int], reason: str, *, rebuild: list[int] = (),
-                 drop: list[int] = ()) -> dg.RunRequest:
-    config = {"partitions": sorted(partitions), "rebuild": sorted(rebuild), "drop": sorted(drop)}
+def load_request(binding: FeedBinding, partitions: Sequence[int], reason: str, order: Sequence[str], *,
+                 rebuild: Sequence[int] = (), drop: Sequence[int] = ()) -> dg.RunRequest:
+    """A run of the asset over `partitions` (`order`: the dynamic partition keys as the instance lists
+    them, once this tick's new ones are added)."""
+    config = {"rebuild": sorted(rebuild), "drop": sorted(drop)}
     # the same intent on the same discovery state gives the same key: Dagster launches it once
-    digest = hashlib.sha256(f"{reason}:{config}".encode()).hexdigest()[:16]
+    digest = hashlib.sha256(f"{reason}:{sorted(partitions)}:{config}".encode()).hexdigest()[:16]
+    tags = partition_run_tags(binding, partitions, order)
+    if rebuild:
+        tags[REBUILD_TAG] = "true"
     return dg.RunRequest(
         run_key=f"{reason}-{digest}",
-        run_config={"ops": {f"feedapi_{feed.name}_sync_op": {"config": config}}},
-        tags=sync_run_tags(feed, [*partitions, *rebuild, *drop], rebuild=bool(rebuild)),
+        run_config={"ops": {binding.op_name: {"config": config}}} if rebuild or drop else {},
+        tags=tags,
     )
 
 
-def evaluate_discovery(feed: FeedConfig, info: FeedInfo, previous: DiscoveryCursor,
+def evaluate_discovery(binding: FeedBinding, info: FeedInfo, previous: DiscoveryCursor, known: Sequence[str],
                        log: dg.DagsterLogManager | None = None) -> dg.SensorResult:
+    """`known`: the feed's dynamic partition keys in the instance, in its order."""
     current = DiscoveryCursor.of(info)
     by_id = {p.id: p for p in info.partitions}
     new = sorted(pid for pid in by_id if pid not in previous.partitions)
@@ -51,16 +57,19 @@ def evaluate_discovery(feed: FeedConfig, info: FeedInfo, previous: DiscoveryCurs
         messages.append("discovery token changed: partitions rediscovered")
     for message in info.rejected:
         messages.append(message)
+    added = [str(pid) for pid in new if str(pid) not in known]
+    order = [*known, *added]
     requests = []
-    if feed.schedule.rebuild_on_split and vanished and split_children:
-        requests.append(sync_request(feed, [], f"split-rebuild-{info.token}", rebuild=split_children, drop=vanished))
+    if binding.feed.schedule.rebuild_on_split and vanished and split_children:
+        requests.append(load_request(binding, split_children, f"split-rebuild-{info.token}", order,
+                                     rebuild=split_children, drop=vanished))
         new = [pid for pid in new if pid not in split_children]
     # new partitions (method-2 children start from their ancestor's cursor, method-1 children wait
     # for their parent inside the run) and a final run for partitions that just closed
     due = sorted({*new, *newly_closed, *(by_id[pid].starts_after for pid in new if by_id[pid].starts_after is not None)})
     due = [pid for pid in due if pid in by_id]
     if due:
-        requests.append(sync_request(feed, due, f"discovery-{info.token}"))
+        requests.append(load_request(binding, due, f"discovery-{info.token}", order))
     if log is not None:
         for message in messages:
             log.info(message)
@@ -69,16 +78,17 @@ def evaluate_discovery(feed: FeedConfig, info: FeedInfo, previous: DiscoveryCurs
     return dg.SensorResult(
         run_requests=requests,
         cursor=current.model_dump_json(),
-        dynamic_partitions_requests=[dg.AddDynamicPartitionsRequest(partitions_def_name(feed), [str(p) for p in new]),
-                                     ] if new else [],
-        skip_reason=None if requests or new else "no change in discovery",
+        dynamic_partitions_requests=[dg.AddDynamicPartitionsRequest(binding.partitions_name, added)] if added else [],
+        skip_reason=None if requests or added else "no change in discovery",
     )
 
 
-def build_discovery_sensor(feed: FeedConfig, sync_job: dg.JobDefinition) -> dg.SensorDefinition:
+def build_discovery_sensor(binding: FeedBinding, job: dg.JobDefinition) -> dg.SensorDefinition:
+    feed = binding.feed
+
     @dg.sensor(
         name=f"feedapi_{feed.name}_discovery",
-        job=sync_job,
+        job=job,
         minimum_interval_seconds=feed.schedule.discovery_interval_seconds,
         default_status=dg.DefaultSensorStatus.RUNNING if feed.schedule.discovery_enabled
         else dg.DefaultSensorStatus.STOPPED,
@@ -93,46 +103,50 @@ def build_discovery_sensor(feed: FeedConfig, sync_job: dg.JobDefinition) -> dg.S
             raise dg.Failure(f"feed {feed.name}: discovery failed: {error}") from None
         finally:
             client.close()
-        return evaluate_discovery(feed, info, DiscoveryCursor.parse(context.cursor), context.log)
+        known = context.instance.get_dynamic_partitions(binding.partitions_name)
+        return evaluate_discovery(binding, info, DiscoveryCursor.parse(context.cursor), known, context.log)
 
     return discovery
 
 
-def register_discovered_partitions(instance: dg.DagsterInstance, feed: FeedConfig) -> list[str]:
+def register_discovered_partitions(instance: dg.DagsterInstance, binding: FeedBinding) -> list[str]:
     """Discovery over HTTP, its partitions added to `instance` as the discovery sensor adds them (for
     the demo, benchmarks and tests that run without the daemon); the feed's partition keys."""
-    client = feed.client()
+    client = binding.feed.client()
     try:
-        result = evaluate_discovery(feed, client.discover(), DiscoveryCursor())
+        known = instance.get_dynamic_partitions(binding.partitions_name)
+        result = evaluate_discovery(binding, client.discover(), DiscoveryCursor(), known)
     finally:
         client.close()
     for request in result.dynamic_partitions_requests:
         instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
-    return instance.get_dynamic_partitions(partitions_def_name(feed))
+    return instance.get_dynamic_partitions(binding.partitions_name)
 
 
-def drained_partitions(instance: dg.DagsterInstance, feed: FeedConfig, keys: list[str]) -> set[str]:
+def drained_partitions(instance: dg.DagsterInstance, binding: FeedBinding, keys: list[str]) -> set[str]:
     """Partitions whose latest materialization says they are closed and read to their end."""
-    return {key for key, metadata in latest_metadata_by_partition(instance, feed, keys).items()
+    return {key for key, metadata in latest_metadata_by_partition(instance, binding, keys).items()
             if metadata.get("drained") is True}
 
 
-def build_sync_schedule(feed: FeedConfig, sync_job: dg.JobDefinition) -> dg.ScheduleDefinition:
+def build_load_schedule(binding: FeedBinding, job: dg.JobDefinition) -> dg.ScheduleDefinition:
+    feed = binding.feed
+
     @dg.schedule(
         name=f"feedapi_{feed.name}_schedule",
         cron_schedule=feed.schedule.cron,
-        job=sync_job,
+        job=job,
         default_status=dg.DefaultScheduleStatus.RUNNING if feed.schedule.enabled else dg.DefaultScheduleStatus.STOPPED,
-        description=f"Loads every open partition of feed `{feed.name}` in one run.",
+        description=f"Loads every open partition of feed `{feed.name}` in one run of its asset.",
     )
-    def sync_schedule(context: dg.ScheduleEvaluationContext):
-        keys = context.instance.get_dynamic_partitions(partitions_def_name(feed))
-        drained = drained_partitions(context.instance, feed, keys)
-        busy = active_partitions(context.instance, feed)
-        due = sorted(int(key) for key in keys if key not in drained and int(key) not in busy)
+    def load_schedule(context: dg.ScheduleEvaluationContext):
+        keys = context.instance.get_dynamic_partitions(binding.partitions_name)
+        drained = drained_partitions(context.instance, binding, keys)
+        busy = active_partitions(context.instance, binding)
+        due = [int(key) for key in keys if key not in drained and int(key) not in busy]
         if not due:
             return dg.SkipReason("no open partition to load" + (f" ({sorted(busy)} are being loaded)" if busy else ""))
-        request = sync_request(feed, due, "schedule")
+        request = load_request(binding, due, "schedule", keys)
         return dg.RunRequest(run_config=request.run_config, tags=request.tags)
 
-    return sync_schedule
+    return load_schedule

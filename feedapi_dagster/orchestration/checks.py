@@ -1,64 +1,64 @@
-"""Asset checks of a feed table: what exactly-once means, verified on the data."""
+"""Checks of a feed table, run in every load's step right after its commit.
+
+What exactly-once means, verified on the data the load just committed: positions of each loaded
+partition are 0..n-1 with n its committed position (from the Delta log's file statistics, no scan),
+no event id is stored twice in it (a scan of the id column of those partitions only), and the cursor
+in every partition's latest materialization is the one in Delta (the log and Dagster's event log).
+The first two block: a violation means wrong rows.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
 
 import dagster as dg
 
-from feedapi_dagster.lakehouse.state import read_committed_state
+from feedapi_dagster.lakehouse.loader import FeedLoader
+from feedapi_dagster.lakehouse.stats import duplicate_event_ids, partition_stats
 
-from .config import FeedConfig, ProjectConfig
-from .loads import asset_key, feed_table, latest_metadata_by_partition
-from .resources import SparkResource
+from .loads import FeedBinding, latest_metadata_by_partition
 
 NO_DUPLICATES = "no_duplicate_event_ids"
 CONTIGUOUS = "positions_contiguous"
 CURSOR_MIRRORED = "cursor_metadata_matches_delta"
+_SHOWN = 20
 
 
-def build_feed_checks(project: ProjectConfig, feed: FeedConfig) -> dg.AssetChecksDefinition:
-    key = asset_key(feed)
-    path = project.table_path(feed)
+def feed_check_specs(key: dg.AssetKey) -> list[dg.AssetCheckSpec]:
+    return [
+        dg.AssetCheckSpec(CONTIGUOUS, asset=key, blocking=True,
+                          description="Positions of each loaded partition are 0..n-1 and n is its committed "
+                                      "position (Delta file statistics)."),
+        dg.AssetCheckSpec(NO_DUPLICATES, asset=key, blocking=True,
+                          description="No event id is stored twice in a loaded partition."),
+        dg.AssetCheckSpec(CURSOR_MIRRORED, asset=key,
+                          description="The cursor in each partition's latest materialization is the one in Delta."),
+    ]
 
-    @dg.multi_asset_check(
-        name=f"feedapi_{feed.name}_checks",
-        specs=[
-            dg.AssetCheckSpec(NO_DUPLICATES, asset=key, description="No event id is stored twice in a partition."),
-            dg.AssetCheckSpec(CONTIGUOUS, asset=key,
-                              description="Positions of each partition are 0..n-1 and n is the committed position."),
-            dg.AssetCheckSpec(CURSOR_MIRRORED, asset=key,
-                              description="The cursor in each partition's latest materialization is the one in Delta."),
-        ],
-    )
-    def feed_checks(context: dg.AssetCheckExecutionContext, spark: SparkResource):
-        session = spark.session()
-        duplicates = session.sql(
-            f"SELECT partition_id, event_id, count(*) AS copies FROM delta.`{path}` WHERE event_id IS NOT NULL "
-            "GROUP BY partition_id, event_id HAVING count(*) > 1 ORDER BY partition_id LIMIT 20").collect()
-        yield dg.AssetCheckResult(
-            check_name=NO_DUPLICATES, passed=not duplicates,
-            metadata={"examples": [f"partition {r.partition_id}: {r.event_id} x{r.copies}" for r in duplicates]})
 
-        state = read_committed_state(feed_table(project, feed, spark)).state
-        shape = session.sql(
-            f"SELECT partition_id, count(*) AS n, min(position) AS lo, max(position) AS hi, "
-            f"count(DISTINCT position) AS distinct_positions FROM delta.`{path}` GROUP BY partition_id").collect()
-        counts = {r.partition_id: r for r in shape}
-        broken = []
-        for partition_id in sorted({*counts, *state.partitions}):
-            row, committed = counts.get(partition_id), state.get(partition_id)
-            n = row.n if row else 0
-            whole = row is None or (row.lo == 0 and row.hi == n - 1 and row.distinct_positions == n)
-            if not whole or (committed is not None and committed.position != n):
-                broken.append(f"partition {partition_id}: {n} rows, committed position "
-                              f"{committed.position if committed else None}")
-        yield dg.AssetCheckResult(check_name=CONTIGUOUS, passed=not broken, metadata={"problems": broken[:20]})
+def feed_check_results(binding: FeedBinding, instance: dg.DagsterInstance, loader: FeedLoader,
+                       loaded: Sequence[int]) -> Iterator[dg.AssetCheckResult]:
+    table = loader.sink.table
+    state = loader.sink.committed_state(refresh=True).state
+    stats = partition_stats(table, loaded)
+    broken = []
+    for partition_id in sorted(loaded):
+        committed = state.get(partition_id)
+        position = committed.position if committed else 0
+        found = stats.get(partition_id)
+        if not (found.contiguous(position) if found else position == 0):
+            broken.append(f"partition {partition_id}: {found.rows if found else 0} rows at positions "
+                          f"{found.min_position if found else None}..{found.max_position if found else None}, "
+                          f"committed position {position}")
+    yield dg.AssetCheckResult(check_name=CONTIGUOUS, passed=not broken,
+                              metadata={"partitions_checked": len(loaded), "problems": broken[:_SHOWN]})
 
-        mismatched = []
-        latest = latest_metadata_by_partition(context.instance, feed, [str(p) for p in state.partitions])
-        for partition_id, committed in sorted(state.partitions.items()):
-            mirrored = latest.get(str(partition_id))
-            if mirrored and mirrored.get("cursor") != committed.cursor:
-                mismatched.append(f"partition {partition_id}: metadata {mirrored.get('cursor')!r}, "
-                                  f"Delta {committed.cursor!r}")
-        yield dg.AssetCheckResult(check_name=CURSOR_MIRRORED, passed=not mismatched,
-                                  metadata={"problems": mismatched[:20]})
+    duplicates = duplicate_event_ids(table, loaded, limit=_SHOWN)
+    yield dg.AssetCheckResult(check_name=NO_DUPLICATES, passed=not duplicates,
+                              metadata={"partitions_checked": len(loaded), "examples": duplicates})
 
-    return feed_checks
+    latest = latest_metadata_by_partition(instance, binding, [str(p) for p in state.partitions])
+    mismatched = [f"partition {pid}: metadata {latest[str(pid)].get('cursor')!r}, Delta {committed.cursor!r}"
+                  for pid, committed in sorted(state.partitions.items())
+                  if str(pid) in latest and latest[str(pid)].get("cursor") != committed.cursor]
+    yield dg.AssetCheckResult(check_name=CURSOR_MIRRORED, passed=not mismatched,
+                              metadata={"problems": mismatched[:_SHOWN]})

@@ -2,7 +2,8 @@
 partition, and turning load reports into materializations with the cursor in their metadata."""
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import dagster as dg
 
@@ -11,62 +12,97 @@ from feedapi_dagster.lakehouse.loader import FeedLoader, PartitionReport
 from feedapi_dagster.lakehouse.sink import DeltaSink
 
 from .config import FeedConfig, ProjectConfig
-from .resources import SparkResource
+from .resources import feed_session
 
 FEED_TAG = "feedapi/feed"
-PARTITIONS_TAG = "feedapi/partitions"  # comma-separated partition ids a multi-partition run loads
-# One value per feed for multi-partition runs: dagster.yaml limits each value to one run at a time.
-# (One-partition runs are limited by Dagster's own `dagster/partition` tag.)
-LOCK_TAG = "feedapi/lock"
+PARTITIONS_TAG = "feedapi/partitions"  # comma-separated partition ids a run requested by the sensor or schedule loads
 REBUILD_TAG = "feedapi/rebuild"
+BACKFILL_TAG = "dagster/backfill"
+RANGE_START_TAG = "dagster/asset_partition_range_start"
+RANGE_END_TAG = "dagster/asset_partition_range_end"
 _ACTIVE = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
 
 
-def asset_key(feed: FeedConfig) -> dg.AssetKey:
-    return dg.AssetKey(["feedapi", feed.name])
+@dataclass(frozen=True)
+class FeedBinding:
+    """A feed as one code location defines it: its settings, its asset key (the translator's choice)
+    and the key of the Spark resource its runs use."""
+
+    project: ProjectConfig
+    feed: FeedConfig
+    key: dg.AssetKey
+    spark_key: str
+
+    @property
+    def name(self) -> str:
+        return self.feed.name
+
+    @property
+    def partitions_name(self) -> str:
+        return f"feedapi_{self.feed.name}"
+
+    @property
+    def job_name(self) -> str:
+        return f"feedapi_{self.feed.name}_load"
+
+    @property
+    def op_name(self) -> str:
+        return self.key.to_python_identifier()
+
+    @property
+    def table_path(self) -> str:
+        return self.project.table_path(self.feed)
+
+    def table(self, context: dg.OpExecutionContext) -> FeedTable:
+        """The feed's table, through the Spark session of the run's Spark resource."""
+        return FeedTable(feed_session(getattr(context.resources, self.spark_key)), self.table_path)
 
 
-def partitions_def_name(feed: FeedConfig) -> str:
-    return f"feedapi_{feed.name}"
-
-
-def sync_run_tags(feed: FeedConfig, partition_ids: Iterable[int], rebuild: bool = False) -> dict[str, str]:
-    tags = {FEED_TAG: feed.name, PARTITIONS_TAG: ",".join(map(str, sorted(partition_ids))),
-            LOCK_TAG: f"{feed.name}:sync"}
-    if rebuild:
-        tags[REBUILD_TAG] = "true"
+def partition_run_tags(binding: FeedBinding, partition_ids: Iterable[int], order: Sequence[str]) -> dict[str, str]:
+    """Tags of a run of the asset over `partition_ids`: one partition key, or the range of keys (in the
+    order the instance lists the dynamic partitions) from the first to the last of them. The run loads
+    every due partition of its range; our own tag says which ones were asked for."""
+    keys = {str(p) for p in partition_ids}
+    tags = {FEED_TAG: binding.name, PARTITIONS_TAG: ",".join(sorted(keys, key=int))}
+    if len(keys) == 1:
+        tags["dagster/partition"] = next(iter(keys))
+    else:
+        ordered = [key for key in order if key in keys]
+        tags[RANGE_START_TAG], tags[RANGE_END_TAG] = ordered[0], ordered[-1]
     return tags
 
 
-def active_partitions(instance: dg.DagsterInstance, feed: FeedConfig, exclude_run_id: str | None = None) -> set[int]:
-    """Partitions that runs in progress are loading: syncs list theirs in a tag, one-partition runs
-    of the asset (also those launched from the UI, without our tags) carry `dagster/partition`."""
-    key = asset_key(feed)
+def run_partitions(run: dg.DagsterRun, order: Sequence[str]) -> set[int]:
+    """The partitions a run of the asset loads (its own list, its partition key or its key range)."""
+    listed = run.tags.get(PARTITIONS_TAG) or run.tags.get("dagster/partition")
+    if listed:
+        return {int(p) for p in listed.split(",") if p.strip().isdigit()}
+    start, end = run.tags.get(RANGE_START_TAG), run.tags.get(RANGE_END_TAG)
+    if start in order and end in order:
+        return {int(key) for key in order[order.index(start):order.index(end) + 1] if key.isdigit()}
+    return set()
+
+
+def active_partitions(instance: dg.DagsterInstance, binding: FeedBinding, exclude_run_id: str | None = None) -> set[int]:
+    """Partitions that runs in progress are loading (runs of the asset from a schedule, a sensor, a
+    backfill or the UI)."""
+    order = instance.get_dynamic_partitions(binding.partitions_name)
     busy: set[int] = set()
     for run in instance.get_runs(dg.RunsFilter(statuses=_ACTIVE)):
-        if run.run_id == exclude_run_id:
-            continue
-        if run.tags.get(FEED_TAG) == feed.name:
-            listed = run.tags.get(PARTITIONS_TAG, "")
-        elif run.asset_selection and key in run.asset_selection:
-            listed = run.tags.get("dagster/partition", "")
-        else:
-            continue
-        busy.update(int(p) for p in listed.split(",") if p.strip().isdigit())
+        if run.run_id != exclude_run_id and (run.tags.get(FEED_TAG) == binding.name or run.job_name == binding.job_name
+                                             or (run.asset_selection and binding.key in run.asset_selection)):
+            busy |= run_partitions(run, order)
     return busy
 
 
-def feed_table(project: ProjectConfig, feed: FeedConfig, spark: SparkResource) -> FeedTable:
-    return FeedTable(spark.session(), project.table_path(feed))
-
-
-def make_loader(project: ProjectConfig, feed: FeedConfig, spark: SparkResource,
-                context: dg.OpExecutionContext) -> FeedLoader:
-    sink = DeltaSink(feed_table(project, feed, spark), run_id=context.run.run_id, compaction=feed.compaction)
-    return FeedLoader(feed.source(), sink, feed.load, logger=context.log)
+def make_loader(binding: FeedBinding, context: dg.OpExecutionContext) -> FeedLoader:
+    sink = DeltaSink(binding.table(context), run_id=context.run.run_id,
+                     compaction=binding.feed.compaction)
+    return FeedLoader(binding.feed.source(), sink, binding.feed.load, logger=context.log)
 
 
 def report_metadata(report: PartitionReport, loader: FeedLoader) -> dict[str, dg.RawMetadataValue]:
+    """The partition's cursor of record and what the load did, with Dagster's standard table keys."""
     return {
         "cursor": report.cursor,
         "position": report.position,
@@ -77,42 +113,45 @@ def report_metadata(report: PartitionReport, loader: FeedLoader) -> dict[str, dg
         "rebuilt": report.rebuilt,
         "start_cursor": report.start_cursor,
         "dialect": loader.client.info.dialect,
-        "table": dg.MetadataValue.path(loader.sink.path),
         "delta_version": report.delta_version if report.delta_version is not None else -1,
+        # Dagster's standard keys; the table's rows are the partitions' committed positions summed
+        "dagster/table_name": loader.sink.path,
+        "dagster/partition_row_count": report.position,
+        "dagster/row_count": sum(p.position for p in loader.sink.state.partitions.values()),
     }
 
 
-def materializations(feed: FeedConfig, reports: Iterable[PartitionReport],
+def materializations(binding: FeedBinding, reports: Iterable[PartitionReport],
                      loader: FeedLoader) -> list[dg.AssetMaterialization]:
     """One materialization per partition this load committed something for."""
     return [
-        dg.AssetMaterialization(asset_key(feed), partition=str(r.partition_id), metadata=report_metadata(r, loader))
+        dg.AssetMaterialization(binding.key, partition=str(r.partition_id), metadata=report_metadata(r, loader))
         for r in reports if r.status == "loaded"
     ]
 
 
-def latest_metadata_by_partition(instance: dg.DagsterInstance, feed: FeedConfig,
+def latest_metadata_by_partition(instance: dg.DagsterInstance, binding: FeedBinding,
                                  partition_keys: list[str]) -> dict[str, dict]:
     """The metadata of each partition's latest materialization (partitions without one are left out),
     in two queries whatever the number of partitions."""
     latest = instance.event_log_storage.get_latest_storage_id_by_partition(
-        asset_key(feed), dg.DagsterEventType.ASSET_MATERIALIZATION, set(partition_keys))
+        binding.key, dg.DagsterEventType.ASSET_MATERIALIZATION, set(partition_keys))
     if not latest:
         return {}
     records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=asset_key(feed), storage_ids=list(latest.values())), limit=len(latest)).records
+        dg.AssetRecordsFilter(asset_key=binding.key, storage_ids=list(latest.values())), limit=len(latest)).records
     return {record.partition_key: {k: v.value for k, v in record.asset_materialization.metadata.items()}
             for record in records}
 
 
-def mirror_repairs(instance: dg.DagsterInstance, feed: FeedConfig, loader: FeedLoader,
+def mirror_repairs(instance: dg.DagsterInstance, binding: FeedBinding, loader: FeedLoader,
                    skip: Iterable[int]) -> list[dg.AssetMaterialization]:
     """Materializations for partitions whose latest one disagrees with the cursor of record in Delta
     (a run killed between its commit and its materialization): the next run sets the mirror right."""
     skip = set(skip)
     candidates = {partition_id: state for partition_id, state in sorted(loader.sink.state.partitions.items())
                   if partition_id not in skip and loader.client.info.partition(partition_id) is not None}
-    latest = latest_metadata_by_partition(instance, feed, [str(partition_id) for partition_id in candidates])
+    latest = latest_metadata_by_partition(instance, binding, [str(partition_id) for partition_id in candidates])
     repairs = []
     for partition_id, state in candidates.items():
         mirrored = latest.get(str(partition_id), {})
@@ -120,15 +159,16 @@ def mirror_repairs(instance: dg.DagsterInstance, feed: FeedConfig, loader: FeedL
             continue
         report = PartitionReport(partition_id, "loaded", state.cursor, state.position, state.cursor,
                                  drained=state.drained, inherited_from=state.inherited_from)
-        repairs.extend(materializations(feed, [report], loader))
+        repairs.extend(materializations(binding, [report], loader))
     return repairs
 
 
-def raise_for_failures(feed: FeedConfig, reports: Iterable[PartitionReport]) -> None:
+def failure(binding: FeedBinding, reports: Iterable[PartitionReport]) -> dg.Failure | None:
     problems = [f"partition {r.partition_id}: {r.error}" for r in reports if r.status in ("failed", "invalid")]
-    if problems:
-        raise dg.Failure(
-            description=f"feed {feed.name}: {len(problems)} partition(s) could not be loaded "
-                        "(what was committed before the failure is kept): " + "; ".join(problems),
-            allow_retries=True,
-        )
+    if not problems:
+        return None
+    return dg.Failure(
+        description=f"feed {binding.name}: {len(problems)} partition(s) could not be loaded "
+                    "(what was committed before the failure is kept): " + "; ".join(problems),
+        allow_retries=True,
+    )

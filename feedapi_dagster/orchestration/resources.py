@@ -1,39 +1,73 @@
-"""Dagster resources."""
+"""The Spark session of a run: dagster-pyspark's resource, pointed at the embedded server or a cluster."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import dagster as dg
-from pydantic import PrivateAttr
+from dagster_pyspark import LazyPySparkResource, PySparkResource
+from dagster_pyspark.resources import spark_session_from_config
 
-from feedapi_dagster.lakehouse.spark import DEFAULT_PORT, SparkSettings, spark_session
+from feedapi_dagster.lakehouse.spark import (DEFAULT_PORT, SparkSettings, ensure_embedded_server, is_connect,
+                                             local_spark_session, register_feed_source, track_client)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-class SparkResource(dg.ConfigurableResource):
-    """One Spark session per run process, shared by every partition the run loads.
+class SparkResource(LazyPySparkResource):
+    """dagster-pyspark's lazy session (`.spark_session`, created on first use and shared by every
+    partition the run loads), configured by mode:
 
-    `embedded` (default) connects to the project's local Spark Connect server (started on first use
-    and left running, so later runs only pay a ~1.5 s client); `remote` connects to a cluster's
-    Spark Connect URL; `local` runs Spark inside the run process (tests).
+    `embedded` (default): a Spark Connect client of the project's local Spark Connect server (started
+    on first use and left running, so later runs only pay for a ~1 s client); `remote`: a cluster's
+    Spark Connect URL (`sc://host:15002`); `local`: Spark inside the run process (tests).
+    `spark_config`: for `embedded` and `local`, configuration of the server / session; for `remote`,
+    runtime SQL settings of the client session.
     """
 
+    spark_config: dict[str, Any] = {}
     mode: Literal["embedded", "remote", "local"] = "embedded"
     remote: str | None = None
     port: int = DEFAULT_PORT
-    conf: dict[str, str] = {}
-
-    _session: "SparkSession | None" = PrivateAttr(default=None)
+    # remote: send this package to the cluster as a Spark Connect artifact (off when the cluster's
+    # Python has feedapi-dagster installed)
+    ship_package: bool = True
 
     @classmethod
     def from_settings(cls, settings: SparkSettings) -> "SparkResource":
-        return cls(mode=settings.mode, remote=settings.remote, port=settings.port, conf=settings.conf)
+        return cls(mode=settings.mode, remote=settings.remote, port=settings.port, spark_config=settings.conf,
+                   ship_package=settings.ship_package)
 
-    def session(self) -> "SparkSession":
-        if self._session is None:
-            settings = SparkSettings(mode=self.mode, remote=self.remote, port=self.port, conf=self.conf,
-                                     detach_server=True)
-            self._session = spark_session(settings)
-        return self._session
+    def settings(self) -> SparkSettings:
+        return SparkSettings(mode=self.mode, remote=self.remote, port=self.port, conf=self.spark_config,
+                             detach_server=True, ship_package=self.ship_package)
+
+    def _init_session(self) -> None:
+        if self._spark_session is not None:
+            return
+        settings = self.settings()  # validates mode and remote, with the same messages as the feeds config
+        if settings.mode == "local":
+            session = local_spark_session(settings.conf)
+        else:
+            if settings.mode == "embedded":
+                # the URL carries the server's token: built here, never part of the resource's config
+                url = ensure_embedded_server(settings.port, conf=settings.conf, detach=True).client_url()
+                conf = {}
+            else:
+                url, conf = settings.remote, settings.conf
+            session = track_client(spark_session_from_config({**conf, "spark.remote": url}))
+        register_feed_source(session, ship=settings.mode == "remote" and settings.ship_package)
+        self._spark_session = session
+
+
+def feed_session(resource: Any) -> "SparkSession":
+    """The session of the resource a feed's runs use: a `SparkResource`, or a dagster-pyspark resource
+    the user passes in (their cluster's Python then needs feedapi-dagster installed, unless it is a
+    Spark Connect session, which gets this package as an artifact)."""
+    if isinstance(resource, SparkResource):
+        return resource.spark_session
+    if not isinstance(resource, (LazyPySparkResource, PySparkResource)):
+        raise TypeError(f"the Spark resource of feedapi-dagster must be a SparkResource or a dagster-pyspark "
+                        f"PySparkResource / LazyPySparkResource, got {type(resource).__name__}")
+    session = resource.spark_session
+    register_feed_source(session, ship=is_connect(session))
+    return session

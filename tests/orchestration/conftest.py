@@ -5,9 +5,10 @@ import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
 from feedapi_dagster.lakehouse.spark import SparkSettings
-from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, SparkResource, build_definitions
+from feedapi_dagster.orchestration import (SPARK_RESOURCE_KEY, FeedConfig, ProjectConfig, SparkResource,
+                                          build_feedapi_definitions)
 from feedapi_dagster.orchestration.config import ScheduleConfig
-from feedapi_dagster.orchestration.loads import latest_metadata_by_partition
+from feedapi_dagster.orchestration.loads import FeedBinding, latest_metadata_by_partition
 from feedapi_dagster.protocol import RetryPolicy
 
 
@@ -57,19 +58,29 @@ class Harness:
         with dg.build_schedule_context(instance=self.instance) as context:
             return schedule.evaluate_tick(context)
 
-    def launch(self, request: dg.RunRequest) -> dg.ExecuteInProcessResult:
-        job = self.defs.get_job_def(f"feedapi_{self.name}_sync")
-        result = job.execute_in_process(run_config=request.run_config, instance=self.instance, tags=request.tags)
+    @property
+    def binding(self) -> FeedBinding:
+        return FeedBinding(self.project, self.feed_config, dg.AssetKey(["feedapi", self.name]), SPARK_RESOURCE_KEY)
+
+    @property
+    def spark_resource(self) -> SparkResource:
+        return self.defs.resources[SPARK_RESOURCE_KEY]
+
+    def launch(self, request: dg.RunRequest, raise_on_error: bool = True) -> dg.ExecuteInProcessResult:
+        """The run the request asks for, as the daemon would launch it: a run of the asset's job."""
+        job = self.defs.resolve_job_def(f"feedapi_{self.name}_load")
+        result = job.execute_in_process(run_config=request.run_config, instance=self.instance, tags=request.tags,
+                                        raise_on_error=raise_on_error)
         self.runs.append(result)
         return result
 
     def materialize_partition(self, partition: int, tags=None) -> dg.ExecuteInProcessResult:
         asset = self.defs.get_assets_def(dg.AssetKey(["feedapi", self.name]))
         return dg.materialize([asset], partition_key=str(partition), instance=self.instance,
-                              resources={"spark": self.defs.resources["spark"]}, tags=tags or {})
+                              resources={SPARK_RESOURCE_KEY: self.spark_resource}, tags=tags or {})
 
     def metadata(self, partition: int) -> dict:
-        return latest_metadata_by_partition(self.instance, self.feed_config, [str(partition)]).get(str(partition), {})
+        return latest_metadata_by_partition(self.instance, self.binding, [str(partition)]).get(str(partition), {})
 
 
 @pytest.fixture
@@ -83,5 +94,5 @@ def harness(spark, instance, tmp_path, request):
                                  schedule=ScheduleConfig(rebuild_on_split=options.get("rebuild_on_split", False)))
         project = ProjectConfig(lakehouse=str(tmp_path / "lakehouse"), spark=SparkSettings(mode="local"),
                                 feeds=[feed_config])
-        defs = build_definitions(project, spark=SparkResource(mode="local"))
+        defs = build_feedapi_definitions(project, spark=SparkResource(mode="local"))
         yield Harness(feed, server, project, defs, instance)

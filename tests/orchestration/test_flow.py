@@ -28,6 +28,12 @@ def test_discovery_appends_close_and_schedule(spark, harness):
     assert run.success
     materialized = {e.partition for e in run.get_asset_materialization_events()}
     assert materialized == {"0", "1", "2"}  # one materialization per partition the run loaded
+    planned = harness.instance.get_records_for_run(
+        run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED).records
+    assert {r.event_log_entry.dagster_event.asset_key for r in planned} == {dg.AssetKey(["feedapi", "orders"])}
+    metadata = harness.metadata(0)
+    assert metadata["dagster/partition_row_count"] == metadata["position"] > 0
+    assert metadata["dagster/row_count"] == sum(harness.metadata(p)["position"] for p in (0, 1, 2))
     assert_exactly_once(spark, harness, [0, 1, 2])
     assert harness.metadata(0)["dialect"] == "published" and harness.metadata(0)["events"] > 0
 
@@ -124,10 +130,9 @@ def test_token_change_triggers_rediscovery_and_loading_goes_on(spark, harness):
 
 def test_a_second_load_of_a_busy_partition_refuses_to_start(spark, harness, instance):
     harness.launch(harness.tick_sensor().run_requests[0])
-    job = harness.defs.get_job_def("feedapi_orders_sync")
-    # a run in progress that loads partition 0
-    busy = instance.create_run_for_job(job, run_config={"ops": {"feedapi_orders_sync_op": {"config": {}}}},
-                                       tags={"feedapi/feed": "orders", "feedapi/partitions": "0"},
+    job = harness.defs.resolve_job_def("feedapi_orders_load")
+    # a run of the asset in progress that loads partition 0
+    busy = instance.create_run_for_job(job, tags={"feedapi/feed": "orders", "feedapi/partitions": "0"},
                                        status=dg.DagsterRunStatus.STARTED)
     with pytest.raises(dg.Failure, match="another run is loading it"):
         harness.materialize_partition(0)
@@ -135,27 +140,34 @@ def test_a_second_load_of_a_busy_partition_refuses_to_start(spark, harness, inst
     instance.report_run_canceled(busy)
 
 
-def test_asset_checks_pass_on_a_good_table_and_catch_a_stale_mirror(spark, harness):
-    harness.launch(harness.tick_sensor().run_requests[0])
-    key = dg.AssetKey(["feedapi", "orders"])
-    asset = harness.defs.get_assets_def(key)
-    checks = next(c for c in harness.defs.asset_checks if key in {k.asset_key for k in c.check_keys})
+def check_results(run: dg.ExecuteInProcessResult) -> dict[str, bool]:
+    return {e.check_name: e.passed for e in run.get_asset_check_evaluations()}
 
-    def run_checks():
-        result = dg.materialize([asset, checks], selection=dg.AssetSelection.checks_for_assets(key),
-                                instance=harness.instance, resources={"spark": harness.defs.resources["spark"]})
-        return {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
 
-    assert run_checks() == {"no_duplicate_event_ids": True, "positions_contiguous": True,
-                            "cursor_metadata_matches_delta": True}
+def test_every_load_runs_the_checks_and_they_catch_a_stale_mirror(spark, harness):
+    run = harness.launch(harness.tick_sensor().run_requests[0])
+    assert check_results(run) == {"no_duplicate_event_ids": True, "positions_contiguous": True,
+                                  "cursor_metadata_matches_delta": True}
     # a load committed to Delta but the run died before recording its materialization
     harness.feed.append(20, partition=0)
+    from feedapi_dagster.lakehouse.delta import FeedTable
     from feedapi_dagster.lakehouse.loader import FeedLoader
     from feedapi_dagster.lakehouse.sink import DeltaSink
-    from feedapi_dagster.orchestration.loads import feed_table
-    table = feed_table(harness.project, harness.feed_config, harness.defs.resources["spark"])
-    FeedLoader(harness.feed_config.source(), DeltaSink(table)).sync([0])
-    assert run_checks()["cursor_metadata_matches_delta"] is False
-    # the next sync records the cursor of record for the partition it finds stale
-    harness.launch(harness.tick_schedule().run_requests[0])
-    assert run_checks()["cursor_metadata_matches_delta"] is True
+    FeedLoader(harness.feed_config.source(), DeltaSink(FeedTable(spark, harness.table))).sync([0])
+    harness.feed.append(10, partition=1)
+    # a load of partition 1 sees the stale mirror of partition 0 and records its cursor of record
+    run = harness.launch(harness.tick_schedule().run_requests[0])
+    assert check_results(run)["cursor_metadata_matches_delta"] is True
+    assert_exactly_once(spark, harness, [0, 1, 2])
+
+
+def test_a_violated_check_blocks_the_run(spark, harness):
+    harness.launch(harness.tick_sensor().run_requests[0])
+    # a row written behind the loader's back: partition 1 holds one event (and its position) twice
+    spark.read.format("delta").load(harness.table).where("partition_id = 1 AND event_id IS NOT NULL").limit(1) \
+        .write.format("delta").mode("append").save(harness.table)
+    harness.feed.append(10, partition=1)
+    run = harness.launch(harness.tick_schedule().run_requests[0], raise_on_error=False)
+    results = check_results(run)
+    assert results["positions_contiguous"] is False and results["no_duplicate_event_ids"] is False
+    assert not run.success  # blocking checks fail the run

@@ -1,0 +1,75 @@
+"""What a feed table holds per partition, from the Delta log's file statistics where they suffice.
+
+Row counts and position bounds of a partition are in the log (`numRecords`, `minValues`,
+`maxValues` of every data file): reading them costs milliseconds whatever the table's size. Whether
+event ids repeat is not in any statistic: that takes a scan, of the given partitions only.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .delta import FeedTable, in_partitions, local_path
+from .table import PARTITION_COLUMN
+
+
+@dataclass(frozen=True)
+class PartitionStats:
+    rows: int
+    min_position: int | None
+    max_position: int | None
+
+    def contiguous(self, committed_position: int) -> bool:
+        """Rows 0..n-1 with n the committed position (positions are unique by construction of the
+        loader; n rows spanning exactly 0..n-1 leave no room for a gap or a repeat)."""
+        if self.rows == 0:
+            return committed_position == 0
+        return (self.rows == committed_position and self.min_position == 0
+                and self.max_position == committed_position - 1)
+
+
+def partition_stats(table: FeedTable, partition_ids: Iterable[int]) -> dict[int, PartitionStats]:
+    """Rows and position bounds of each partition (partitions without rows are left out)."""
+    wanted = {int(p) for p in partition_ids}
+    if not wanted:
+        return {}
+    if local_path(table.path):
+        return _from_log(table.path, wanted)
+    # storage only the cluster reaches: Spark answers from the same statistics (Delta's
+    # metadata-only aggregation) or, where it cannot, reads the one column of these partitions
+    from pyspark.sql import functions as F
+
+    rows = table.frame().where(in_partitions(wanted)).groupBy(PARTITION_COLUMN) \
+        .agg(F.count("*"), F.min("position"), F.max("position")).collect()
+    return {r[0]: PartitionStats(r[1], r[2], r[3]) for r in rows}
+
+
+def _from_log(path: str, wanted: set[int]) -> dict[int, PartitionStats]:
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    # an Arrow table of delta-rs's own (arro3), taken over by pyarrow without a copy
+    actions = pa.table(DeltaTable(path).get_add_actions(flatten=True)).to_pydict()
+    stats: dict[int, PartitionStats] = {}
+    for partition, rows, low, high in zip(actions[f"partition.{PARTITION_COLUMN}"], actions["num_records"],
+                                          actions["min.position"], actions["max.position"]):
+        if partition is None or int(partition) not in wanted:
+            continue
+        partition = int(partition)
+        seen = stats.get(partition)
+        if seen is None:
+            stats[partition] = PartitionStats(rows, low, high)
+        else:
+            stats[partition] = PartitionStats(seen.rows + rows, min(seen.min_position, low),
+                                              max(seen.max_position, high))
+    return stats
+
+
+def duplicate_event_ids(table: FeedTable, partition_ids: Iterable[int], limit: int = 20) -> list[str]:
+    """Event ids stored more than once in one of the partitions (a scan of their id column)."""
+    wanted = sorted({int(p) for p in partition_ids})
+    if not wanted:
+        return []
+    rows = table.frame().where(f"{in_partitions(wanted)} AND event_id IS NOT NULL") \
+        .groupBy(PARTITION_COLUMN, "event_id").count().where("count > 1").limit(limit).collect()
+    return [f"partition {r[0]}: {r[1]} x{r[2]}" for r in rows]

@@ -1,0 +1,66 @@
+"""How a feed looks in Dagster: its asset key, group, owners, tags, kinds and definition metadata.
+
+Subclass `FeedApiTranslator` (as `DagsterDltTranslator`) and override `get_asset_spec` to change them;
+the factory and the Component build every feed's asset from the spec it returns.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import dagster as dg
+
+from feedapi_dagster.lakehouse.table import TABLE_SCHEMA
+
+from .config import FeedConfig
+
+_DAGSTER_TYPES = {"int32": "int", "int64": "bigint", "string": "string", "timestamp[us, tz=UTC]": "timestamp"}
+_COLUMN_DESCRIPTIONS = {
+    "partition_id": "FeedAPI partition (the Delta partition column, and the asset's partition key)",
+    "position": "0-based position of the event in its partition",
+    "cursor": "cursor of the page that delivered the event",
+    "payload": "the event as the feed sent it (JSON object bytes or the string)",
+    "payload_type": "object | string",
+    "event_id": "the configured id field of an object payload",
+    "loaded_at": "when the commit that wrote the row happened",
+    "run_id": "the Dagster run that wrote the row",
+}
+
+
+@dataclass(frozen=True)
+class FeedTranslatorData:
+    """What the translator sees of a feed."""
+
+    feed: FeedConfig
+    table_path: str
+
+    @property
+    def table_uri(self) -> str:
+        return self.table_path if "://" in self.table_path else Path(self.table_path).resolve().as_uri()
+
+
+def table_column_schema() -> dg.TableSchema:
+    return dg.TableSchema(columns=[
+        dg.TableColumn(field.name, _DAGSTER_TYPES[str(field.type)], description=_COLUMN_DESCRIPTIONS[field.name])
+        for field in TABLE_SCHEMA
+    ])
+
+
+class FeedApiTranslator:
+    """The default asset spec of a feed: key `feedapi/<name>`, group `feedapi`, kinds delta and spark,
+    and the table's name, URI and column schema as Dagster's standard metadata."""
+
+    def get_asset_spec(self, data: FeedTranslatorData) -> dg.AssetSpec:
+        feed = data.feed
+        return dg.AssetSpec(
+            key=dg.AssetKey(["feedapi", feed.name]),
+            group_name="feedapi",
+            kinds={"delta", "spark"},
+            description=f"FeedAPI feed `{feed.name}` ({feed.url}) in the Delta table `{data.table_path}`, "
+                        "partitioned by FeedAPI partition.",
+            metadata={
+                "dagster/table_name": data.table_path,
+                "dagster/column_schema": table_column_schema(),
+                "dagster/uri": dg.MetadataValue.url(data.table_uri),
+            },
+        )
