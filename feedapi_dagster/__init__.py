@@ -1,20 +1,32 @@
 """feedapi-dagster: FeedAPI event feeds into Delta Lake, read and written by Spark, orchestrated by Dagster.
 
-`FeedDataSource` is the PySpark data source `feedapi` (usable without Dagster); the Dagster side is in
-`feedapi_dagster.orchestration`.
+`FeedDataSource` is the PySpark data source `feedapi` (usable without Dagster); `FeedApiComponent` is
+the Dagster Component (`type: feedapi_dagster.FeedApiComponent` in a defs.yaml); the rest of the
+Dagster side is in `feedapi_dagster.orchestration`.
 """
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from feedapi_dagster.lakehouse.datasource import FeedDataSource
+    from feedapi_dagster.orchestration.component import FeedApiComponent
 
-__all__ = ["FeedDataSource"]
+__all__ = ["FeedApiComponent", "FeedDataSource"]
+
+# lazy: Spark executors import `feedapi_dagster.protocol` and the data source, never pyspark's
+# session machinery or Dagster
+_LAZY = {
+    "FeedDataSource": "feedapi_dagster.lakehouse.datasource",
+    "FeedApiComponent": "feedapi_dagster.orchestration.component",
+}
 
 
 def __getattr__(name: str) -> Any:
-    # lazy: `import feedapi_dagster.protocol` (on Spark executors too) does not import pyspark
-    if name == "FeedDataSource":
-        from feedapi_dagster.lakehouse.datasource import FeedDataSource
+    if name in _LAZY:
+        import importlib
 
-        return FeedDataSource
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

@@ -1,17 +1,13 @@
-"""The feeds configuration file (YAML), validated with pydantic.
-
-Errors name the file and the offending key (`feeds[1].name: ...`), so a typo is found without
-reading a traceback.
-"""
+"""The feeds configuration: what a `FeedApiComponent`'s defs.yaml holds, validated with pydantic
+(`dg check defs` reports a bad key with its file and line), or built in Python for
+`build_feedapi_definitions`."""
 from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from feedapi_dagster.lakehouse.loader import LoadSettings
 from feedapi_dagster.lakehouse.sink import CompactionSettings
@@ -19,10 +15,8 @@ from feedapi_dagster.lakehouse.spark import SparkSettings
 from feedapi_dagster.lakehouse.datasource import FeedSourceOptions
 from feedapi_dagster.protocol import EventFilter, FeedClient, RetryPolicy
 
-CONFIG_ENV = "FEEDAPI_DAGSTER_CONFIG"
-LAKEHOUSE_ENV = "FEEDAPI_LAKEHOUSE"
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "dagster_project" / "feeds.yaml"
 _FEED_NAME = re.compile(r"[a-z][a-z0-9_]*")
+_TEMPLATE = re.compile(r"\s*\{\{.*\}\}")  # a defs.yaml template, validated once rendered
 
 
 class ConfigError(ValueError):
@@ -51,6 +45,7 @@ class FeedConfig(_Strict):
     partition_count: int | None = Field(default=None, ge=1, le=32768)
     page_size_hint: int = Field(default=1000, ge=1)
     token_env: str | None = Field(default=None, description="environment variable holding the bearer token")
+    token: SecretStr | None = Field(default=None, description='the bearer token itself: "{{ env.X }}" in a defs.yaml')
     ca_bundle: str | None = Field(default=None, description="CA bundle file for TLS verification")
     event_id_field: str = "id"
     filters: EventFilter | None = None
@@ -69,7 +64,7 @@ class FeedConfig(_Strict):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
-        if not re.match(r"https?://[^/]", value):
+        if not re.match(r"https?://[^/]", value) and not _TEMPLATE.match(value):
             raise ValueError("url must be an http:// or https:// URL")
         return value
 
@@ -77,9 +72,13 @@ class FeedConfig(_Strict):
     def _v1_needs_count(self) -> "FeedConfig":
         if self.dialect == "v1" and self.partition_count is None:
             raise ValueError("dialect v1 needs partition_count (v1 has no discovery)")
+        if self.token is not None and self.token_env is not None:
+            raise ValueError("set token or token_env, not both")
         return self
 
-    def token(self) -> str | None:
+    def bearer_token(self) -> str | None:
+        if self.token is not None:
+            return self.token.get_secret_value() or None
         if self.token_env is None:
             return None
         token = os.environ.get(self.token_env)
@@ -93,7 +92,7 @@ class FeedConfig(_Strict):
         return FeedSourceOptions(url=self.url, dialect=self.dialect, partition_count=self.partition_count,
                                  page_size_hint=self.page_size_hint, event_id_field=self.event_id_field,
                                  event_filter=self.filters, retry=self.retry, verify=self.ca_bundle or True,
-                                 token=self.token())
+                                 token=self.bearer_token())
 
     def client(self) -> FeedClient:
         return self.source().client()
@@ -117,38 +116,3 @@ class ProjectConfig(_Strict):
 
     def feed(self, name: str) -> FeedConfig:
         return next(feed for feed in self.feeds if feed.name == name)
-
-
-def load_config(path: str | Path | None = None) -> ProjectConfig:
-    """Read and validate the feeds file (`FEEDAPI_DAGSTER_CONFIG`, else `dagster_project/feeds.yaml`).
-
-    A relative `lakehouse` is resolved against the file's folder; `FEEDAPI_LAKEHOUSE` overrides it.
-    """
-    path = Path(path or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
-    try:
-        document = yaml.safe_load(path.read_text())
-    except OSError as error:
-        raise ConfigError(f"{path}: cannot read the feeds configuration: {error.strerror}") from error
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML: {error}") from error
-    if not isinstance(document, dict):
-        raise ConfigError(f"{path}: expected a mapping with `lakehouse`, `spark` and `feeds`")
-    try:
-        config = ProjectConfig.model_validate(document)
-    except ValidationError as error:
-        raise ConfigError(f"{path}: invalid feeds configuration:\n{_describe(error)}") from None
-    lakehouse = os.environ.get(LAKEHOUSE_ENV) or config.lakehouse
-    if "://" not in lakehouse and not Path(lakehouse).is_absolute():
-        lakehouse = str((path.parent / lakehouse).resolve())
-    return config.model_copy(update={"lakehouse": lakehouse})
-
-
-def _describe(error: ValidationError) -> str:
-    lines = []
-    for item in error.errors():
-        location = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in item["loc"]).lstrip(".")
-        message = item["msg"].removeprefix("Value error, ")
-        if item["type"] == "extra_forbidden":
-            message = "unknown key (check its spelling)"
-        lines.append(f"  {location or '<root>'}: {message}")
-    return "\n".join(lines)

@@ -13,6 +13,9 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
+_BY_SETTINGS: dict[str, "SparkResource"] = {}
+
+
 class SparkResource(LazyPySparkResource):
     """dagster-pyspark's lazy session (`.spark_session`, created on first use and shared by every
     partition the run loads), configured by mode:
@@ -34,8 +37,13 @@ class SparkResource(LazyPySparkResource):
 
     @classmethod
     def from_settings(cls, settings: SparkSettings) -> "SparkResource":
-        return cls(mode=settings.mode, remote=settings.remote, port=settings.port, spark_config=settings.conf,
-                   ship_package=settings.ship_package)
+        """One resource per distinct settings in a process: the Definitions of two components (two
+        defs.yaml) with the same Spark merge into one code location under the same key."""
+        key = settings.model_dump_json()
+        if key not in _BY_SETTINGS:
+            _BY_SETTINGS[key] = cls(mode=settings.mode, remote=settings.remote, port=settings.port,
+                                    spark_config=settings.conf, ship_package=settings.ship_package)
+        return _BY_SETTINGS[key]
 
     def settings(self) -> SparkSettings:
         return SparkSettings(mode=self.mode, remote=self.remote, port=self.port, conf=self.spark_config,
