@@ -1,7 +1,11 @@
-"""The feeds file: clear, located errors for bad input."""
+"""A defs.yaml's attributes: clear, located errors for bad input (`dg check defs` shows them with the
+file and line: tests/orchestration/test_component.py)."""
 import pytest
+import yaml
+from pydantic import ValidationError
 
-from feedapi_dagster.orchestration.config import ConfigError, load_config
+from feedapi_dagster.orchestration.component import FeedApiAttributes, FeedApiComponent
+from feedapi_dagster.orchestration.config import ConfigError
 
 GOOD = """
 lakehouse: lh
@@ -13,44 +17,44 @@ feeds:
 """
 
 
-def write(tmp_path, text):
-    path = tmp_path / "feeds.yaml"
-    path.write_text(text)
-    return path
+def validate(text: str) -> FeedApiAttributes:
+    return FeedApiAttributes.model_validate(yaml.safe_load(text))
 
 
-def test_a_good_file_loads_and_resolves_the_lakehouse(tmp_path, monkeypatch):
-    monkeypatch.delenv("FEEDAPI_LAKEHOUSE", raising=False)
-    config = load_config(write(tmp_path, GOOD))
-    assert config.lakehouse == str(tmp_path / "lh")
-    assert config.table_path(config.feeds[0]) == str(tmp_path / "lh" / "orders")
-    monkeypatch.setenv("FEEDAPI_LAKEHOUSE", "s3a://bucket/lake")
-    assert load_config(write(tmp_path, GOOD)).lakehouse == "s3a://bucket/lake"
+def test_good_attributes_resolve_the_lakehouse_against_the_project_root(tmp_path):
+    component = FeedApiComponent(**dict(validate(GOOD)))
+    project = component.project_config(tmp_path)
+    assert project.table_path(project.feeds[0]) == str(tmp_path / "lh" / "orders")
+    uri = FeedApiComponent(**dict(validate(GOOD.replace("lakehouse: lh", "lakehouse: s3a://bucket/lake"))))
+    assert uri.project_config(tmp_path).lakehouse == "s3a://bucket/lake"
 
 
-@pytest.mark.parametrize("text, message", [
-    (GOOD.replace("name: orders", "name: Orders-1"), r"feeds\[0\]\.name: feed name must match"),
-    (GOOD.replace("token_env", "tokn_env"), r"feeds\[0\]\.tokn_env: unknown key"),
-    (GOOD.replace("https://feeds", "ftp://feeds"), r"feeds\[0\]\.url: url must be an http"),
-    (GOOD + "    dialect: v1\n", r"dialect v1 needs partition_count"),
-    (GOOD + "    page_size_hint: zero\n", r"feeds\[0\]\.page_size_hint"),
-    (GOOD.replace("mode: local", "mode: remote"), r"spark: .*sc://"),
-    (GOOD + GOOD.split("feeds:\n")[1], r"feed names must be unique; repeated: orders"),
-    ("feeds: [", r"not valid YAML"),
-    ("- 1\n- 2\n", r"expected a mapping"),
+@pytest.mark.parametrize("text, location, message", [
+    (GOOD.replace("name: orders", "name: Orders-1"), "feeds.0.name", "feed name must match"),
+    (GOOD.replace("token_env", "tokn_env"), "feeds.0.tokn_env", "Extra inputs are not permitted"),
+    (GOOD.replace("https://feeds", "ftp://feeds"), "feeds.0.url", "url must be an http"),
+    (GOOD + "    dialect: v1\n", "feeds.0", "dialect v1 needs partition_count"),
+    (GOOD + "    page_size_hint: zero\n", "feeds.0.page_size_hint", "valid integer"),
+    (GOOD + "    token: '{{ env.X }}'\n", "feeds.0", "set token or token_env, not both"),
+    (GOOD.replace("mode: local", "mode: remote"), "spark", "sc://"),
 ])
-def test_bad_files_name_the_file_and_the_key(tmp_path, text, message):
-    with pytest.raises(ConfigError, match=message) as caught:
-        load_config(write(tmp_path, text))
-    assert "feeds.yaml" in str(caught.value)
+def test_bad_attributes_name_the_key(text, location, message):
+    with pytest.raises(ValidationError) as caught:
+        validate(text)
+    report = str(caught.value)
+    assert location in report and message in report, report
 
 
-def test_missing_file_and_missing_token_variable(tmp_path, monkeypatch):
-    with pytest.raises(ConfigError, match="cannot read"):
-        load_config(tmp_path / "nope.yaml")
+def test_duplicate_feed_names_and_a_missing_token_variable(tmp_path, monkeypatch):
+    twice = GOOD + GOOD.split("feeds:\n")[1]
+    with pytest.raises(ValidationError, match="feed names must be unique; repeated: orders"):
+        FeedApiComponent(**dict(validate(twice))).project_config(tmp_path)
     monkeypatch.delenv("ORDERS_TOKEN", raising=False)
-    feed = load_config(write(tmp_path, GOOD)).feeds[0]
+    feed = validate(GOOD).feeds[0]
     with pytest.raises(ConfigError, match="feed 'orders': environment variable ORDERS_TOKEN"):
         feed.client()
     monkeypatch.setenv("ORDERS_TOKEN", "s3cr3t-value")
     assert "s3cr3t-value" not in repr(feed.client())
+    inline = validate(GOOD.replace("token_env: ORDERS_TOKEN", "token: s3cr3t-inline")).feeds[0]
+    assert "s3cr3t-inline" not in repr(inline) and "s3cr3t-inline" not in str(inline.model_dump())
+    assert inline.bearer_token() == "s3cr3t-inline"

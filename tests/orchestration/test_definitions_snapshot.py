@@ -1,4 +1,5 @@
-"""A snapshot of the whole Definitions built from the shipped feeds file: names are a contract.
+"""A snapshot of the whole Definitions of this repository's dg project (dagster_project/defs): names
+are a contract.
 
 Regenerate after an intended change with: UPDATE_SNAPSHOTS=1 make test
 """
@@ -21,10 +22,15 @@ def describe(defs: dg.Definitions) -> dict:
             "group": asset.group_name,
             "kinds": sorted(asset.kinds),
             "checks": sorted(k.name for k in asset.check_keys),
+            "blocking_checks": sorted(s.name for s in defs.resolve_assets_def(asset.key).check_specs if s.blocking),
+            "pool": defs.resolve_assets_def(asset.key).op.pool,
+            "metadata": sorted(asset.metadata),
         }
     return {
         "assets": assets,
-        "jobs": sorted(j.name for j in repo.get_all_jobs() if not j.name.startswith("__")),
+        "jobs": {j.name: {"executor": j.executor_def.name, "assets": sorted("/".join(k.path) for k in
+                                                                               j.asset_layer.selected_asset_keys)}
+                 for j in repo.get_all_jobs() if not j.name.startswith("__")},
         "sensors": {s.name: {"default_status": s.default_status.value, "jobs": sorted(j.name for j in s.jobs)}
                     for s in repo.sensor_defs},
         "schedules": {s.name: {"cron": s.cron_schedule, "default_status": s.default_status.value}
@@ -33,10 +39,8 @@ def describe(defs: dg.Definitions) -> dict:
     }
 
 
-def test_definitions_match_the_snapshot(monkeypatch):
-    monkeypatch.delenv("FEEDAPI_DAGSTER_CONFIG", raising=False)
-    from dagster_project.definitions import defs
-
+def test_definitions_match_the_snapshot():
+    defs = dg.load_from_defs_folder(project_root=Path(__file__).resolve().parents[2])
     dg.Definitions.validate_loadable(defs)
     current = describe(defs)
     if os.environ.get("UPDATE_SNAPSHOTS") or not SNAPSHOT.exists():
