@@ -55,13 +55,17 @@ class _Fetch:
 
 
 class Gate:
-    """Holds every fetch response until opened: a test catches a load in the middle of its read."""
+    """Holds fetch responses until opened: a test catches a load in the middle of its read.
+    `partition`: hold only the fetches of that partition (others pass)."""
 
-    def __init__(self) -> None:
+    def __init__(self, partition: int | None = None) -> None:
+        self.partition = partition
         self.arrived = threading.Event()  # a fetch is being held
         self.opened = threading.Event()
 
-    def hold(self) -> None:
+    def hold(self, fetch: _Fetch) -> None:
+        if self.partition is not None and fetch.partition != self.partition:
+            return
         self.arrived.set()
         self.opened.wait(120)
 
@@ -346,13 +350,14 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             if url.path != ("/feed/events" if demo.dialect == "published" else "/feed"):
                 raise _HttpError(404, "not found")
-            body = demo._page(demo._parse_fetch(url.query))
+            fetch = demo._parse_fetch(url.query)
+            body = demo._page(fetch)
         except _HttpError as e:
             self._send(e.status, e.message.encode() + b"\n", "text/plain; charset=utf-8")
             return
         gate = demo.gate
         if gate is not None:
-            gate.hold()
+            gate.hold(fetch)
         faults = demo.faults  # read once: it may be swapped concurrently
         kind = None if faults is None else faults.pick()
         if faults is None or kind is None:

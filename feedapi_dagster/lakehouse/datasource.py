@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -63,6 +64,7 @@ class ReadEnd:
     drained: bool  # closed (or a `_done` checkpoint) and read to its end
     bounded: bool = False  # stopped at `maxEvents`: there may be more
     error: str | None = None
+    seconds: float = 0.0  # the task's own reading time (its events/s in the run's log)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, separators=(",", ":"))
@@ -229,6 +231,7 @@ class PartitionRead:
     def batches(self) -> Iterator[pa.RecordBatch]:
         options = self.options
         schema = _schema(options.checkpoint_rows)
+        started = time.monotonic()
         error, closed = None, False
         try:
             with options.client() as client:
@@ -245,7 +248,8 @@ class PartitionRead:
             error = str(failure)
         if options.checkpoint_rows:
             drained = error is None and (self.done or (closed and not self._bounded))
-            end = ReadEnd(self.events, self.pages, self.duplicates, drained, self._bounded and not drained, error)
+            end = ReadEnd(self.events, self.pages, self.duplicates, drained, self._bounded and not drained, error,
+                          round(time.monotonic() - started, 3))
             yield pa.RecordBatch.from_pydict({
                 "partition_id": [self.partition_id], "position": [self.position], "cursor": [self.cursor],
                 "payload": [None], "payload_type": [None], "event_id": [None], END_COLUMN: [end.to_json()],

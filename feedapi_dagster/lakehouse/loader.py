@@ -31,6 +31,7 @@ from feedapi_dagster.planning import PartitionPlan, PartitionState, PlanStatus, 
 from feedapi_dagster.protocol import FeedInfo
 
 from .datasource import END_COLUMN, SOURCE_NAME, FeedSourceOptions, ReadEnd
+from .progress import run_with_progress
 from .sink import DeltaSink
 from .spark import register_feed_source
 
@@ -72,6 +73,7 @@ class PartitionReport:
     error: str | None = None
     delta_version: int | None = None
     bounded: bool = False  # the read stopped at `max_events_per_partition`: there may be more
+    read_seconds: float = 0.0  # time the read tasks of this partition spent reading
 
     def then(self, later: "PartitionReport") -> "PartitionReport":
         """This report followed by a later load of the same partition in the same sync."""
@@ -79,6 +81,7 @@ class PartitionReport:
         later.events += self.events
         later.pages += self.pages
         later.duplicates += self.duplicates
+        later.read_seconds += self.read_seconds
         return later
 
 
@@ -195,7 +198,8 @@ class FeedLoader:
         )
         frame = self.spark.read.format(SOURCE_NAME).options(**options).load()
         # uncompressed: read once, by the commit job, on the same storage
-        frame.write.option("compression", "none").parquet(staging)
+        run_with_progress(lambda: frame.write.option("compression", "none").parquet(staging), staging,
+                          len(starts), self.log)
 
     def _commit(self, reports: dict[int, PartitionReport], starts: dict[int, PartitionState],
                 committed, rows: "DataFrame", rebuild: bool, drop: list[int]) -> None:
@@ -238,6 +242,7 @@ def _report(plan: PartitionPlan, start: PartitionState, end: tuple[str, int, Rea
     report.events, report.pages, report.drained = events, read.pages, read.drained
     report.duplicates = read.duplicates + (read.events - events)
     report.bounded = read.bounded
+    report.read_seconds = read.seconds
     if read.error:
         report.status, report.error = "failed", read.error
     return report

@@ -109,6 +109,8 @@ def report_metadata(report: PartitionReport, loader: FeedLoader) -> dict[str, dg
         "events": report.events,
         "pages": report.pages,
         "duplicates_skipped": report.duplicates,
+        "read_seconds": round(report.read_seconds, 3),
+        "events_per_second": round(report.events / report.read_seconds) if report.read_seconds else 0,
         "drained": report.drained,
         "rebuilt": report.rebuilt,
         "start_cursor": report.start_cursor,
