@@ -39,7 +39,7 @@ def write_user_project(root: Path, feed_url: str, spark: dict, *, lakehouse: Pat
 
         @dg.definitions
         def defs():
-            return dg.load_from_defs_folder(project_root=Path(__file__).resolve().parent.parent)
+            return dg.load_from_defs_folder(path_within_project=Path(__file__).resolve().parent.parent)
         """))
     (package / "defs" / "reports.py").write_text(textwrap.dedent("""\
         import dagster as dg

@@ -1,9 +1,12 @@
-"""The Dagster UI shows a feed's partitions: demo feed -> real discovery -> dagster-webserver -> Chromium.
+"""The Dagster UI shows a feed as a user's project gets it: demo feed -> real discovery -> a load on
+real Spark and Delta -> dagster-webserver -> Chromium.
 
-A demo FeedAPI server publishes 3 partitions; discovery runs for real over HTTP and its dynamic
-partitions are added to a temporary Dagster instance; `dagster-webserver` serves the repository's
-code location (workspace.yaml) against that instance and the temporary feeds file; headless
-Chromium opens the asset's partitions view and must render the keys 0, 1 and 2. No Spark is started.
+A demo FeedAPI server publishes 3 partitions; a user's own dg project (tests/user_project.py) has the
+feed in one defs.yaml; discovery runs for real over HTTP into a temporary Dagster instance and one
+run of the feed's asset loads every partition (the local Spark session of the tests).
+`dagster-webserver` serves the project against that instance; headless Chromium opens the asset's
+page and must show the partition keys 0, 1 and 2 materialized, the sensor and schedule that load it,
+Dagster's standard table metadata (row count, columns, storage URI) and the checks of the load passed.
 
 Needs Debian's chromium and chromium-driver: `make browser` installs them (the test fails, never
 skips, without them).
@@ -21,14 +24,18 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import dagster as dg
 import pytest
-import yaml
 
+import feedapi_dagster.demo
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
-from feedapi_dagster.orchestration import load_config
-from feedapi_dagster.orchestration.automation import DiscoveryCursor, evaluate_discovery
+from feedapi_dagster.orchestration import SPARK_RESOURCE_KEY, FeedConfig, ProjectConfig
+from feedapi_dagster.orchestration.automation import load_request, register_discovered_partitions
+from feedapi_dagster.orchestration.loads import FeedBinding
 
-REPO = Path(__file__).resolve().parents[2]
+from ..user_project import MODULE, write_user_project
+
+INSTANCE_TEMPLATE = Path(feedapi_dagster.demo.__file__).with_name("dagster.yaml")
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 WEBSERVER = Path(sys.executable).parent / "dagster-webserver"
@@ -96,21 +103,22 @@ def feed_server():
 
 
 @pytest.fixture
-def feeds_file(tmp_path, feed_server) -> Path:
-    path = tmp_path / "feeds.yaml"
-    path.write_text(yaml.safe_dump({
-        "lakehouse": str(tmp_path / "lakehouse"),
-        "spark": {"mode": "local"},
-        "feeds": [{"name": "orders", "url": feed_server.url, "dialect": "published"}],
-    }))
-    return path
+def user_project(tmp_path, feed_server, monkeypatch) -> Path:
+    """A user's dg project with the feed in one defs.yaml (Spark: this process's local session)."""
+    root = write_user_project(tmp_path / "project", feed_server.url, {"mode": "local"},
+                              lakehouse=tmp_path / "lakehouse")
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.setenv("ORDERS_FEED_TOKEN", "unused-by-the-demo-server")
+    yield root
+    for name in [m for m in sys.modules if m == MODULE or m.startswith(f"{MODULE}.")]:
+        del sys.modules[name]
 
 
 @pytest.fixture
 def dagster_home(tmp_path) -> Path:
     home = tmp_path / "dagster_home"
     home.mkdir()
-    shutil.copy(REPO / "dagster_project" / "dagster.yaml", home / "dagster.yaml")
+    shutil.copy(INSTANCE_TEMPLATE, home / "dagster.yaml")
     # what the UI's "Skip" on its one-time community pop-up records (dagster._core.nux): without it
     # the pop-up covers the page
     (home / ".nux").mkdir()
@@ -118,22 +126,23 @@ def dagster_home(tmp_path) -> Path:
     return home
 
 
-def _discover_into_instance(feeds_file: Path, home: Path) -> list[str]:
-    """Real discovery over HTTP, its dynamic partitions added to the instance at `home`."""
-    from dagster import DagsterInstance
+def _discover_and_load(project: Path, home: Path, feed_url: str) -> list[str]:
+    """Real discovery over HTTP into the instance at `home`, then one load of every partition: a run
+    of the feed's asset job, on real Spark and Delta, with its checks."""
     from dagster._core.instance.ref import InstanceRef
 
-    feed = load_config(feeds_file).feed("orders")
-    client = feed.client()
-    try:
-        result = evaluate_discovery(feed, client.discover(), DiscoveryCursor())
-    finally:
-        client.close()
-    assert result.dynamic_partitions_requests, "discovery found no partitions"
-    with DagsterInstance.from_ref(InstanceRef.from_dir(str(home))) as instance:
-        for request in result.dynamic_partitions_requests:
-            instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
-        return instance.get_dynamic_partitions("feedapi_orders")
+    defs = dg.load_from_defs_folder(path_within_project=project)
+    key = dg.AssetKey(["feedapi", "orders"])
+    feed = FeedConfig(name="orders", url=feed_url, dialect="published")
+    with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home))) as instance:
+        binding = FeedBinding(ProjectConfig(lakehouse=str(project.parent / "lakehouse"), feeds=[feed]), feed, key,
+                              SPARK_RESOURCE_KEY)
+        keys = register_discovered_partitions(instance, binding)
+        request = load_request(binding, [int(k) for k in keys], "browser-test", keys)
+        result = defs.resolve_job_def("feedapi_orders_load").execute_in_process(
+            instance=instance, tags=request.tags, run_config=request.run_config)
+        assert result.success
+        return keys
 
 
 def _chrome(user_data_dir: str):
@@ -162,21 +171,22 @@ COMMUNITY_DIALOG = "Join the Dagster community"
 
 
 @pytest.mark.browser
-def test_partitions_view_shows_discovered_partitions(tmp_path, feeds_file, dagster_home):
+def test_the_asset_page_shows_partitions_automations_checks_and_table_metadata(
+        spark, tmp_path, user_project, dagster_home, feed_server):
     _require_browser()
     started = time.monotonic()
 
-    assert _discover_into_instance(feeds_file, dagster_home) == EXPECTED_KEYS
+    assert _discover_and_load(user_project, dagster_home, feed_server.url) == EXPECTED_KEYS
 
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {k: v for k, v in os.environ.items() if k not in ("FEEDAPI_LAKEHOUSE", "DAGSTER_HOME")}
-    env.update(DAGSTER_HOME=str(dagster_home), FEEDAPI_DAGSTER_CONFIG=str(feeds_file))
+    env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}
+    env.update(DAGSTER_HOME=str(dagster_home), ORDERS_FEED_TOKEN="unused-by-the-demo-server")
     log = tmp_path / "webserver.log"
     with log.open("wb") as log_file:
         server = subprocess.Popen(
-            [str(WEBSERVER), "-h", "127.0.0.1", "-p", str(port), "-w", "workspace.yaml"],
-            cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+            [str(WEBSERVER), "-h", "127.0.0.1", "-p", str(port), "-w", str(user_project / "workspace.yaml")],
+            cwd=user_project, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
     driver = None
     try:
         from selenium.common.exceptions import TimeoutException
@@ -188,41 +198,56 @@ def test_partitions_view_shows_discovered_partitions(tmp_path, feeds_file, dagst
         _wait_for_server(server, url, log)
         served = time.monotonic()
 
-        driver.get(f"{url}/assets/feedapi/orders?view=partitions")
-        screenshot = tmp_path / "dagster_partitions.png"
+        def page(path: str, wanted: list[str], name: str) -> tuple[list[dict], str]:
+            """Open `path`, wait until every text of `wanted` is visible; the leaves and the body text."""
+            driver.get(f"{url}{path}")
+            screenshot = tmp_path / f"{name}.png"
 
-        def keys_rendered(drv):
-            leaves = drv.execute_script(_VISIBLE_LEAVES)
-            texts = {leaf["text"] for leaf in leaves}
-            if COMMUNITY_DIALOG in texts:  # only if the pre-seeded "seen" flag was not honoured
-                for button in drv.find_elements(By.XPATH, "//button[normalize-space()='Skip']"):
-                    button.click()
-                return False
-            if "3 Partitions Selected" in texts and all(key in texts for key in EXPECTED_KEYS):
-                return leaves
-            return False
+            def rendered(drv):
+                leaves = drv.execute_script(_VISIBLE_LEAVES)
+                texts = {leaf["text"] for leaf in leaves}
+                if COMMUNITY_DIALOG in texts:  # only if the pre-seeded "seen" flag was not honoured
+                    for button in drv.find_elements(By.XPATH, "//button[normalize-space()='Skip']"):
+                        button.click()
+                    return False
+                body = drv.find_element(By.TAG_NAME, "body").text
+                return leaves if all(text in body for text in wanted) else False
 
-        try:
-            leaves = WebDriverWait(driver, PAGE_TIMEOUT, poll_frequency=0.5).until(keys_rendered)
-        except TimeoutException:
-            driver.save_screenshot(str(screenshot))
+            try:
+                leaves = WebDriverWait(driver, PAGE_TIMEOUT, poll_frequency=0.5).until(rendered)
+            except TimeoutException:
+                driver.save_screenshot(str(screenshot))
+                body = driver.find_element(By.TAG_NAME, "body").text
+                pytest.fail(f"{path} did not show {wanted} within {PAGE_TIMEOUT} s (screenshot {screenshot}); "
+                            f"page text:\n{body[:4000]}")
+            assert driver.save_screenshot(str(screenshot))
             body = driver.find_element(By.TAG_NAME, "body").text
-            pytest.fail(f"the partitions view did not show keys {EXPECTED_KEYS} within {PAGE_TIMEOUT} s "
-                        f"(screenshot {screenshot}); page text:\n{body[:3000]}")
-        body = driver.find_element(By.TAG_NAME, "body").text
-        # the asset's page (breadcrumb Assets > feedapi > orders) on its Partitions tab
-        assert "feedapi" in body and "orders" in body, body[:2000]
-        assert "Missing (3)" in body, body[:2000]  # discovered, nothing materialized yet
-        # the keys form one column of rows, in order: 0 above 1 above 2
+            assert COMMUNITY_DIALOG not in body, f"a dialog covers {path}"
+            return leaves, body
+
+        # partitions: the discovered keys, one column in order, all materialized by the load
+        leaves, body = page("/assets/feedapi/orders?view=partitions", ["3 Partitions Selected", *EXPECTED_KEYS],
+                            "partitions")
         rows = {key: min((leaf for leaf in leaves if leaf["text"] == key), key=lambda leaf: leaf["y"])
                 for key in EXPECTED_KEYS}
         assert rows["0"]["y"] < rows["1"]["y"] < rows["2"]["y"], rows
-        assert max(r["x"] for r in rows.values()) - min(r["x"] for r in rows.values()) < 5, rows
-        assert COMMUNITY_DIALOG not in body, "a dialog covers the partitions view"
-        assert driver.save_screenshot(str(screenshot))
-        print(f"screenshot: {screenshot}")
-        print(f"webserver up after {served - started:.1f} s, partitions rendered after "
-              f"{time.monotonic() - served:.1f} s more")
+        assert "Materialized (3)" in body, body[:3000]
+
+        # overview: the schedule and the sensor that load it, the table's standard metadata
+        _, body = page("/assets/feedapi/orders", ["Automation details", "feedapi_orders_discovery", "Every 5 minutes"],
+                       "overview")
+        lines = body.splitlines()
+        # Dagster's standard metadata: the row count (dagster/row_count), the columns, the table's URI
+        assert lines[lines.index("Row count") + 1] == str(sum(len(feed_server.feed.published(p)) for p in range(3)))
+        assert {"Columns", "partition_id", "event_id", "Storage", "feedapi_orders_load"} <= set(lines), body[:4000]
+        # checks: the three checks of the load, passed
+        _, body = page("/assets/feedapi/orders?view=checks", ["positions_contiguous", "no_duplicate_event_ids",
+                                                              "cursor_metadata_matches_delta"], "checks")
+        lines = body.splitlines()
+        for check in ("no_duplicate_event_ids", "positions_contiguous"):  # the blocking ones, passed
+            assert lines[lines.index(check) + 1] == "Succeeded", body[:3000]
+        assert "Checks (3)" in lines and "Passed" in lines, body[:3000]
+        print(f"webserver up after {served - started:.1f} s, pages checked after {time.monotonic() - served:.1f} s")
     finally:
         if driver is not None:
             driver.quit()

@@ -35,7 +35,7 @@ def dg_command(root: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_one_defs_yaml_adds_the_feed_beside_the_users_assets_and_spark_resource(user_project):
-    defs = dg.load_from_defs_folder(project_root=user_project)
+    defs = dg.load_from_defs_folder(path_within_project=user_project)
     dg.Definitions.validate_loadable(defs)
     assert {KEY, dg.AssetKey("daily_report")} <= set(defs.resolve_all_asset_keys())
     assert type(defs.resources["spark"]).__name__ == "LazyPySparkResource"  # the user's, untouched
@@ -89,7 +89,7 @@ def test_yaml_translation_and_a_custom_resource_key(tmp_path, monkeypatch):
     monkeypatch.setenv("ORDERS_FEED_TOKEN", "x")
     monkeypatch.syspath_prepend(str(root))
     try:
-        defs = dg.load_from_defs_folder(project_root=root)
+        defs = dg.load_from_defs_folder(path_within_project=root)
         dg.Definitions.validate_loadable(defs)
         spec = defs.resolve_assets_def(dg.AssetKey(["lake", "orders"])).specs_by_key[dg.AssetKey(["lake", "orders"])]
         assert spec.group_name == "bronze"

@@ -40,7 +40,7 @@ def describe(defs: dg.Definitions) -> dict:
 
 
 def test_definitions_match_the_snapshot():
-    defs = dg.load_from_defs_folder(project_root=Path(__file__).resolve().parents[2])
+    defs = dg.load_from_defs_folder(path_within_project=Path(__file__).resolve().parents[2])
     dg.Definitions.validate_loadable(defs)
     current = describe(defs)
     if os.environ.get("UPDATE_SNAPSHOTS") or not SNAPSHOT.exists():
