@@ -6,7 +6,10 @@ dagster-pyspark resource), as a real project would; `feedapi-dagster` must not c
 """
 from __future__ import annotations
 
+import contextlib
+import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -67,3 +70,15 @@ def write_user_project(root: Path, feed_url: str, spark: dict, *, lakehouse: Pat
     (root / "workspace.yaml").write_text(yaml.safe_dump({"load_from": [{"python_module": {
         "module_name": f"{MODULE}.definitions", "working_directory": str(root), "location_name": "user"}}]}))
     return root
+
+
+@contextlib.contextmanager
+def importable(root: Path) -> Iterator[Path]:
+    """The project's module importable from this process (as its code server would import it)."""
+    sys.path.insert(0, str(root))
+    try:
+        yield root
+    finally:
+        sys.path.remove(str(root))
+        for name in [m for m in sys.modules if m == MODULE or m.startswith(f"{MODULE}.")]:
+            del sys.modules[name]

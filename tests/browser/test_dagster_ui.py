@@ -33,7 +33,7 @@ from feedapi_dagster.orchestration import SPARK_RESOURCE_KEY, FeedConfig, Projec
 from feedapi_dagster.orchestration.automation import load_request, register_discovered_partitions
 from feedapi_dagster.orchestration.loads import FeedBinding
 
-from ..user_project import MODULE, write_user_project
+from ..user_project import importable, write_user_project
 
 INSTANCE_TEMPLATE = Path(feedapi_dagster.demo.__file__).with_name("dagster.yaml")
 CHROMIUM = Path("/usr/bin/chromium")
@@ -107,11 +107,9 @@ def user_project(tmp_path, feed_server, monkeypatch) -> Path:
     """A user's dg project with the feed in one defs.yaml (Spark: this process's local session)."""
     root = write_user_project(tmp_path / "project", feed_server.url, {"mode": "local"},
                               lakehouse=tmp_path / "lakehouse")
-    monkeypatch.syspath_prepend(str(root))
     monkeypatch.setenv("ORDERS_FEED_TOKEN", "unused-by-the-demo-server")
-    yield root
-    for name in [m for m in sys.modules if m == MODULE or m.startswith(f"{MODULE}.")]:
-        del sys.modules[name]
+    with importable(root):
+        yield root
 
 
 @pytest.fixture

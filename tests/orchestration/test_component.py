@@ -11,7 +11,7 @@ import pytest
 from feedapi_dagster.orchestration import (SPARK_RESOURCE_KEY, FeedApiTranslator, FeedConfig, FeedTranslatorData,
                                           ProjectConfig, SparkResource, build_feedapi_definitions)
 
-from ..user_project import MODULE, write_user_project
+from ..user_project import MODULE, importable, write_user_project
 
 DG = Path(sys.executable).with_name("dg")
 KEY = dg.AssetKey(["feedapi", "orders"])
@@ -22,11 +22,9 @@ def user_project(tmp_path, monkeypatch):
     # embedded Spark, as a scaffolded defs.yaml has it: two components with one Spark share its resource
     root = write_user_project(tmp_path / "project", "http://127.0.0.1:9/feed", {"mode": "embedded"},
                               lakehouse=tmp_path / "lakehouse")
-    monkeypatch.syspath_prepend(str(root))
     monkeypatch.setenv("ORDERS_FEED_TOKEN", "tok-user-project-secret")
-    yield root
-    for name in [m for m in sys.modules if m == MODULE or m.startswith(f"{MODULE}.")]:
-        del sys.modules[name]
+    with importable(root):
+        yield root
 
 
 def dg_command(root: Path, *args: str) -> subprocess.CompletedProcess:
@@ -87,16 +85,12 @@ def test_yaml_translation_and_a_custom_resource_key(tmp_path, monkeypatch):
     path.write_text(path.read_text() + "  spark_resource_key: lake_spark\n  translation:\n"
                     "    key: \"lake/{{ feed.name }}\"\n    group_name: bronze\n")
     monkeypatch.setenv("ORDERS_FEED_TOKEN", "x")
-    monkeypatch.syspath_prepend(str(root))
-    try:
+    with importable(root):
         defs = dg.load_from_defs_folder(path_within_project=root)
-        dg.Definitions.validate_loadable(defs)
-        spec = defs.resolve_assets_def(dg.AssetKey(["lake", "orders"])).specs_by_key[dg.AssetKey(["lake", "orders"])]
-        assert spec.group_name == "bronze"
-        assert "lake_spark" in defs.resources
-    finally:
-        for name in [m for m in sys.modules if m == MODULE or m.startswith(f"{MODULE}.")]:
-            del sys.modules[name]
+    dg.Definitions.validate_loadable(defs)
+    spec = defs.resolve_assets_def(dg.AssetKey(["lake", "orders"])).specs_by_key[dg.AssetKey(["lake", "orders"])]
+    assert spec.group_name == "bronze"
+    assert "lake_spark" in defs.resources
 
 
 def test_dg_check_names_a_misspelt_key_with_its_file_and_line_and_scaffold_writes_a_valid_defs_yaml(user_project):
