@@ -1,8 +1,13 @@
 """`feedapi-dagster demo` (the main job on the embedded default) and `feedapi-dagster dev`.
 
-Both start what the demo needs - the bundled FeedAPI server and the embedded Spark Connect server,
-each on 127.0.0.1 - and stop what they started.
+Both work from any directory with nothing but the installed package: they start what the demo needs
+- the bundled FeedAPI server and the embedded Spark Connect server, each on 127.0.0.1 - keep the
+lakehouse and DAGSTER_HOME in the current directory, and stop what they started. `dev` serves the
+`dg` project or workspace of the current directory when it has one (this repository's
+`dagster_project`), otherwise the demo code location of this module (`defs`).
 """
+from __future__ import annotations
+
 import argparse
 import contextlib
 import os
@@ -16,24 +21,45 @@ from urllib.parse import urlsplit
 
 import dagster as dg
 
+import feedapi_dagster.demo
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
 from feedapi_dagster.lakehouse.delta import FeedTable
-from feedapi_dagster.lakehouse.spark import ensure_embedded_server
+from feedapi_dagster.lakehouse.spark import DEFAULT_PORT, SparkSettings, ensure_embedded_server
 from feedapi_dagster.lakehouse.state import read_committed_state
 
-from .automation import register_discovered_partitions
-from .config import FeedConfig, ProjectConfig, load_config
-from .definitions import build_definitions
-from .loads import feed_table, partitions_def_name
+from .automation import load_request, register_discovered_partitions
+from .config import FeedConfig, ProjectConfig, ScheduleConfig
+from .definitions import SPARK_RESOURCE_KEY, build_feedapi_definitions
+from .loads import FeedBinding
+from .translator import FeedApiTranslator, FeedTranslatorData
 
-ROOT = Path(__file__).resolve().parents[2]
-INSTANCE_TEMPLATE = ROOT / "dagster_project" / "dagster.yaml"
+# package data: Dagster's default launcher and coordinator, and the `concurrency` a deployment needs
+INSTANCE_TEMPLATE = Path(feedapi_dagster.demo.__file__).with_name("dagster.yaml")
+DEMO_FEED_PORT = 8765
+
+
+def demo_project(root: Path, feed_port: int = DEMO_FEED_PORT, spark_port: int = DEFAULT_PORT) -> ProjectConfig:
+    """The demo: one feed `demo` on the bundled server, the embedded Spark, the lakehouse in `root`
+    (the same settings as this repository's `dagster_project/defs/demo_feed/defs.yaml`)."""
+    feed = FeedConfig(name="demo", url=f"http://127.0.0.1:{feed_port}/feed", page_size_hint=1000,
+                      schedule=ScheduleConfig(cron="* * * * *", enabled=True, discovery_enabled=True,
+                                              discovery_interval_seconds=30))
+    return ProjectConfig(lakehouse=str(root / "lakehouse"), spark=SparkSettings(mode="embedded", port=spark_port),
+                         feeds=[feed])
+
+
+@dg.definitions
+def defs() -> dg.Definitions:
+    """The demo code location `feedapi-dagster dev` serves where the directory has no project."""
+    return build_feedapi_definitions(demo_project(Path.cwd()))
 
 
 def register(subparsers: Any) -> None:
-    demo = subparsers.add_parser("demo", help="load the demo feed through Dagster into the lakehouse and print it")
+    demo = subparsers.add_parser("demo", help="load the demo feed through Dagster into ./lakehouse and print it")
     demo.add_argument("--events", type=int, default=20000, help="events the demo feed starts with")
     demo.add_argument("--partitions", type=int, default=4)
+    demo.add_argument("--feed-port", type=int, default=DEMO_FEED_PORT, help="port of the demo FeedAPI server")
+    demo.add_argument("--spark-port", type=int, default=DEFAULT_PORT, help="port of the embedded Spark server")
     demo.set_defaults(func=run_demo)
     dev = subparsers.add_parser("dev", help="`dagster dev` on the demo, with the demo feed and Spark running")
     dev.add_argument("--events", type=int, default=20000)
@@ -42,9 +68,9 @@ def register(subparsers: Any) -> None:
     dev.set_defaults(func=run_dev)
 
 
-def dagster_home() -> Path:
-    """DAGSTER_HOME, defaulting to .dagster_home in the repository, with the project's dagster.yaml."""
-    home = Path(os.environ.get("DAGSTER_HOME") or ROOT / ".dagster_home").resolve()
+def dagster_home(root: Path) -> Path:
+    """DAGSTER_HOME, by default `.dagster_home` in `root`, with the demo's dagster.yaml."""
+    home = Path(os.environ.get("DAGSTER_HOME") or root / ".dagster_home").resolve()
     home.mkdir(parents=True, exist_ok=True)
     if not (home / "dagster.yaml").exists():
         shutil.copy(INSTANCE_TEMPLATE, home / "dagster.yaml")
@@ -52,65 +78,77 @@ def dagster_home() -> Path:
     return home
 
 
+def demo_binding(project: ProjectConfig) -> FeedBinding:
+    feed = project.feeds[0]
+    spec = FeedApiTranslator().get_asset_spec(FeedTranslatorData(feed, project.table_path(feed)))
+    return FeedBinding(project, feed, spec.key, SPARK_RESOURCE_KEY)
+
+
 @contextlib.contextmanager
 def demo_services(project: ProjectConfig, events: int, partitions: int) -> Iterator[FeedConfig]:
-    """The demo feed server on the first feed's URL, and the embedded Spark server if configured."""
+    """The demo feed server on the first feed's URL, and the embedded Spark server."""
     feed = project.feeds[0]
-    address = urlsplit(feed.url)
     with DemoFeedServer(DemoFeed(partitions=partitions, events=events), dialect="published",
-                        host=address.hostname or "127.0.0.1", port=address.port or 80) as server:
+                        host="127.0.0.1", port=urlsplit(feed.url).port or DEMO_FEED_PORT) as server:
         print(f"demo FeedAPI server: {server.url}", flush=True)
-        spark = None
-        if project.spark.mode == "embedded":
-            spark = ensure_embedded_server(project.spark.port, conf=project.spark.conf, detach=True)
-            print(f"Spark Connect server: {spark.url}", flush=True)
+        spark = ensure_embedded_server(project.spark.port, conf=project.spark.conf, detach=True)
+        print(f"Spark Connect server: {spark.url}", flush=True)
         try:
             yield feed
         finally:
-            if spark is not None and spark.owned:
+            if spark.owned:
                 spark.stop()
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    home = dagster_home()
-    project = load_config()
-    with demo_services(project, args.events, args.partitions) as feed, dg.DagsterInstance.get() as instance:
-        defs = build_definitions(project)
-        register_discovered_partitions(instance, feed)
-        job = defs.get_job_def(f"feedapi_{feed.name}_sync")
-        run = job.execute_in_process(instance=instance, tags={"feedapi/feed": feed.name})
+    root = Path.cwd()
+    home = dagster_home(root)
+    project = demo_project(root, args.feed_port, args.spark_port)
+    binding = demo_binding(project)
+    with demo_services(project, args.events, args.partitions), dg.DagsterInstance.get() as instance:
+        definitions = build_feedapi_definitions(project)
+        keys = register_discovered_partitions(instance, binding)
+        # what the schedule asks for: one run of the asset over every open partition
+        request = load_request(binding, [int(key) for key in keys], "demo", keys)
+        job = definitions.resolve_job_def(binding.job_name)
+        run = job.execute_in_process(run_config=request.run_config, instance=instance, tags=request.tags,
+                                     raise_on_error=False)
         if not run.success:
-            print("the sync run failed; see the log above", file=sys.stderr)
+            print("the load run failed; see the log above", file=sys.stderr)
             return 1
-        spark = defs.resources["spark"]
-        _print_table(spark.session(), feed_table(project, feed, spark), instance, partitions_def_name(feed), home)
+        session = definitions.resources[SPARK_RESOURCE_KEY].spark_session
+        _print_table(session, FeedTable(session, binding.table_path), instance, binding, home)
     return 0
 
 
-def _print_table(spark, table: FeedTable, instance: dg.DagsterInstance, partitions_name: str, home: Path) -> None:
-    path = table.path
+def _print_table(spark, table: FeedTable, instance: dg.DagsterInstance, binding: FeedBinding, home: Path) -> None:
+    table.ensure_table()
     state = read_committed_state(table).state
     counts = {r.partition_id: r["count"] for r in spark.sql(
-        f"SELECT partition_id, count(*) AS count FROM delta.`{path}` GROUP BY partition_id").collect()}
-    print(f"\nDelta table {path}")
+        f"SELECT partition_id, count(*) AS count FROM delta.`{table.path}` GROUP BY partition_id").collect()}
+    print(f"\nDelta table {table.path}")
     print(f"{'partition':>9}  {'rows':>8}  {'position':>8}  {'drained':>7}  cursor")
     for partition_id, partition in sorted(state.partitions.items()):
         print(f"{partition_id:>9}  {counts.get(partition_id, 0):>8}  {partition.position:>8}  "
               f"{str(partition.drained):>7}  {partition.cursor}")
     print(f"{'total':>9}  {sum(counts.values()):>8}")
-    print(f"\nDagster partitions: {', '.join(instance.get_dynamic_partitions(partitions_name))}; "
-          f"runs and materializations are in DAGSTER_HOME={home} (see them with `make dev`).")
+    print(f"\nDagster partitions of {binding.key.to_user_string()}: "
+          f"{', '.join(instance.get_dynamic_partitions(binding.partitions_name))}; runs and materializations "
+          f"are in DAGSTER_HOME={home} (see them with `feedapi-dagster dev`).")
 
 
 def run_dev(args: argparse.Namespace) -> int:
-    dagster_home()
-    project = load_config()
+    root = Path.cwd()
+    dagster_home(root)
     extra = [a for a in args.dagster_args if a != "--"]
-    with demo_services(project, args.events, args.partitions):
-        dagster = Path(sys.executable).with_name("dagster")
-        command = [str(dagster), "dev", "-w", str(ROOT / "workspace.yaml"), *extra]
+    if (root / "workspace.yaml").exists():
+        target = ["-w", str(root / "workspace.yaml")]
+    else:
+        target = ["-m", __name__]
+    with demo_services(demo_project(root), args.events, args.partitions):
+        command = [str(Path(sys.executable).with_name("dagster")), "dev", *target, *extra]
         print("running:", " ".join(command), flush=True)
-        process = subprocess.Popen(command, cwd=ROOT)
+        process = subprocess.Popen(command, cwd=root)
         try:
             return process.wait()
         except KeyboardInterrupt:
