@@ -17,7 +17,8 @@ import datetime as dt
 import logging
 import shutil
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
@@ -37,12 +38,24 @@ log = logging.getLogger(__name__)
 
 TABLE_DDL = spark_ddl(TABLE_SCHEMA)
 
+# operations of the Delta log that maintenance writes (VACUUM logs a START and an END commit)
+OPTIMIZE = "OPTIMIZE"
+VACUUM_START = "VACUUM START"
+VACUUM_END = "VACUUM END"
+# commits that rewrite or delete files without changing the table's rows
+FILE_MAINTENANCE = frozenset({OPTIMIZE, VACUUM_START, VACUUM_END})
+# Delta refuses a VACUUM retention under 7 days unless this check is off; `maintenance.py` computes a
+# retention that covers the time-travel window and running loads, so the check is lifted for it
+_RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
+_VACUUM_LOGGING = "spark.databricks.delta.vacuum.logging.enabled"
+
 
 @dataclass(frozen=True)
 class HistoryEntry:
     version: int
     operation: str
     user_metadata: str | None
+    metrics: Mapping[str, str] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)
@@ -82,7 +95,8 @@ class DeltaLog:
         else:
             table = refresh
             table.update_incremental()
-        entries = [HistoryEntry(h["version"], h.get("operation", ""), h.get("userMetadata"))
+        entries = [HistoryEntry(h["version"], h.get("operation", ""), h.get("userMetadata"),
+                                {k: str(v) for k, v in (h.get("operationMetrics") or {}).items()})
                    for h in table.history(limit)]
         return table, entries
 
@@ -144,8 +158,9 @@ class FeedTable:
             return self._log.history(limit, refresh)
         clause = f" LIMIT {limit}" if limit else ""
         rows = self.spark.sql(f"DESCRIBE HISTORY delta.`{self.path}`{clause}") \
-            .select("version", "operation", "userMetadata").collect()
-        entries = [HistoryEntry(r["version"], r["operation"], r["userMetadata"]) for r in rows]
+            .select("version", "operation", "userMetadata", "operationMetrics").collect()
+        entries = [HistoryEntry(r["version"], r["operation"], r["userMetadata"], dict(r["operationMetrics"] or {}))
+                   for r in rows]
         return None, sorted(entries, key=lambda e: e.version, reverse=True)
 
     # ------------------------------------------------------------------ data
@@ -177,8 +192,25 @@ class FeedTable:
         text = f"{type(error).__name__} {error}"
         return "DELTA_CONCURRENT" in text or "Concurrent" in text
 
-    def compact(self) -> None:
+    # ------------------------------------------------------------------ maintenance
+    def optimize(self) -> None:
+        """Bin-packs small files into larger ones: one commit that changes no rows (no cursor moves)."""
         self.spark.sql(f"OPTIMIZE delta.`{self.path}`").collect()
+
+    def vacuum(self, retention_hours: float) -> None:
+        """Deletes the files no version of the last `retention_hours` uses (`maintenance.py` decides
+        the retention). Logged in the Delta log as VACUUM START and VACUUM END."""
+        previous = {key: self.spark.conf.get(key, None) for key in (_RETENTION_CHECK, _VACUUM_LOGGING)}
+        self.spark.conf.set(_RETENTION_CHECK, "false")
+        self.spark.conf.set(_VACUUM_LOGGING, "true")
+        try:
+            self.spark.sql(f"VACUUM delta.`{self.path}` RETAIN {retention_hours:g} HOURS").collect()
+        finally:  # the embedded server's session is shared by every client: leave it as it was
+            for key, value in previous.items():
+                if value is None:
+                    self.spark.conf.unset(key)
+                else:
+                    self.spark.conf.set(key, value)
 
     # ------------------------------------------------------------------ staged reads
     def staging_path(self, load_id: str) -> str:

@@ -169,7 +169,7 @@ class FeedLoader:
                 # a rebuild starts its partitions (and the dropped ones) afresh; ancestors' rows stay
                 replaced = {*starts, *drop} if rebuild else set()
                 groups = {pid: [p for p in _dedup_group(info, pid) if p not in replaced] for pid in starts}
-                rows, kept = _without_stored(rows, table.frame(base.delta_version), groups, starts)
+                rows, kept = _without_stored(rows, table.frame(base.rows_version), groups, starts)
             reports = {pid: _report(plan, starts[plan.partition_id], ends.get(plan.partition_id), kept, rebuild)
                        for plan in plans for pid in [plan.partition_id]}
             seconds = time.monotonic() - started

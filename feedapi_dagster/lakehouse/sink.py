@@ -6,8 +6,6 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from feedapi_dagster.planning import FeedState, PartitionState
 
 from . import state as committed
@@ -32,16 +30,6 @@ class PartitionConflict(RuntimeError):
         self.partition_id = partition_id
 
 
-class CompactionSettings(BaseModel):
-    """Housekeeping: many small commits make slow tables, so the sink runs Delta OPTIMIZE (bin-packing
-    small files) once `every_commits` commits have accumulated since the last OPTIMIZE."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    enabled: bool = True
-    every_commits: int = Field(default=50, ge=1)
-
-
 # commits looked at first for a commit of this sink's own (Spark writes, or a write that raised)
 _JUST_COMMITTED = 4
 
@@ -56,17 +44,14 @@ class DeltaSink:
         table: FeedTable,
         *,
         run_id: str | None = None,
-        compaction: CompactionSettings | None = None,
         max_conflict_retries: int = 8,
     ):
         self.table = table
         self.path = table.path
         self.run_id = run_id
-        self.compaction = compaction or CompactionSettings()
         self.max_conflict_retries = max_conflict_retries
         self._committed: committed.CommittedState | None = None
         self._snapshot = None  # the table snapshot `_committed` was read from: commits are based on it
-        self._commits = 0
         self.table.ensure_table()
 
     # ------------------------------------------------------------------ reading
@@ -121,13 +106,12 @@ class DeltaSink:
         else:
             raise RuntimeError(f"could not commit to {self.path} after {self.max_conflict_retries} attempts "
                                "(too many concurrent writers)")
-        self._commits += 1
         return self.committed_state()
 
     def _read_history(self, limit: int = committed.RECENT_HISTORY) -> list[committed.CommittedState]:
         # The snapshot is this sink's own (nothing else refreshes it), and the state is read with it.
         self._snapshot, history = committed.read_history(self.table, limit, refresh=self._snapshot)
-        self._committed = history[0] if history else committed.CommittedState(FeedState(), None, None)
+        self._committed = history[0] if history else committed.CommittedState(FeedState(), None, None, None)
         return history
 
     def _landed(self, commit_id: str) -> bool:
@@ -138,16 +122,3 @@ class DeltaSink:
         if any(entry.load_id == commit_id for entry in self._read_history(_JUST_COMMITTED)):
             return True
         return any(entry.load_id == commit_id for entry in self._read_history())
-
-    # ------------------------------------------------------------------ housekeeping
-    def compact_if_due(self) -> bool:
-        """OPTIMIZE when `every_commits` commits have piled up since the last one. Returns whether it ran."""
-        if not self.compaction.enabled:
-            return False
-        every = self.compaction.every_commits
-        # a snapshot of its own: the sink's commits stay based on the snapshot its state was read from
-        operations = [entry.operation for entry in self.table.history(every)[1]]
-        if len(operations) < every or "OPTIMIZE" in operations:
-            return False
-        self.table.compact()
-        return True

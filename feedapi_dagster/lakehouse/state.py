@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from feedapi_dagster.planning import FeedState
 
-from .delta import DeltaLog, HistoryEntry
+from .delta import FILE_MAINTENANCE, DeltaLog, HistoryEntry
 
 if TYPE_CHECKING:
     from .delta import FeedTable
@@ -38,6 +38,10 @@ class CommittedState:
     state: FeedState
     load_id: str | None  # the load that wrote it
     delta_version: int | None  # the Delta table version holding it
+    # the newest version with the same rows: the state's own, or the last of the OPTIMIZE and VACUUM
+    # commits right after it. Loads read the stored rows at this version: a VACUUM may have deleted
+    # the files of `delta_version` that OPTIMIZE rewrote.
+    rows_version: int | None
 
 
 def encode(state: FeedState, load_id: str, run_id: str | None) -> str:
@@ -59,12 +63,21 @@ def decode(user_metadata: str | None) -> tuple[FeedState, str] | None:
 
 
 def committed_states(entries: list[HistoryEntry]) -> list[CommittedState]:
-    """The states among history entries, newest first (commits without state, e.g. OPTIMIZE, are skipped)."""
+    """The states among history entries (newest first), newest first. Commits without state are
+    skipped (OPTIMIZE, VACUUM, manual writes)."""
     states = []
+    maintained: int | None = None  # the newest version while only file maintenance is seen
+    unchanged = True  # no commit but file maintenance seen yet: the rows are those of the next state
     for entry in entries:
         decoded = decode(entry.user_metadata)
         if decoded is not None:
-            states.append(CommittedState(decoded[0], decoded[1], entry.version))
+            rows_version = maintained if unchanged and maintained is not None else entry.version
+            states.append(CommittedState(decoded[0], decoded[1], entry.version, rows_version))
+            unchanged = False
+        elif unchanged and entry.operation in FILE_MAINTENANCE:
+            maintained = entry.version if maintained is None else maintained
+        else:
+            unchanged = False
     return states
 
 
@@ -83,4 +96,4 @@ def read_history(table: "FeedTable | str", limit: int | None = RECENT_HISTORY,
 def read_committed_state(table: "FeedTable | str") -> CommittedState:
     """The newest state committed to the table (an empty state for a new table)."""
     states = read_history(table)[1]
-    return states[0] if states else CommittedState(FeedState(), None, None)
+    return states[0] if states else CommittedState(FeedState(), None, None, None)

@@ -9,6 +9,7 @@ new keeps its latest materialization), and the checks run in the same step, afte
 import dagster as dg
 
 from .checks import feed_check_results, feed_check_specs
+from .maintenance import maintain_after_load
 from .loads import (BACKFILL_TAG, PARTITIONS_TAG, REBUILD_TAG, FeedBinding, active_partitions, failure, make_loader,
                     materializations, mirror_repairs)
 
@@ -83,6 +84,6 @@ def load(binding: FeedBinding, context: dg.AssetExecutionContext, config: LoadCo
                          event.partition)
         context.log_event(event)
     yield from feed_check_results(binding, context.instance, loader, loaded)
-    loader.sink.compact_if_due()
+    maintain_after_load(context, binding, loader.sink.table)
     if problem := failure(binding, reports.values()):
         raise problem

@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from feedapi_dagster.lakehouse.loader import LoadSettings
-from feedapi_dagster.lakehouse.sink import CompactionSettings
+from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
 from feedapi_dagster.lakehouse.spark import SparkSettings
 from feedapi_dagster.lakehouse.datasource import FeedSourceOptions
 from feedapi_dagster.protocol import EventFilter, FeedClient, RetryPolicy
@@ -52,7 +52,7 @@ class FeedConfig(_Strict):
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
     load: LoadSettings = Field(default_factory=LoadSettings)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
-    compaction: CompactionSettings = Field(default_factory=CompactionSettings)
+    maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
 
     @field_validator("name")
     @classmethod

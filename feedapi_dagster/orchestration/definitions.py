@@ -12,6 +12,7 @@ from .assets import build_feed_asset
 from .automation import build_discovery_sensor, build_load_schedule
 from .config import ProjectConfig
 from .loads import FeedBinding
+from .maintenance import build_maintenance_job, build_maintenance_schedule
 from .resources import SparkResource
 from .translator import FeedApiTranslator, FeedTranslatorData
 
@@ -41,10 +42,13 @@ def build_feedapi_definitions(
             executor_def=dg.in_process_executor,
             description=f"Loads partitions of feed `{feed.name}` (one run, many partitions).",
         )
+        maintenance = build_maintenance_job(binding)
         assets.append(asset)
-        jobs.append(job)
+        jobs.extend([job, maintenance])
         sensors.append(build_discovery_sensor(binding, job))
         schedules.append(build_load_schedule(binding, job))
+        if (maintenance_schedule := build_maintenance_schedule(binding, maintenance)) is not None:
+            schedules.append(maintenance_schedule)
     return dg.Definitions(
         assets=assets, jobs=jobs, sensors=sensors, schedules=schedules,
         resources={spark_resource_key: spark or SparkResource.from_settings(project.spark)},

@@ -83,21 +83,30 @@ def run_partitions(run: dg.DagsterRun, order: Sequence[str]) -> set[int]:
     return set()
 
 
+def runs_loading(instance: dg.DagsterInstance, binding: FeedBinding, exclude_run_id: str | None = None,
+                 runs: dg.RunsFilter = dg.RunsFilter(statuses=_ACTIVE)) -> list[dg.RunRecord]:
+    """Runs that load the feed (runs of its asset from a schedule, a sensor, a backfill or the UI),
+    by default those in progress."""
+    return [record for record in instance.get_run_records(runs)
+            if record.dagster_run.run_id != exclude_run_id and _loads(record.dagster_run, binding)]
+
+
+def _loads(run: dg.DagsterRun, binding: FeedBinding) -> bool:
+    return (run.tags.get(FEED_TAG) == binding.name or run.job_name == binding.job_name
+            or bool(run.asset_selection and binding.key in run.asset_selection))
+
+
 def active_partitions(instance: dg.DagsterInstance, binding: FeedBinding, exclude_run_id: str | None = None) -> set[int]:
-    """Partitions that runs in progress are loading (runs of the asset from a schedule, a sensor, a
-    backfill or the UI)."""
+    """Partitions that runs in progress are loading."""
     order = instance.get_dynamic_partitions(binding.partitions_name)
     busy: set[int] = set()
-    for run in instance.get_runs(dg.RunsFilter(statuses=_ACTIVE)):
-        if run.run_id != exclude_run_id and (run.tags.get(FEED_TAG) == binding.name or run.job_name == binding.job_name
-                                             or (run.asset_selection and binding.key in run.asset_selection)):
-            busy |= run_partitions(run, order)
+    for record in runs_loading(instance, binding, exclude_run_id):
+        busy |= run_partitions(record.dagster_run, order)
     return busy
 
 
 def make_loader(binding: FeedBinding, context: dg.OpExecutionContext) -> FeedLoader:
-    sink = DeltaSink(binding.table(context), run_id=context.run.run_id,
-                     compaction=binding.feed.compaction)
+    sink = DeltaSink(binding.table(context), run_id=context.run.run_id)
     return FeedLoader(binding.feed.source(), sink, binding.feed.load, logger=context.log)
 
 

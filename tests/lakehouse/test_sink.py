@@ -7,7 +7,7 @@ import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults
 from feedapi_dagster.lakehouse.loader import LoadSettings
-from feedapi_dagster.lakehouse.sink import CompactionSettings, PartitionConflict
+from feedapi_dagster.lakehouse.sink import PartitionConflict
 from feedapi_dagster.lakehouse.state import read_committed_state
 from feedapi_dagster.protocol import EventFilter
 
@@ -185,24 +185,6 @@ def test_concurrent_loads_of_different_partitions_both_commit(spark, make_loader
     _assert_the_table_holds_the_feed(spark, table_path, feed)
     for partition in (0, 1):
         assert state.get(partition).position == len(feed.published(partition))
-
-
-@LOG_READERS
-def test_compaction_runs_when_small_commits_pile_up(spark, make_loader, make_sink, table_path):
-    feed = DemoFeed(partitions=1, events=20, seed=10)
-    with DemoFeedServer(feed, dialect="draft") as server:
-        loader = make_loader(server)
-        sink = make_sink(compaction=CompactionSettings(every_commits=5))
-        loader.sink = sink
-        for _ in range(5):
-            feed.append(3, partition=0)
-            loader.sync()
-        files_before = spark.sql(f"DESCRIBE DETAIL delta.`{table_path}`").collect()[0]["numFiles"]
-        assert sink.compact_if_due()
-        assert not sink.compact_if_due()  # just ran
-    assert spark.sql(f"DESCRIBE DETAIL delta.`{table_path}`").collect()[0]["numFiles"] < files_before
-    assert payloads(spark, table_path, 0) == feed.published(0)
-    assert read_committed_state(table_path).state.get(0).position == len(feed.published(0))
 
 
 def test_a_409_mid_read_rediscovers_and_goes_on_from_the_last_page_read(spark, make_loader, table_path):
