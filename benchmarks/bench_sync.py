@@ -9,14 +9,16 @@ through Dagster on the embedded Spark Connect server, cold and warm.
 Needs the `bench` extra (dlt) and the Delta jars (`make setup`); benchmarks/README.md says what each
 line measures. In order: the bundled demo feed in its own process (generated once, read by all); raw
 HTTP reads (a plain loop, then `--threads` threads); dlt into Delta (`dlt_load.py`, its own process);
-the Spark Connect server started (timed); then `--repeat` + 1 scheduled syncs through Dagster, each
-into a fresh deployment (feeds file, lakehouse, DAGSTER_HOME with the project's dagster.yaml,
-partitions registered as the discovery sensor does: untimed), timed from the schedule's tick to the
-exit of the `dagster api execute_run` process: the first on the new server is cold, the others warm.
-Each run is checked (rows, materializations) and cut into stages from its events and log lines
-(`run_hooks/sitecustomize.py`). Peak memory of every process. Everything started here is stopped at
-the end. Exit status 0 when the median warm sync runs at >= 1.5x dlt's events/s, 2 when not, 1 on
-errors.
+the Spark Connect server started (timed); then `--repeat` + 1 scheduled loads through Dagster, each
+into a fresh deployment (a code location `definitions.py` calling `build_feedapi_definitions` on a
+`project.json` with one feed `bench`, the lakehouse, a DAGSTER_HOME with the dagster.yaml
+feedapi-dagster ships, partitions registered as the discovery sensor does: untimed), timed from the
+schedule's tick to the exit of the `dagster api execute_run` process running `feedapi_bench_load` (a
+fresh interpreter loading the code location, as with Dagster's default run launcher): the first on the
+new server is cold, the others warm. Each run is checked (rows, materializations) and cut into stages
+from its events and log lines (`run_hooks/sitecustomize.py`), its start-up (process start to
+STEP_START) in parts. Peak memory of every process. Everything started here is stopped at the end.
+Exit status 0 when the median warm sync runs at >= 1.5x dlt's events/s, 2 when not, 1 on errors.
 """
 from __future__ import annotations
 
@@ -143,40 +145,63 @@ def run_dlt(url: str, page_size: int, work: Path, events: int, workers: int) -> 
 
 
 # ----------------------------------------------------------------------------- 4. Dagster
+# The code location of one deployment, written into its folder: what a user's project does with the
+# Python factory (`build_feedapi_definitions`), the feeds from `project.json` beside it.
+LOCATION = '''"""Code location of a bench_sync.py deployment: the feeds of project.json beside this file."""
+from pathlib import Path
+
+from feedapi_dagster.orchestration import ProjectConfig, build_feedapi_definitions
+
+defs = build_feedapi_definitions(ProjectConfig.model_validate_json(Path(__file__).with_name("project.json").read_text()))
+'''
+
+
 @dataclass
 class Setup:
     base: Path
     env: dict[str, str]
     project: object
+    binding: object
     defs: object
+    location: Path
     instance: object
 
 
 def prepare(base: Path, url: str, page_size: int, spark_port: int) -> Setup:
-    """A fresh deployment of the project: feeds file, DAGSTER_HOME, partitions registered (untimed)."""
-    import dagster as dg
-    import yaml
+    """A fresh deployment: the code location (definitions.py + project.json), DAGSTER_HOME with the
+    instance settings feedapi-dagster ships, the feed's partitions registered as the discovery sensor
+    registers them (untimed)."""
+    from importlib.resources import files
 
-    from feedapi_dagster.orchestration import build_definitions, load_config
+    import dagster as dg
+
+    from feedapi_dagster.lakehouse.spark import SparkSettings
+    from feedapi_dagster.orchestration import (SPARK_RESOURCE_KEY, FeedApiTranslator, FeedConfig, FeedTranslatorData,
+                                               ProjectConfig, build_feedapi_definitions)
     from feedapi_dagster.orchestration.automation import register_discovered_partitions
+    from feedapi_dagster.orchestration.loads import FeedBinding
 
     home = base / "dagster_home"
     home.mkdir(parents=True)
-    shutil.copy(ROOT / "dagster_project" / "dagster.yaml", home / "dagster.yaml")
-    config = base / "feeds.yaml"
-    config.write_text(yaml.safe_dump({
-        "lakehouse": str(base / "lakehouse"),
-        "spark": {"mode": "embedded", "port": spark_port},
-        "feeds": [{"name": "bench", "url": url, "dialect": "published", "page_size_hint": page_size}],
-    }, sort_keys=False))
-    os.environ.update(FEEDAPI_DAGSTER_CONFIG=str(config), DAGSTER_HOME=str(home))
+    # Dagster's default run launcher and coordinator, the `concurrency` block (pools) of a deployment
+    (home / "dagster.yaml").write_text((files("feedapi_dagster.demo") / "dagster.yaml").read_text())
+    project = ProjectConfig(lakehouse=str(base / "lakehouse"), spark=SparkSettings(mode="embedded", port=spark_port),
+                            feeds=[FeedConfig(name="bench", url=url, dialect="published", page_size_hint=page_size)])
+    location = base / "location"
+    location.mkdir()
+    (location / "project.json").write_text(project.model_dump_json(exclude_defaults=True, indent=2))
+    (location / "definitions.py").write_text(LOCATION)
+    os.environ["DAGSTER_HOME"] = str(home)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE / "run_hooks"),
                                                                      os.environ.get("PYTHONPATH")]))}
-    env.pop("FEEDAPI_LAKEHOUSE", None)
-    project = load_config(config)
+    feed = project.feeds[0]
+    key = FeedApiTranslator().get_asset_spec(FeedTranslatorData(feed, project.table_path(feed))).key
+    binding = FeedBinding(project, feed, key, SPARK_RESOURCE_KEY)
     instance = dg.DagsterInstance.get()
-    register_discovered_partitions(instance, project.feeds[0])
-    return Setup(base, env, project, build_definitions(project), instance)
+    register_discovered_partitions(instance, binding)
+    # the bench process evaluates the schedule and creates the run from the same definitions the
+    # code location builds (the run process loads them from definitions.py)
+    return Setup(base, env, project, binding, build_feedapi_definitions(project), location, instance)
 
 
 @dataclass
@@ -184,29 +209,33 @@ class Run:
     line: Line
     stages: dict[str, float] = field(default_factory=dict)
     cpu: dict[str, float] = field(default_factory=dict)
+    startup: dict[str, float] = field(default_factory=dict)
 
 
 def run_sync(setup: Setup, name: str, events: int, spark_pid: int) -> Run:
-    """The schedule's tick and the run it requests, in a `dagster api execute_run` process; checked."""
+    """The schedule's tick and the run of `feedapi_bench_load` it requests, in a `dagster api execute_run`
+    process (a fresh interpreter that loads the code location, as Dagster's default run launcher
+    starts a run); checked."""
     import dagster as dg
     from dagster._core.definitions.reconstruct import ReconstructableRepository
     from dagster._grpc.types import ExecuteRunArgs
     from dagster._serdes import serialize_value
 
-    feed = setup.project.feeds[0]
-    job_name = f"feedapi_{feed.name}_sync"
+    binding = setup.binding
+    job_name = binding.job_name
     instance = setup.instance
     spark_cpu = tree_cpu(spark_pid)
     tick_started = time.perf_counter()
-    schedule = setup.defs.resolve_schedule_def(f"feedapi_{feed.name}_schedule")
+    schedule = setup.defs.resolve_schedule_def(f"feedapi_{binding.name}_schedule")
     with dg.build_schedule_context(instance=instance) as context:
         data = schedule.evaluate_tick(context)
     if not data.run_requests:
         raise RuntimeError(f"the schedule requested no run: {data.skip_message}")
     request = data.run_requests[0]
-    origin = (ReconstructableRepository.for_module("dagster_project.definitions", "defs", working_directory=str(ROOT))
+    origin = (ReconstructableRepository.for_file(str(setup.location / "definitions.py"), "defs",
+                                                 working_directory=str(setup.location))
               .get_reconstructable_job(job_name).get_python_origin())
-    run = instance.create_run_for_job(setup.defs.get_job_def(job_name), run_config=dict(request.run_config),
+    run = instance.create_run_for_job(setup.defs.resolve_job_def(job_name), run_config=dict(request.run_config),
                                       tags={**request.tags, "dagster/schedule_name": schedule.name},
                                       job_code_origin=origin)
     args = ExecuteRunArgs(job_origin=run.job_code_origin, run_id=run.run_id, instance_ref=instance.get_ref(),
@@ -216,7 +245,7 @@ def run_sync(setup: Setup, name: str, events: int, spark_pid: int) -> Run:
     with open(log_path, "wb") as log:
         started = time.time()
         proc = subprocess.Popen([str(BIN / "dagster"), "api", "execute_run", serialize_value(args)], env=setup.env,
-                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                cwd=setup.location, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         code, rss, cpu = wait_with_usage(proc)
         ended = time.time()
     if code != 0 or not instance.get_run_by_id(run.run_id).is_success:
@@ -228,27 +257,38 @@ def run_sync(setup: Setup, name: str, events: int, spark_pid: int) -> Run:
     result = Run(Line(name, seconds, events, rss, f"run process {ended - started:.2f} s"),
                  cpu={"run process": cpu, "Spark server JVM": jvm - spark_cpu[0],
                       "Spark's Python workers (below the JVM)": workers - spark_cpu[1]})
-    result.stages = stages(instance, run.run_id, log_path, tick, started, ended)
+    result.stages, result.startup = stages(instance, run.run_id, log_path, tick, started, ended)
+    if STARTUP in result.stages:
+        result.line.notes += f", run start-up {result.stages[STARTUP]:.2f} s"
     return result
 
 
 def verify(setup: Setup, run_id: str, events: int) -> None:
-    """All events in the table, one materialization per partition, the staged read removed."""
+    """All events in the table, one materialization per partition, the staged read removed, the run
+    tagged with every partition."""
     from deltalake import DeltaTable
 
-    path = Path(setup.project.table_path(setup.project.feeds[0]))
+    path = Path(setup.binding.table_path)
     rows = DeltaTable(str(path)).to_pyarrow_dataset().count_rows()
-    partitions = setup.instance.get_dynamic_partitions("feedapi_bench")
+    partitions = setup.instance.get_dynamic_partitions(setup.binding.partitions_name)
     materialized = [e for e in setup.instance.all_logs(run_id)
                     if e.dagster_event is not None and e.dagster_event.event_type_value == "ASSET_MATERIALIZATION"]
     staged = list((path / "_feedapi_staging").glob("load-*"))
-    if rows != events or len(materialized) != len(partitions) or staged:
+    listed = setup.instance.get_run_by_id(run_id).tags.get("feedapi/partitions", "")
+    if rows != events or len(materialized) != len(partitions) or staged or set(listed.split(",")) != set(partitions):
         raise RuntimeError(f"run {run_id}: {rows} rows (expected {events}), {len(materialized)} materializations "
-                           f"for {len(partitions)} partitions, staged reads left: {staged}")
+                           f"for {len(partitions)} partitions, staged reads left: {staged}, tag feedapi/partitions "
+                           f"{listed!r}")
 
 
-def stages(instance, run_id: str, log_path: Path, tick: float, started: float, ended: float) -> dict[str, float]:
-    """The run's wall time in consecutive stages, from Dagster's event timestamps and the run's log lines."""
+STARTUP = "process start, imports, Dagster run start-up"
+
+
+def stages(instance, run_id: str, log_path: Path, tick: float, started: float,
+           ended: float) -> tuple[dict[str, float], dict[str, float]]:
+    """The run's wall time in consecutive stages, from Dagster's event timestamps, the run's log lines
+    and the marks of run_hooks/sitecustomize.py; and the run start-up (process start to STEP_START) in
+    parts. A stage whose mark is missing is merged into the one before it."""
     events = {}
     marks: dict[str, float] = {}
     for entry in instance.all_logs(run_id):
@@ -271,22 +311,39 @@ def stages(instance, run_id: str, log_path: Path, tick: float, started: float, e
             if message.startswith("mark "):
                 words = message.split()
                 marks.setdefault(f"{words[1]} {words[2]}", float(at))
-    if not {"STEP_START", "STEP_SUCCESS"} <= events.keys() or len(marks) < 7:
-        return {}
-    points = [("process start, imports, Dagster run start-up", started),
+    if not {"STEP_START", "STEP_SUCCESS"} <= events.keys():
+        return {}, {}
+    points = [(STARTUP, started),
               ("Spark client: pyspark import + Connect session", events["STEP_START"]),
-              ("feedapi data source registered in the session", marks["connect end"]),
-              ("table check/creation (CREATE TABLE IF NOT EXISTS)", marks["table start"]),
-              ("discovery, planning (Delta log read by delta-rs)", marks["table end"]),
-              ("Spark job 1: feed read, staged as Parquet", marks["stage start"]),
-              ("checkpoint rows read (end cursors)", marks["stage end"]),
-              ("commit job (Delta write) + history check", marks["ends read"]),
-              ("Dagster: materializations, mirror check, compaction check", marks["commit end"]),
-              ("Dagster run end, process exit", events["STEP_SUCCESS"]),
+              ("feedapi data source registered in the session", marks.get("connect end")),
+              ("table check/creation (CREATE TABLE IF NOT EXISTS)", marks.get("table start")),
+              ("discovery, planning (Delta log read by delta-rs)", marks.get("table end")),
+              ("Spark job 1: feed read, staged as Parquet", marks.get("stage start")),
+              ("checkpoint rows read (end cursors)", marks.get("stage end")),
+              ("commit job (Delta write) + history check", marks.get("ends read")),
+              ("Dagster: materializations, mirror check", marks.get("commit end")),
+              ("asset checks (positions, duplicate ids, cursor mirror)", marks.get("checks start")),
+              ("maintenance check (OPTIMIZE/VACUUM due?)", marks.get("maintenance start")),
+              ("Dagster step end, run end (to RUN_SUCCESS)", marks.get("maintenance end")),
+              ("process exit: Dagster's teardown, exit hooks", events.get("RUN_SUCCESS")),
+              ("process exit: interpreter teardown", marks.get("exit hooks")),
               ("", ended)]
+    points = [(label, at) for label, at in points if at is not None]
     result = {"schedule tick (evaluation, run created; bench process)": tick}
     result.update({label: max(0.0, points[i + 1][1] - at) for i, (label, at) in enumerate(points[:-1])})
-    return result
+    # the start-up in parts: the interpreter (until sitecustomize runs), `dagster api execute_run`'s own
+    # imports (until the code location imports feedapi_dagster), the code location loaded (imports of
+    # feedapi_dagster, dagster-pyspark, pyspark's modules it needs; the definitions built), Dagster's run
+    # start (instance, run and plan until RUN_START, then the step's start)
+    parts = [("interpreter start (until sitecustomize)", started),
+             ("dagster CLI imports (until the code location loads)", marks.get("python start")),
+             ("code location load (imports, definitions built)", marks.get("location start")),
+             ("Dagster run start (instance, run, plan: to RUN_START)", marks.get("definitions end")),
+             ("RUN_START to STEP_START (resources, step start)", events.get("RUN_START")),
+             ("", events["STEP_START"])]
+    parts = [(label, at) for label, at in parts if at is not None]
+    startup = {label: max(0.0, parts[i + 1][1] - at) for i, (label, at) in enumerate(parts[:-1])}
+    return result, startup
 
 
 def start_spark(port: int, work: Path):
@@ -322,10 +379,17 @@ def report(args: argparse.Namespace, lines: list[Line], runs: list[Run], watch: 
 
     print("\nWhere a run's time goes (seconds; consecutive stages adding up to the run's figure; the log "
           "lines round to 0.1 s):")
-    print(f"  {'':<58}" + "".join(f"{'cold' if i == 0 else f'warm #{i}':>9}" for i in range(len(runs))))
-    for label in runs[0].stages or (runs[-1].stages):
+    header = f"  {'':<58}" + "".join(f"{'cold' if i == 0 else f'warm #{i}':>9}" for i in range(len(runs)))
+    print(header)
+    for label in dict.fromkeys(label for run in runs for label in run.stages):
         print(f"  {label:<58}" + "".join(f"{run.stages.get(label, float('nan')):9.2f}" for run in runs))
     print(f"  {'total':<58}" + "".join(f"{run.line.seconds:9.2f}" for run in runs))
+    print(f"\nRun start-up ('{STARTUP}': process start to STEP_START; Dagster's default launcher, no fork "
+          "server), in parts:")
+    print(header)
+    for label in dict.fromkeys(label for run in runs for label in run.startup):
+        print(f"  {label:<58}" + "".join(f"{run.startup.get(label, float('nan')):9.2f}" for run in runs))
+    print(f"  {'run start-up':<58}" + "".join(f"{run.stages.get(STARTUP, float('nan')):9.2f}" for run in runs))
     print("CPU seconds during each run:")
     for key in runs[0].cpu:
         print(f"  {key:<58}" + "".join(f"{run.cpu[key]:9.1f}" for run in runs))
