@@ -24,6 +24,7 @@ import dagster as dg
 import feedapi_dagster.demo
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
 from feedapi_dagster.lakehouse.delta import FeedTable
+from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
 from feedapi_dagster.lakehouse.spark import DEFAULT_PORT, SparkSettings, ensure_embedded_server
 from feedapi_dagster.lakehouse.state import read_committed_state
 
@@ -43,7 +44,8 @@ def demo_project(root: Path, feed_port: int = DEMO_FEED_PORT, spark_port: int = 
     (the same settings as this repository's `dagster_project/defs/demo_feed/defs.yaml`)."""
     feed = FeedConfig(name="demo", url=f"http://127.0.0.1:{feed_port}/feed", page_size_hint=1000,
                       schedule=ScheduleConfig(cron="* * * * *", enabled=True, discovery_enabled=True,
-                                              discovery_interval_seconds=30))
+                                              discovery_interval_seconds=30),
+                      maintenance=MaintenanceSettings(cron="0 3 * * *", time_travel_hours=168))
     return ProjectConfig(lakehouse=str(root / "lakehouse"), spark=SparkSettings(mode="embedded", port=spark_port),
                          feeds=[feed])
 

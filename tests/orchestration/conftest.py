@@ -4,6 +4,7 @@ import dagster as dg
 import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
+from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
 from feedapi_dagster.lakehouse.spark import SparkSettings
 from feedapi_dagster.orchestration import (SPARK_RESOURCE_KEY, FeedConfig, ProjectConfig, SparkResource,
                                           build_feedapi_definitions)
@@ -91,7 +92,8 @@ def harness(spark, instance, tmp_path, request):
     with DemoFeedServer(feed, dialect=options.get("dialect", "published")) as server:
         feed_config = FeedConfig(name="orders", url=server.url, page_size_hint=40,
                                  retry=RetryPolicy(base_delay=0.001, max_delay=0.01),
-                                 schedule=ScheduleConfig(rebuild_on_split=options.get("rebuild_on_split", False)))
+                                 schedule=ScheduleConfig(rebuild_on_split=options.get("rebuild_on_split", False)),
+                                 maintenance=MaintenanceSettings(**options.get("maintenance", {})))
         project = ProjectConfig(lakehouse=str(tmp_path / "lakehouse"), spark=SparkSettings(mode="local"),
                                 feeds=[feed_config])
         defs = build_feedapi_definitions(project, spark=SparkResource(mode="local"))
