@@ -16,23 +16,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import dagster as dg
-import yaml
 from dagster._core.instance.ref import InstanceRef
 from deltalake import DeltaTable
 
+import feedapi_dagster.demo
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults
-from feedapi_dagster.lakehouse.spark import ensure_embedded_server, find_free_port
+from feedapi_dagster.lakehouse.loader import LoadSettings
+from feedapi_dagster.lakehouse.spark import SparkSettings, ensure_embedded_server, find_free_port
 from feedapi_dagster.lakehouse.state import decode
-from feedapi_dagster.orchestration import build_definitions, load_config
-from feedapi_dagster.orchestration.automation import DiscoveryCursor, evaluate_discovery, sync_request
-from feedapi_dagster.orchestration.loads import latest_metadata_by_partition
+from feedapi_dagster.orchestration import (SPARK_RESOURCE_KEY, FeedApiTranslator, FeedConfig, FeedTranslatorData,
+                                          ProjectConfig, build_feedapi_definitions)
+from feedapi_dagster.orchestration.automation import DiscoveryCursor, evaluate_discovery, load_request
+from feedapi_dagster.orchestration.loads import FeedBinding, latest_metadata_by_partition
 from feedapi_dagster.planning import FeedState
-from feedapi_dagster.protocol import FeedClient
+from feedapi_dagster.protocol import FeedClient, RetryPolicy
 
 from ..spark_processes import connect_server_pid, kill, python_workers
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_JOB = Path(__file__).with_name("run_job.py")
+INSTANCE_TEMPLATE = Path(feedapi_dagster.demo.__file__).with_name("dagster.yaml")
+# the env var through which run_job.py finds the project (a JSON-dumped ProjectConfig) of its runs
+PROJECT_ENV = "CHAOS_PROJECT_JSON"
 MAX_PARTITIONS = 10
 # Each step is one publisher action, then one consumer action. action: weight
 PUBLISHER_ACTIONS = {"append": 5, "close": 1, "split_method1": 1, "split_method2": 1, "rotate_token": 1}
@@ -70,22 +75,27 @@ class ChaosRun:
         self.spark = ensure_embedded_server(spark_port or find_free_port(), work_dir=work_dir / "spark")
         home = work_dir / "dagster_home"
         home.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / "dagster_project" / "dagster.yaml", home / "dagster.yaml")
-        config_path = work_dir / "feeds.yaml"
-        config_path.write_text(yaml.safe_dump({
-            "lakehouse": str(work_dir / "lakehouse"),
-            "spark": {"mode": "embedded", "port": self.spark.port},
-            "feeds": [{"name": "chaos", "url": self.server.url, "page_size_hint": 50,
-                       "retry": {"max_attempts": 30, "base_delay": 0.01, "max_delay": 0.2},
-                       "load": {"max_events_per_partition": 150}}],
-        }))
-        self.env = {**os.environ, "DAGSTER_HOME": str(home), "FEEDAPI_DAGSTER_CONFIG": str(config_path)}
+        shutil.copy(INSTANCE_TEMPLATE, home / "dagster.yaml")
+        self.config = ProjectConfig(
+            lakehouse=str(work_dir / "lakehouse"),
+            spark=SparkSettings(mode="embedded", port=self.spark.port),
+            feeds=[FeedConfig(name="chaos", url=self.server.url, page_size_hint=50,
+                              retry=RetryPolicy(max_attempts=30, base_delay=0.01, max_delay=0.2),
+                              load=LoadSettings(max_events_per_partition=150))],
+        )
+        project_path = work_dir / "project.json"
+        project_path.write_text(self.config.model_dump_json())
+        # the runs' processes rebuild the very same project from this file
+        assert ProjectConfig.model_validate_json(project_path.read_text()) == self.config
+        self.env = {**os.environ, "DAGSTER_HOME": str(home), PROJECT_ENV: str(project_path)}
         self.env.pop("FEEDAPI_LAKEHOUSE", None)
-        self.config = load_config(config_path)
         self.feed_config = self.config.feeds[0]
         self.table = self.config.table_path(self.feed_config)
         self.instance = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home)))
-        self.defs = build_definitions(self.config)
+        self.defs = build_feedapi_definitions(self.config)
+        spec = FeedApiTranslator().get_asset_spec(FeedTranslatorData(self.feed_config, self.table))
+        self.binding = FeedBinding(self.config, self.feed_config, spec.key, SPARK_RESOURCE_KEY)
+        self.pool = self.defs.get_assets_def(spec.key).op.pool  # one load of the feed at a time
         self.sensor_cursor: str | None = None
         self.log = (work_dir / "runs.log").open("ab")
 
@@ -160,41 +170,52 @@ class ChaosRun:
     # ------------------------------------------------------------------ consumer actions
     def _sensor(self) -> None:
         info = self._discovery()
-        result = evaluate_discovery(self.feed_config, info, DiscoveryCursor.parse(self.sensor_cursor))
+        known = self.instance.get_dynamic_partitions(self.binding.partitions_name)
+        result = evaluate_discovery(self.binding, info, DiscoveryCursor.parse(self.sensor_cursor), known)
         self.sensor_cursor = result.cursor
         for request in result.dynamic_partitions_requests or []:
             self.instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
         for request in result.run_requests:
-            self._launch({"kind": "sync", "run_config": request.run_config, "tags": request.tags})
+            self._launch(self._load_spec(request))
 
     def _schedule(self) -> None:
         schedule = self.defs.resolve_schedule_def("feedapi_chaos_schedule")
         with dg.build_schedule_context(instance=self.instance) as context:
             for request in schedule.evaluate_tick(context).run_requests or []:
-                self._launch({"kind": "sync", "run_config": request.run_config, "tags": request.tags})
+                self._launch(self._load_spec(request))
 
     def _backfill(self) -> None:
         closed = [p.id for p in self._discovery().partitions if p.closed]
         if closed:
             partition = str(self.rng.choice(closed))
-            self.instance.add_dynamic_partitions("feedapi_chaos", [partition])
+            self.instance.add_dynamic_partitions(self.binding.partitions_name, [partition])
             self._launch({"kind": "asset", "partition": partition, "tags": {"dagster/backfill": f"chaos-{partition}"}})
 
     def _rebuild(self) -> None:
         live = [p.id for p in self._discovery().partitions]
         chosen = self.rng.sample(live, k=min(len(live), self.rng.randint(1, 2)))
-        request = sync_request(self.feed_config, [], f"chaos-rebuild-{time.time()}", rebuild=chosen)
-        self._launch({"kind": "sync", "run_config": request.run_config, "tags": request.tags})
+        request = self._load_request(chosen, f"chaos-rebuild-{time.time()}", rebuild=chosen)
+        self._launch(self._load_spec(request))
 
     def _same_partition_twice(self) -> None:
         partition = self.rng.choice([p.id for p in self._discovery().partitions])
-        self.instance.add_dynamic_partitions("feedapi_chaos", [str(partition)])
-        request = sync_request(self.feed_config, [partition], f"chaos-twice-{time.time()}")
-        self._launch({"kind": "sync", "run_config": request.run_config, "tags": request.tags},
-                     {"kind": "asset", "partition": str(partition), "tags": {}})
+        request = self._load_request([partition], f"chaos-twice-{time.time()}")
+        self._launch(self._load_spec(request), {"kind": "asset", "partition": str(partition), "tags": {}})
+
+    def _load_request(self, partitions: list[int], reason: str, rebuild: list[int] = ()) -> dg.RunRequest:
+        """A run of the asset over `partitions` (registered as dynamic partitions first, as the
+        sensor would, should discovery have shown them since its last tick)."""
+        self.instance.add_dynamic_partitions(self.binding.partitions_name, [str(p) for p in partitions])
+        order = self.instance.get_dynamic_partitions(self.binding.partitions_name)
+        return load_request(self.binding, partitions, reason, order, rebuild=rebuild)
+
+    @staticmethod
+    def _load_spec(request: dg.RunRequest) -> dict:
+        return {"kind": "load", "run_config": request.run_config, "tags": request.tags}
 
     # ------------------------------------------------------------------ runs in their own processes
     def _launch(self, *specs: dict, kill: bool | None = None) -> None:
+        self._check_pool()
         version = self._table_version()
         processes = [subprocess.Popen([sys.executable, str(RUN_JOB), json.dumps(spec)], env=self.env, cwd=ROOT,
                                       stdout=self.log, stderr=subprocess.STDOUT) for spec in specs]
@@ -206,9 +227,15 @@ class ChaosRun:
                 self._kill_python_workers_later(processes)
             else:
                 self._kill_later(processes, how, version)
-        for process in processes:
-            code = process.wait(timeout=600)
-            self.tally.runs["killed" if code == -signal.SIGKILL else "succeeded" if code == 0 else "failed"] += 1
+        try:
+            for process in processes:
+                code = process.wait(timeout=600)
+                self.tally.runs["killed" if code == -signal.SIGKILL else "succeeded" if code == 0 else "failed"] += 1
+        finally:  # a run that timed out does not outlive the chaos run
+            for process in processes:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
         self._fail_dead_runs()
 
     def _kill_later(self, processes: list[subprocess.Popen], how: str, version: int | None) -> None:
@@ -233,17 +260,36 @@ class ChaosRun:
             self.tally.kills["python_worker_pids"] += len(kill(python_workers(jvm), signal.SIGKILL))
 
     def _fail_dead_runs(self) -> None:
-        """What run monitoring does for a run whose process died: mark it failed."""
+        """What the daemon's run monitoring does for a run whose process died: mark it failed, and,
+        if the instance sets `run_monitoring.free_slots_after_run_end_seconds`, free the concurrency
+        slots it held (here at once, not that many seconds later)."""
+        free_slots = self.instance.run_monitoring_settings.get("free_slots_after_run_end_seconds")
         for run in self.instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED,
                                                                   dg.DagsterRunStatus.STARTING])):
             self.instance.report_run_failed(run)
+            if free_slots:
+                self.instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
+
+    def _check_pool(self) -> None:
+        """Every load waits for a slot of the feed's pool: a slot still held by a finished run (its
+        process was killed) would keep every later load of the feed waiting forever."""
+        info = self.instance.event_log_storage.get_concurrency_info(self.pool)
+        holders = info.active_run_ids | info.assigned_run_ids
+        finished = sorted(run.run_id for run in self.instance.get_runs(dg.RunsFilter(run_ids=list(holders)))
+                          if run.is_finished) if holders else []
+        if finished:
+            raise InvariantBroken(
+                f"seed {self.seed}: pool {self.pool} (limit {info.limit}): slots held by finished runs {finished} "
+                "(killed); every later load of the feed would wait for them forever")
 
     def catch_up(self) -> None:
         """No faults, no kills: runs until every live partition holds everything published."""
         self.server.faults = None
         for _ in range(3):
             self._sensor_no_kill()
-            self._launch({"kind": "sync", "run_config": {}, "tags": {}}, kill=False)
+            # a run of every live partition (drained ones included): what an empty sync used to load
+            live = [p.id for p in self._discovery().partitions]
+            self._launch(self._load_spec(self._load_request(live, f"chaos-catch-up-{time.time()}")), kill=False)
 
     def _sensor_no_kill(self) -> None:
         saved, self.kill_rate = self.kill_rate, 0.0
@@ -318,7 +364,7 @@ class ChaosRun:
             problems.append(f"event ids stored twice: {repeated[:5]}")
         problems += self._method1_order(table, live)
         if final:
-            latest = latest_metadata_by_partition(self.instance, self.feed_config, [str(p) for p in state.partitions])
+            latest = latest_metadata_by_partition(self.instance, self.binding, [str(p) for p in state.partitions])
             for partition, committed in state.partitions.items():
                 mirrored = latest.get(str(partition), {})
                 if partition in live and mirrored.get("cursor") != committed.cursor:

@@ -1,6 +1,6 @@
-"""Discovery, a sync, a method-2 split and a backfill through Dagster, on a Spark cluster reached over
-Spark Connect (`spark.mode: remote`). Runs in its own process: a Connect client cannot share a process
-with the tests' classic Spark session.
+"""Discovery, loads (runs of the feed's asset), a method-2 split and a backfill through Dagster, on
+a Spark cluster reached over Spark Connect (`spark.mode: remote`). Runs in its own process: a Connect
+client cannot share a process with the tests' classic Spark session.
 
     python cluster_flow.py FEED_URL LAKEHOUSE SPARK_CONNECT_URL DAGSTER_HOME
 
@@ -13,7 +13,7 @@ import dagster as dg
 import requests
 
 from feedapi_dagster.lakehouse.spark import SparkSettings
-from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, SparkResource, build_definitions
+from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, SparkResource, build_feedapi_definitions
 from feedapi_dagster.protocol import RetryPolicy
 from tests.orchestration.conftest import Harness
 
@@ -25,7 +25,7 @@ def main() -> None:
                       retry=RetryPolicy(base_delay=0.01, max_delay=0.1))
     spark = SparkSettings(mode="remote", remote=remote)
     project = ProjectConfig(lakehouse=lakehouse, spark=spark, feeds=[feed])
-    defs = build_definitions(project, spark=SparkResource.from_settings(spark))
+    defs = build_feedapi_definitions(project, spark=SparkResource.from_settings(spark))
     outcome: dict = {"runs": []}
     with dg.instance_for_test(temp_dir=home) as instance:
         harness = Harness(None, None, project, defs, instance)

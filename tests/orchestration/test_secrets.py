@@ -2,11 +2,14 @@
 import os
 from pathlib import Path
 
+import dagster as dg
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
 from feedapi_dagster.lakehouse.spark import SparkSettings
-from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, SparkResource, build_definitions
-from feedapi_dagster.orchestration.automation import DiscoveryCursor, evaluate_discovery
+from feedapi_dagster.orchestration import (SPARK_RESOURCE_KEY, FeedConfig, ProjectConfig, SparkResource,
+                                          build_feedapi_definitions)
+from feedapi_dagster.orchestration.automation import DiscoveryCursor, evaluate_discovery, load_request
+from feedapi_dagster.orchestration.loads import FeedBinding
 from feedapi_dagster.protocol import FeedAPIError
 
 TOKEN = "tok-9f8e7d6c5b4a-secret"
@@ -31,17 +34,22 @@ def test_the_token_never_leaks(spark, spark_work_dir, instance, tmp_path, monkey
         config = FeedConfig(name="orders", url=server.url, token_env="ORDERS_TOKEN")
         project = ProjectConfig(lakehouse=str(tmp_path / "lakehouse"), spark=SparkSettings(mode="local"),
                                 feeds=[config])
-        defs = build_definitions(project, spark=SparkResource(mode="local"))
-        result = evaluate_discovery(config, config.client().discover(), DiscoveryCursor())
+        defs = build_feedapi_definitions(project, spark=SparkResource(mode="local"))
+        binding = FeedBinding(project, config, dg.AssetKey(["feedapi", "orders"]), SPARK_RESOURCE_KEY)
+        job = defs.resolve_job_def("feedapi_orders_load")
+        known = instance.get_dynamic_partitions(binding.partitions_name)
+        result = evaluate_discovery(binding, config.client().discover(), DiscoveryCursor(), known)
         for request in result.dynamic_partitions_requests:
             instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
-        run = defs.get_job_def("feedapi_orders_sync").execute_in_process(
+        run = job.execute_in_process(
             run_config=result.run_requests[0].run_config, instance=instance, tags=result.run_requests[0].tags)
         assert run.success
         # a refused token: the failure is visible, the token is not
         monkeypatch.setenv("ORDERS_TOKEN", TOKEN + "-wrong")
-        failed = defs.get_job_def("feedapi_orders_sync").execute_in_process(
-            instance=instance, raise_on_error=False)
+        order = instance.get_dynamic_partitions(binding.partitions_name)
+        again = load_request(binding, [0, 1], "wrong-token", order)
+        failed = job.execute_in_process(run_config=again.run_config, instance=instance, tags=again.tags,
+                                        raise_on_error=False)
         assert not failed.success
         errors = [e for e in failed.all_events if e.is_failure]
         assert errors and "not authorized (HTTP 401)" in str(errors[0].event_specific_data)
