@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -139,9 +140,15 @@ def _print_table(spark, table: FeedTable, instance: dg.DagsterInstance, binding:
           f"are in DAGSTER_HOME={home} (see them with `feedapi-dagster dev`).")
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def run_dev(args: argparse.Namespace) -> int:
     root = Path.cwd()
     dagster_home(root)
+    # stopped by a supervisor (SIGTERM) as by Ctrl-C: `dagster dev`, the feed server and Spark stop too
+    signal.signal(signal.SIGTERM, _interrupt)
     extra = [a for a in args.dagster_args if a != "--"]
     if (root / "workspace.yaml").exists():
         target = ["-w", str(root / "workspace.yaml")]
@@ -150,9 +157,20 @@ def run_dev(args: argparse.Namespace) -> int:
     with demo_services(demo_project(root), args.events, args.partitions):
         command = [str(Path(sys.executable).with_name("dagster")), "dev", *target, *extra]
         print("running:", " ".join(command), flush=True)
-        process = subprocess.Popen(command, cwd=root)
+        # its own process group: stopped as a whole (webserver, daemon, code servers), as `timeout` would
+        process = subprocess.Popen(command, cwd=root, start_new_session=True)
         try:
             return process.wait()
         except KeyboardInterrupt:
-            process.terminate()
-            return process.wait()
+            return _stop_group(process)
+
+
+def _stop_group(process: subprocess.Popen, grace_seconds: float = 20) -> int:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        return process.wait(grace_seconds)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        return process.wait()
