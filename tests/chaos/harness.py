@@ -21,7 +21,9 @@ from deltalake import DeltaTable
 
 import feedapi_dagster.demo
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults
+from feedapi_dagster.lakehouse.delta import FILE_MAINTENANCE
 from feedapi_dagster.lakehouse.loader import LoadSettings
+from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
 from feedapi_dagster.lakehouse.spark import SparkSettings, ensure_embedded_server, find_free_port
 from feedapi_dagster.lakehouse.state import decode
 from feedapi_dagster.orchestration import (SPARK_RESOURCE_KEY, FeedApiTranslator, FeedConfig, FeedTranslatorData,
@@ -41,7 +43,8 @@ PROJECT_ENV = "CHAOS_PROJECT_JSON"
 MAX_PARTITIONS = 10
 # Each step is one publisher action, then one consumer action. action: weight
 PUBLISHER_ACTIONS = {"append": 5, "close": 1, "split_method1": 1, "split_method2": 1, "rotate_token": 1}
-CONSUMER_ACTIONS = {"sensor": 3, "schedule": 4, "backfill": 1, "rebuild": 1, "same_partition_twice": 1}
+CONSUMER_ACTIONS = {"sensor": 3, "schedule": 4, "backfill": 1, "rebuild": 1, "same_partition_twice": 1,
+                    "maintenance": 1}
 
 
 class InvariantBroken(AssertionError):
@@ -81,7 +84,11 @@ class ChaosRun:
             spark=SparkSettings(mode="embedded", port=self.spark.port),
             feeds=[FeedConfig(name="chaos", url=self.server.url, page_size_hint=50,
                               retry=RetryPolicy(max_attempts=30, base_delay=0.01, max_delay=0.2),
-                              load=LoadSettings(max_events_per_partition=150))],
+                              load=LoadSettings(max_events_per_partition=150),
+                              # OPTIMIZE and VACUUM often, with no time-travel window: only the
+                              # loads that may still write keep the files VACUUM would delete
+                              maintenance=MaintenanceSettings(optimize_every_commits=3, vacuum_every_commits=4,
+                                                              time_travel_hours=0))],
         )
         project_path = work_dir / "project.json"
         project_path.write_text(self.config.model_dump_json())
@@ -127,8 +134,14 @@ class ChaosRun:
         return (f"chaos seed={self.seed} feed={'at-least-once' if not self.feed.exactly_once else 'exactly-once'} "
                 f"published_events={sum(len(self.feed.published(p)) for p in self._all_partitions())} "
                 f"steps={dict(t.steps)} runs={dict(t.runs)} (under chaos: {getattr(self, 'chaos_runs', '?')}) "
-                f"kills={dict(t.kills)} "
+                f"kills={dict(t.kills)} maintenance_commits={self._maintenance_commits()} "
                 f"faults={dict(self.server.fault_counts)} invariant_checks={t.checks}")
+
+    def _maintenance_commits(self) -> dict[str, int]:
+        if self._table_version() is None:
+            return {}
+        return dict(Counter(c["operation"] for c in DeltaTable(self.table).history()
+                            if c.get("operation") in FILE_MAINTENANCE))
 
     # ------------------------------------------------------------------ publisher actions
     def _open(self) -> list[int]:
@@ -201,6 +214,12 @@ class ChaosRun:
         partition = self.rng.choice([p.id for p in self._discovery().partitions])
         request = self._load_request([partition], f"chaos-twice-{time.time()}")
         self._launch(self._load_spec(request), {"kind": "asset", "partition": str(partition), "tags": {}})
+
+    def _maintenance(self) -> None:
+        """The maintenance job (OPTIMIZE, VACUUM) launched beside a load of every live partition."""
+        live = [p.id for p in self._discovery().partitions]
+        request = self._load_request(live, f"chaos-maintenance-{time.time()}")
+        self._launch(self._load_spec(request), {"kind": "maintenance"})
 
     def _load_request(self, partitions: list[int], reason: str, rebuild: list[int] = ()) -> dg.RunRequest:
         """A run of the asset over `partitions` (registered as dynamic partitions first, as the

@@ -2,9 +2,11 @@
 
     python run_job.py '{"kind": "load", "run_config": {...}, "tags": {...}}'
     python run_job.py '{"kind": "asset", "partition": "3", "tags": {...}}'
+    python run_job.py '{"kind": "maintenance"}'
 
 `load`: a run of the feed's load job with the run config and tags of a `load_request(...)`;
-`asset`: a materialization of one partition of the feed's asset (a backfill, the UI).
+`asset`: a materialization of one partition of the feed's asset (a backfill, the UI);
+`maintenance`: a run of the feed's maintenance job (OPTIMIZE, VACUUM).
 Uses DAGSTER_HOME and CHAOS_PROJECT_JSON (a file holding the harness's `ProjectConfig` as JSON) from
 the environment.
 """
@@ -37,6 +39,9 @@ def main() -> int:
             result = dg.materialize([asset], partition_key=spec["partition"], instance=instance,
                                     resources={SPARK_RESOURCE_KEY: defs.resources[SPARK_RESOURCE_KEY]},
                                     tags=spec.get("tags") or {}, raise_on_error=False)
+        elif spec["kind"] == "maintenance":
+            result = defs.resolve_job_def(f"feedapi_{feed.name}_maintenance").execute_in_process(
+                instance=instance, raise_on_error=False)
         else:
             raise ValueError(f"unknown run kind {spec['kind']!r}")
     return 0 if result.success else 3
