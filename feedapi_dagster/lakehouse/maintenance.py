@@ -18,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .delta import FILE_MAINTENANCE, OPTIMIZE, VACUUM_END, VACUUM_START, FeedTable, HistoryEntry
 
+# what `maintain` runs (OPTIMIZE is also the operation's name in the Delta log; VACUUM logs two)
+VACUUM = "VACUUM"
 # a running load's start is known to the second or so, its Spark work goes on a little after it
 # reports; an hour more never hurts
 RUNNING_LOAD_MARGIN_HOURS = 1.0
@@ -62,13 +64,12 @@ class MaintenanceReport:
     retention_hours: float | None  # the retention VACUUM was given (None: no VACUUM)
     files_removed: int | None  # files VACUUM deleted (None: no VACUUM, or not known)
     delta_version: int | None  # the table's version after the maintenance
-    versions: tuple[int, ...] = ()  # the commits the maintenance made (OPTIMIZE, VACUUM START/END)
 
     def __str__(self) -> str:
         parts = []
         if OPTIMIZE in self.operations:
             parts.append(OPTIMIZE)
-        if "VACUUM" in self.operations:
+        if VACUUM in self.operations:
             removed = "unknown" if self.files_removed is None else self.files_removed
             parts.append(f"VACUUM retaining {self.retention_hours:g} h ({removed} files removed)")
         return (", ".join(parts) or "no maintenance") + f"; table version {self.delta_version}"
@@ -108,39 +109,32 @@ def _aware(moment: dt.datetime) -> dt.datetime:
 def due(table: FeedTable, settings: MaintenanceSettings) -> tuple[str, ...]:
     """What the loads' commits made due: OPTIMIZE after `optimize_every_commits` commits since the
     last OPTIMIZE, VACUUM after `vacuum_every_commits` since the last VACUUM."""
-    wanted = {OPTIMIZE: settings.optimize_every_commits, "VACUUM": settings.vacuum_every_commits}
+    wanted = {OPTIMIZE: settings.optimize_every_commits, VACUUM: settings.vacuum_every_commits}
     wanted = {operation: every for operation, every in wanted.items() if every is not None}
     if not wanted:
         return ()
     # maintenance's own commits are not counted: a few more entries than the largest threshold
     entries = table.history(max(wanted.values()) + 8)[1]
-    stops = {OPTIMIZE: (OPTIMIZE,), "VACUUM": (VACUUM_START, VACUUM_END)}
+    stops = {OPTIMIZE: (OPTIMIZE,), VACUUM: (VACUUM_START, VACUUM_END)}
     return tuple(operation for operation, every in wanted.items()
                  if commits_since(entries, stops[operation]) >= every)
 
 
 def maintain(table: FeedTable, settings: MaintenanceSettings, oldest_running_load: dt.datetime | None,
-             operations: Iterable[str] = (OPTIMIZE, "VACUUM")) -> MaintenanceReport:
+             operations: Iterable[str] = (OPTIMIZE, VACUUM)) -> MaintenanceReport:
     """OPTIMIZE, then VACUUM with the retention `vacuum_retention_hours` gives, by Spark. Neither moves
     a cursor: OPTIMIZE rewrites files without changing rows, VACUUM deletes files no version in the
     retention uses."""
     operations = tuple(operations)
-    before = _version(table)
     retention = removed = None
     if OPTIMIZE in operations:
         table.optimize()
-    if "VACUUM" in operations:
+    if VACUUM in operations:
         retention = vacuum_retention_hours(settings, oldest_running_load)
         table.vacuum(retention)
     after = table.history(8)[1]
-    made = tuple(sorted(e.version for e in after if before is None or e.version > before))
     if retention is not None:
         end = next((e for e in after if e.operation == VACUUM_END), None)
         if end is not None and "numDeletedFiles" in end.metrics:
             removed = int(end.metrics["numDeletedFiles"])
-    return MaintenanceReport(operations, retention, removed, after[0].version if after else before, made)
-
-
-def _version(table: FeedTable) -> int | None:
-    entries = table.history(1)[1]
-    return entries[0].version if entries else None
+    return MaintenanceReport(operations, retention, removed, after[0].version if after else None)

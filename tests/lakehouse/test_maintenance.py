@@ -8,7 +8,7 @@ import pytest
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
 from feedapi_dagster.lakehouse.delta import OPTIMIZE, FeedTable
 from feedapi_dagster.lakehouse.loader import STAGED
-from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings, due, maintain, vacuum_retention_hours
+from feedapi_dagster.lakehouse.maintenance import VACUUM, MaintenanceSettings, due, maintain, vacuum_retention_hours
 from feedapi_dagster.lakehouse.state import read_committed_state
 
 from .conftest import LOG_READERS, payloads, table_rows
@@ -55,7 +55,7 @@ def test_optimize_and_vacuum_after_n_commits_keep_every_row_and_cursor(spark, ma
             feed.append(6)
         assert due(table, settings) == ()  # three commits so far
         loader.sync()
-        assert due(table, settings) == (OPTIMIZE, "VACUUM")
+        assert due(table, settings) == (OPTIMIZE, VACUUM)
         state = read_committed_state(table_path)
         files = data_files(table_path)
         report = maintain(table, settings, None, due(table, settings))
