@@ -50,6 +50,11 @@ class MaintenanceSettings(BaseModel):
                     "still read. Rounded up to whole hours (Delta's VACUUM counts whole hours). This "
                     "replaces Delta's own `delta.deletedFileRetentionDuration` table property, which is "
                     "ignored (VACUUM is given this retention explicitly)")
+    vacuum_listing_parallelism: int = Field(
+        default=32, ge=1,
+        description="Spark tasks that list the table's files for VACUUM (Spark's default, 10,000, "
+                    "makes a VACUUM of a small table take tens of seconds); raise it for tables of "
+                    "many thousands of partitions on a large cluster")
     cron: str | None = Field(
         default=None,
         description='a schedule of its own for OPTIMIZE and VACUUM, e.g. "0 3 * * *" (null: none; '
@@ -131,7 +136,7 @@ def maintain(table: FeedTable, settings: MaintenanceSettings, oldest_running_loa
         table.optimize()
     if VACUUM in operations:
         retention = vacuum_retention_hours(settings, oldest_running_load)
-        table.vacuum(retention)
+        table.vacuum(retention, settings.vacuum_listing_parallelism)
     after = table.history(8)[1]
     if retention is not None:
         end = next((e for e in after if e.operation == VACUUM_END), None)

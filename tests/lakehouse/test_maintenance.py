@@ -11,7 +11,7 @@ from feedapi_dagster.lakehouse.loader import STAGED
 from feedapi_dagster.lakehouse.maintenance import VACUUM, MaintenanceSettings, due, maintain, vacuum_retention_hours
 from feedapi_dagster.lakehouse.state import read_committed_state
 
-from .conftest import LOG_READERS, payloads, table_rows
+from .conftest import payloads, table_rows
 
 NOW = dt.datetime(2026, 11, 25, 12, 0, tzinfo=dt.timezone.utc)
 
@@ -43,7 +43,6 @@ def test_the_retention_covers_the_time_travel_window_and_every_running_load():
     assert vacuum_retention_hours(MaintenanceSettings(time_travel_hours=0.2), None, NOW) == 1
 
 
-@LOG_READERS
 def test_optimize_and_vacuum_after_n_commits_keep_every_row_and_cursor(spark, make_loader, table_path):
     settings = MaintenanceSettings(optimize_every_commits=4, vacuum_every_commits=4, time_travel_hours=0)
     feed = DemoFeed(partitions=2, events=40, seed=21)
