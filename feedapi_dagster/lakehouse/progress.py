@@ -9,6 +9,7 @@ done, and a heartbeat for the ones still reading. Elsewhere the heartbeat alone.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -61,19 +62,22 @@ class StagedReads:
         self.seen: dict[str, None] = {}
 
     def new_reads(self) -> list[tuple[int, ReadEnd]]:
-        if self.root is None or not self.root.exists():
+        if self.root is None:
             return []
         reads = []
-        for path in self.root.rglob("*.parquet"):
-            name = path.name  # unique per task output; the job's commit moves it to another folder
-            # files under an attempt folder are not committed yet: that attempt may still fail
-            if name in self.seen or any(part.startswith("attempt_") for part in path.parts):
-                continue
-            try:
-                reads.extend(_read_ends(path))
-            except (OSError, ValueError):  # moved by the job's commit while listed: seen in the final folder
-                continue
-            self.seen[name] = None
+        # os.walk, not Path.rglob: Spark's commit protocol renames and deletes task folders while they are
+        # listed, and os.walk passes over a folder that vanished where rglob raises FileNotFoundError
+        for folder, subfolders, files in os.walk(self.root):
+            # an attempt folder's files are not committed yet: that attempt may still fail
+            subfolders[:] = [name for name in subfolders if not name.startswith("attempt_")]
+            for name in files:  # unique per task output; the job's commit moves it to another folder
+                if not name.endswith(".parquet") or name in self.seen:
+                    continue
+                try:
+                    reads.extend(_read_ends(Path(folder, name)))
+                except (OSError, ValueError):  # moved by the job's commit while listed: seen in the final folder
+                    continue
+                self.seen[name] = None
         return reads
 
 

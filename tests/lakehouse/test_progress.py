@@ -47,3 +47,42 @@ def test_each_partitions_read_is_logged_when_its_task_ends_not_when_the_job_does
         (line,) = [line for line in lines.lines if line.startswith(f"partition {partition}: read")]
         assert f"read {reports[partition].events} events in {reports[partition].pages} pages" in line
         assert "events/s" in line
+
+
+def test_staged_reads_follow_spark_moving_and_deleting_task_folders_and_report_each_read_once(tmp_path):
+    """Spark's file commit protocol renames task folders and deletes them while the run lists the
+    staging folder (a cluster test once failed on a folder that vanished under `rglob`)."""
+    import os
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from feedapi_dagster.lakehouse.datasource import ReadEnd
+    from feedapi_dagster.lakehouse.progress import StagedReads
+
+    tasks = 300
+    watcher = StagedReads(str(tmp_path))
+    reported: list[int] = []
+    done = threading.Event()
+
+    def spark_commits():
+        for task in range(tasks):
+            attempt = tmp_path / "_temporary" / "0" / "_temporary" / f"attempt_{task}"
+            attempt.mkdir(parents=True)
+            name = f"part-{task:05d}.parquet"
+            end = ReadEnd(events=task, pages=1, duplicates=0, drained=True).to_json()
+            pq.write_table(pa.table({"partition_id": [task], "read_end": [end]}), attempt / name)
+            committed = tmp_path / "_temporary" / "0" / f"task_{task}"
+            os.rename(attempt, committed)  # task commit
+            os.rename(committed / name, tmp_path / name)  # job commit
+            committed.rmdir()
+        done.set()
+
+    writer = threading.Thread(target=spark_commits)
+    writer.start()
+    try:
+        while not done.is_set():
+            reported.extend(pid for pid, _ in watcher.new_reads())
+    finally:
+        writer.join()
+    reported.extend(pid for pid, _ in watcher.new_reads())
+    assert sorted(reported) == list(range(tasks))
