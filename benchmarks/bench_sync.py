@@ -176,10 +176,8 @@ def prepare(base: Path, url: str, page_size: int, spark_port: int) -> Setup:
     import dagster as dg
 
     from feedapi_dagster.lakehouse.spark import SparkSettings
-    from feedapi_dagster.orchestration import (SPARK_RESOURCE_KEY, FeedApiTranslator, FeedConfig, FeedTranslatorData,
-                                               ProjectConfig, build_feedapi_definitions)
+    from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, build_feedapi_definitions, feed_bindings
     from feedapi_dagster.orchestration.automation import register_discovered_partitions
-    from feedapi_dagster.orchestration.loads import FeedBinding
 
     home = base / "dagster_home"
     home.mkdir(parents=True)
@@ -194,9 +192,7 @@ def prepare(base: Path, url: str, page_size: int, spark_port: int) -> Setup:
     os.environ["DAGSTER_HOME"] = str(home)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE / "run_hooks"),
                                                                      os.environ.get("PYTHONPATH")]))}
-    feed = project.feeds[0]
-    key = FeedApiTranslator().get_asset_spec(FeedTranslatorData(feed, project.table_path(feed))).key
-    binding = FeedBinding(project, feed, key, SPARK_RESOURCE_KEY)
+    binding = next(feed_bindings(project))[0]
     instance = dg.DagsterInstance.get()
     register_discovered_partitions(instance, binding)
     # the bench process evaluates the schedule and creates the run from the same definitions the

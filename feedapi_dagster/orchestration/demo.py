@@ -31,9 +31,8 @@ from feedapi_dagster.lakehouse.state import read_committed_state
 
 from .automation import load_request, register_discovered_partitions
 from .config import FeedConfig, ProjectConfig, ScheduleConfig
-from .definitions import SPARK_RESOURCE_KEY, build_feedapi_definitions
+from .definitions import SPARK_RESOURCE_KEY, build_feedapi_definitions, feed_bindings
 from .loads import FeedBinding
-from .translator import FeedApiTranslator, FeedTranslatorData
 
 # package data: Dagster's default launcher and coordinator, and the `concurrency` a deployment needs
 INSTANCE_TEMPLATE = Path(feedapi_dagster.demo.__file__).with_name("dagster.yaml")
@@ -81,12 +80,6 @@ def dagster_home(root: Path) -> Path:
     return home
 
 
-def demo_binding(project: ProjectConfig) -> FeedBinding:
-    feed = project.feeds[0]
-    spec = FeedApiTranslator().get_asset_spec(FeedTranslatorData(feed, project.table_path(feed)))
-    return FeedBinding(project, feed, spec.key, SPARK_RESOURCE_KEY)
-
-
 @contextlib.contextmanager
 def demo_services(project: ProjectConfig, events: int, partitions: int) -> Iterator[FeedConfig]:
     """The demo feed server on the first feed's URL, and the embedded Spark server."""
@@ -107,7 +100,7 @@ def run_demo(args: argparse.Namespace) -> int:
     root = Path.cwd()
     home = dagster_home(root)
     project = demo_project(root, args.feed_port, args.spark_port)
-    binding = demo_binding(project)
+    binding = next(feed_bindings(project))[0]
     with demo_services(project, args.events, args.partitions), dg.DagsterInstance.get() as instance:
         definitions = build_feedapi_definitions(project)
         keys = register_discovered_partitions(instance, binding)

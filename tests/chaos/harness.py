@@ -26,10 +26,9 @@ from feedapi_dagster.lakehouse.loader import LoadSettings
 from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
 from feedapi_dagster.lakehouse.spark import SparkSettings, ensure_embedded_server, find_free_port
 from feedapi_dagster.lakehouse.state import decode
-from feedapi_dagster.orchestration import (SPARK_RESOURCE_KEY, FeedApiTranslator, FeedConfig, FeedTranslatorData,
-                                          ProjectConfig, build_feedapi_definitions)
+from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, build_feedapi_definitions, feed_bindings
 from feedapi_dagster.orchestration.automation import DiscoveryCursor, evaluate_discovery, load_request
-from feedapi_dagster.orchestration.loads import FeedBinding, latest_metadata_by_partition
+from feedapi_dagster.orchestration.loads import latest_metadata_by_partition
 from feedapi_dagster.planning import FeedState
 from feedapi_dagster.protocol import FeedClient, RetryPolicy
 
@@ -100,8 +99,7 @@ class ChaosRun:
         self.table = self.config.table_path(self.feed_config)
         self.instance = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home)))
         self.defs = build_feedapi_definitions(self.config)
-        spec = FeedApiTranslator().get_asset_spec(FeedTranslatorData(self.feed_config, self.table))
-        self.binding = FeedBinding(self.config, self.feed_config, spec.key, SPARK_RESOURCE_KEY)
+        self.binding, spec = next(feed_bindings(self.config))
         self.pool = self.defs.get_assets_def(spec.key).op.pool  # one load of the feed at a time
         self.sensor_cursor: str | None = None
         self.log = (work_dir / "runs.log").open("ab")
