@@ -37,6 +37,8 @@ from .loads import FeedBinding
 # package data: Dagster's default launcher and coordinator, and the `concurrency` a deployment needs
 INSTANCE_TEMPLATE = Path(feedapi_dagster.demo.__file__).with_name("dagster.yaml")
 DEMO_FEED_PORT = 8765
+# how `feedapi-dagster dev` tells the demo code location (a process `dagster dev` starts) its ports
+FEED_PORT_ENV, SPARK_PORT_ENV = "FEEDAPI_DAGSTER_DEMO_FEED_PORT", "FEEDAPI_DAGSTER_DEMO_SPARK_PORT"
 
 
 def demo_project(root: Path, feed_port: int = DEMO_FEED_PORT, spark_port: int = DEFAULT_PORT) -> ProjectConfig:
@@ -53,19 +55,23 @@ def demo_project(root: Path, feed_port: int = DEMO_FEED_PORT, spark_port: int = 
 @dg.definitions
 def defs() -> dg.Definitions:
     """The demo code location `feedapi-dagster dev` serves where the directory has no project."""
-    return build_feedapi_definitions(demo_project(Path.cwd()))
+    return build_feedapi_definitions(demo_project(
+        Path.cwd(), int(os.environ.get(FEED_PORT_ENV, DEMO_FEED_PORT)), int(os.environ.get(SPARK_PORT_ENV, DEFAULT_PORT))))
 
 
 def register(subparsers: Any) -> None:
     demo = subparsers.add_parser("demo", help="load the demo feed through Dagster into ./lakehouse and print it")
     demo.add_argument("--events", type=int, default=20000, help="events the demo feed starts with")
     demo.add_argument("--partitions", type=int, default=4)
-    demo.add_argument("--feed-port", type=int, default=DEMO_FEED_PORT, help="port of the demo FeedAPI server")
-    demo.add_argument("--spark-port", type=int, default=DEFAULT_PORT, help="port of the embedded Spark server")
     demo.set_defaults(func=run_demo)
     dev = subparsers.add_parser("dev", help="`dagster dev` on the demo, with the demo feed and Spark running")
     dev.add_argument("--events", type=int, default=20000)
     dev.add_argument("--partitions", type=int, default=4)
+    for command in (demo, dev):
+        command.add_argument("--feed-port", type=int, default=None,
+                             help=f"port of the demo FeedAPI server (default {DEMO_FEED_PORT})")
+        command.add_argument("--spark-port", type=int, default=None,
+                             help=f"port of the embedded Spark server (default {DEFAULT_PORT})")
     dev.add_argument("dagster_args", nargs=argparse.REMAINDER, help="passed on to `dagster dev`")
     dev.set_defaults(func=run_dev)
 
@@ -99,7 +105,7 @@ def demo_services(project: ProjectConfig, events: int, partitions: int) -> Itera
 def run_demo(args: argparse.Namespace) -> int:
     root = Path.cwd()
     home = dagster_home(root)
-    project = demo_project(root, args.feed_port, args.spark_port)
+    project = demo_project(root, args.feed_port or DEMO_FEED_PORT, args.spark_port or DEFAULT_PORT)
     binding = next(feed_bindings(project))[0]
     with demo_services(project, args.events, args.partitions), dg.DagsterInstance.get() as instance:
         definitions = build_feedapi_definitions(project)
@@ -143,15 +149,23 @@ def run_dev(args: argparse.Namespace) -> int:
     # stopped by a supervisor (SIGTERM) as by Ctrl-C: `dagster dev`, the feed server and Spark stop too
     signal.signal(signal.SIGTERM, _interrupt)
     extra = [a for a in args.dagster_args if a != "--"]
+    env = dict(os.environ)
     if (root / "workspace.yaml").exists():
+        if args.feed_port or args.spark_port:
+            print("--feed-port and --spark-port serve the demo; this directory's workspace.yaml sets the ports of "
+                  "its own feeds (in their defs.yaml)", file=sys.stderr)
+            return 2
         target = ["-w", str(root / "workspace.yaml")]
     else:
         target = ["-m", __name__]
-    with demo_services(demo_project(root), args.events, args.partitions):
+        env.update({FEED_PORT_ENV: str(args.feed_port or DEMO_FEED_PORT),
+                    SPARK_PORT_ENV: str(args.spark_port or DEFAULT_PORT)})
+    project = demo_project(root, args.feed_port or DEMO_FEED_PORT, args.spark_port or DEFAULT_PORT)
+    with demo_services(project, args.events, args.partitions):
         command = [str(Path(sys.executable).with_name("dagster")), "dev", *target, *extra]
         print("running:", " ".join(command), flush=True)
         # its own process group: stopped as a whole (webserver, daemon, code servers), as `timeout` would
-        process = subprocess.Popen(command, cwd=root, start_new_session=True)
+        process = subprocess.Popen(command, cwd=root, env=env, start_new_session=True)
         try:
             return process.wait()
         except KeyboardInterrupt:
