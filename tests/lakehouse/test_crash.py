@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -78,7 +79,7 @@ def test_the_spark_connect_server_killed_mid_read_commits_nothing_then_resume(sp
             process = subprocess.Popen([sys.executable, str(SCRIPT), server.url, table_path, "none",
                                         spark_server.client_url()], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                        text=True)
-            assert gate.arrived.wait(120), "the read tasks never fetched"
+            _wait_for_fetch(gate, process)
             os.killpg(spark_server.pid, signal.SIGKILL)
             server.gate = None
             gate.opened.set()
@@ -93,6 +94,19 @@ def test_the_spark_connect_server_killed_mid_read_commits_nothing_then_resume(sp
     finally:
         spark_server.stop()
     assert_every_event_once(spark, table_path, feed, exactly_once=True)
+
+
+def _wait_for_fetch(gate: Gate, process: subprocess.Popen, timeout: float = 240) -> None:
+    """Until the load process's read tasks fetch from the feed; its output when it ends or hangs first
+    (a new server's first read registers the data source and starts its Python workers: slow on a
+    busy machine)."""
+    deadline = time.monotonic() + timeout
+    while not gate.arrived.wait(1):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            out, err = process.communicate()
+            pytest.fail(f"the read tasks never fetched (load process: exit code {process.returncode}):\n"
+                        f"{out[-2000:]}\n{err[-6000:]}")
 
 
 def assert_every_event_once(spark, table_path, feed, exactly_once=False):
