@@ -76,6 +76,11 @@ def register(subparsers: Any) -> None:
     dev.set_defaults(func=run_dev)
 
 
+def _ports(args: argparse.Namespace) -> tuple[int, int]:
+    """The demo feed's and the Spark server's ports the command was given, or the defaults."""
+    return args.feed_port or DEMO_FEED_PORT, args.spark_port or DEFAULT_PORT
+
+
 def dagster_home(root: Path) -> Path:
     """DAGSTER_HOME, by default `.dagster_home` in `root`, with the demo's dagster.yaml."""
     home = Path(os.environ.get("DAGSTER_HOME") or root / ".dagster_home").resolve()
@@ -105,7 +110,7 @@ def demo_services(project: ProjectConfig, events: int, partitions: int) -> Itera
 def run_demo(args: argparse.Namespace) -> int:
     root = Path.cwd()
     home = dagster_home(root)
-    project = demo_project(root, args.feed_port or DEMO_FEED_PORT, args.spark_port or DEFAULT_PORT)
+    project = demo_project(root, *_ports(args))
     binding = next(feed_bindings(project))[0]
     with demo_services(project, args.events, args.partitions), dg.DagsterInstance.get() as instance:
         definitions = build_feedapi_definitions(project)
@@ -149,6 +154,7 @@ def run_dev(args: argparse.Namespace) -> int:
     # stopped by a supervisor (SIGTERM) as by Ctrl-C: `dagster dev`, the feed server and Spark stop too
     signal.signal(signal.SIGTERM, _interrupt)
     extra = [a for a in args.dagster_args if a != "--"]
+    feed_port, spark_port = _ports(args)
     env = dict(os.environ)
     if (root / "workspace.yaml").exists():
         if args.feed_port or args.spark_port:
@@ -158,10 +164,8 @@ def run_dev(args: argparse.Namespace) -> int:
         target = ["-w", str(root / "workspace.yaml")]
     else:
         target = ["-m", __name__]
-        env.update({FEED_PORT_ENV: str(args.feed_port or DEMO_FEED_PORT),
-                    SPARK_PORT_ENV: str(args.spark_port or DEFAULT_PORT)})
-    project = demo_project(root, args.feed_port or DEMO_FEED_PORT, args.spark_port or DEFAULT_PORT)
-    with demo_services(project, args.events, args.partitions):
+        env.update({FEED_PORT_ENV: str(feed_port), SPARK_PORT_ENV: str(spark_port)})
+    with demo_services(demo_project(root, feed_port, spark_port), args.events, args.partitions):
         command = [str(Path(sys.executable).with_name("dagster")), "dev", *target, *extra]
         print("running:", " ".join(command), flush=True)
         # its own process group: stopped as a whole (webserver, daemon, code servers), as `timeout` would

@@ -1,10 +1,16 @@
 """A load's progress shows in its log while Spark still reads: each partition's figures as soon as
 its read task is done."""
 import logging
+import os
 import threading
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
 from feedapi_dagster.demo.server import Gate
+from feedapi_dagster.lakehouse.datasource import ReadEnd
+from feedapi_dagster.lakehouse.progress import StagedReads
 
 
 class Lines(logging.Handler):
@@ -52,13 +58,6 @@ def test_each_partitions_read_is_logged_when_its_task_ends_not_when_the_job_does
 def test_staged_reads_follow_spark_moving_and_deleting_task_folders_and_report_each_read_once(tmp_path):
     """Spark's file commit protocol renames task folders and deletes them while the run lists the
     staging folder (a cluster test once failed on a folder that vanished under `rglob`)."""
-    import os
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from feedapi_dagster.lakehouse.datasource import ReadEnd
-    from feedapi_dagster.lakehouse.progress import StagedReads
-
     tasks = 300
     watcher = StagedReads(str(tmp_path))
     reported: list[int] = []
