@@ -53,12 +53,29 @@ _VACUUM_LOGGING = "spark.databricks.delta.vacuum.logging.enabled"
 _LISTING_PARALLELISM = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
 
 
+RESTORE = "RESTORE"
+
+
 @dataclass(frozen=True)
 class HistoryEntry:
     version: int
     operation: str
     user_metadata: str | None
     metrics: Mapping[str, str] = field(default_factory=dict, compare=False)
+    parameters: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def restored_version(self) -> int | None:
+        """The version a RESTORE brought the table back to (None: not a RESTORE, or one given by a
+        timestamp only)."""
+        if self.operation != RESTORE:
+            return None
+        version = self.parameters.get("version")
+        return int(version) if version not in (None, "", "None", "null") else None
+
+
+def _strings(mapping: Mapping[str, Any] | None) -> dict[str, str]:
+    return {key: str(value) for key, value in (mapping or {}).items() if value is not None}
 
 
 @dataclass(frozen=True)
@@ -99,7 +116,7 @@ class DeltaLog:
             table = refresh
             table.update_incremental()
         entries = [HistoryEntry(h["version"], h.get("operation", ""), h.get("userMetadata"),
-                                {k: str(v) for k, v in (h.get("operationMetrics") or {}).items()})
+                                _strings(h.get("operationMetrics")), _strings(h.get("operationParameters")))
                    for h in table.history(limit)]
         return table, entries
 
@@ -161,8 +178,9 @@ class FeedTable:
             return self._log.history(limit, refresh)
         clause = f" LIMIT {limit}" if limit else ""
         rows = self.spark.sql(f"DESCRIBE HISTORY delta.`{self.path}`{clause}") \
-            .select("version", "operation", "userMetadata", "operationMetrics").collect()
-        entries = [HistoryEntry(r["version"], r["operation"], r["userMetadata"], dict(r["operationMetrics"] or {}))
+            .select("version", "operation", "userMetadata", "operationMetrics", "operationParameters").collect()
+        entries = [HistoryEntry(r["version"], r["operation"], r["userMetadata"], _strings(r["operationMetrics"]),
+                                _strings(r["operationParameters"]))
                    for r in rows]
         return None, sorted(entries, key=lambda e: e.version, reverse=True)
 
@@ -172,6 +190,15 @@ class FeedTable:
         if version is not None:
             reader = reader.option("versionAsOf", version)
         return reader.load(self.path)
+
+    def last_rows(self, version: int | None) -> dict[int, tuple[int, str]]:
+        """Each partition's newest row: its position and its page's cursor (one aggregate, by Spark)."""
+        from pyspark.sql import functions as F
+
+        rows = (self.frame(version).groupBy(PARTITION_COLUMN)
+                .agg(F.max("position").alias("position"), F.max_by("cursor", "position").alias("cursor"))
+                .collect())
+        return {row[PARTITION_COLUMN]: (row["position"], row["cursor"]) for row in rows}
 
     def write(self, commit: Commit, run_id: str | None) -> None:
         """One Spark job: the rows, stamped with the commit's time and run, into one Delta commit.

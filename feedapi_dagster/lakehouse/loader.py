@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from feedapi_dagster.planning import PartitionPlan, PartitionState, PlanStatus, plan_feed, plan_rebuilds
 from feedapi_dagster.protocol import FeedInfo
 
-from .datasource import END_COLUMN, SOURCE_NAME, FeedSourceOptions, ReadEnd
+from .datasource import END_COLUMN, EVENT_DDL, SOURCE_NAME, FeedSourceOptions, ReadEnd
 from .progress import run_with_progress
 from .sink import DeltaSink
 from .spark import register_feed_source
@@ -124,6 +124,7 @@ class FeedLoader:
             reports.update({p.partition_id: _idle_report(p) for p in plans
                             if not p.due and p.partition_id not in reports})
             if not due:
+                self._reassert_state()
                 return dict(sorted(reports.items()))
             results = self._load(info, due, rebuild=False)
             for pid, report in results.items():
@@ -186,6 +187,15 @@ class FeedLoader:
         finally:
             table.remove_staging(staging)
         return reports
+
+    def _reassert_state(self) -> None:
+        """Commit the state again, with no rows, when it was recovered from the rows or others' commits
+        pushed its commit far back: Delta's log cleanup never reaches it while the feed is loaded."""
+        base = self.sink.committed_state()
+        if not base.due_for_reassertion:
+            return
+        result = self.sink.commit(self.spark.createDataFrame([], EVENT_DDL), {}, {})
+        self.log.info("feed state (%s) committed again as Delta version %s", base.describe(), result.delta_version)
 
     def _stage(self, starts: dict[int, PartitionState], staging: str, max_events: int | None) -> None:
         """Spark job 1: the tasks read, Spark writes what one attempt of each read as Parquet."""

@@ -89,8 +89,7 @@ class DeltaSink:
                 if found != want:
                     raise PartitionConflict(partition_id, want, found)
             new_state = base.state.advanced(dict(updates))
-            commit = Commit(rows, committed.encode(new_state, commit_id, self.run_id), new_state.generation,
-                            replace)
+            commit = Commit(rows, committed.encode(new_state, commit_id, self.run_id), base.txn_version, replace)
             try:
                 self.table.write(commit, self.run_id)
             except Exception as error:  # noqa: BLE001 - classified below; Spark raises many types
@@ -102,17 +101,22 @@ class DeltaSink:
                 continue
             if self._landed(commit_id):
                 break
-            log.info("commit to %s was superseded (attempt %d); rebasing", self.path, attempt)
+            # Delta skipped the write: another load committed after this one read the table
+            log.info("commit to %s was superseded by another load's (attempt %d); rebasing", self.path, attempt)
         else:
-            raise RuntimeError(f"could not commit to {self.path} after {self.max_conflict_retries} attempts "
-                               "(too many concurrent writers)")
+            raise RuntimeError(f"could not commit to {self.path} after {self.max_conflict_retries} attempts: "
+                               "other loads of this feed committed first every time")
         return self.committed_state()
 
     def _read_history(self, limit: int = committed.RECENT_HISTORY) -> list[committed.CommittedState]:
         # The snapshot is this sink's own (nothing else refreshes it), and the state is read with it.
         self._snapshot, history = committed.read_history(self.table, limit, refresh=self._snapshot)
-        self._committed = history[0] if history else committed.CommittedState(FeedState(), None, None, None)
-        return history
+        self._committed = committed.resolve(self.table, history)
+        if self._committed.source == "rows":
+            log.warning("no commit in the Delta log of %s carries the feed state any more (Delta's log cleanup): "
+                        "the cursors were recovered from the table's rows; the next commit carries them again",
+                        self.path)
+        return history.states
 
     def _landed(self, commit_id: str) -> bool:
         """Whether the commit is in the table (Delta Spark silently skips a txnVersion already used).

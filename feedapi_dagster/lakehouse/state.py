@@ -1,27 +1,42 @@
-"""The cursor of record: read from, and written into, the feed table's own Delta commits.
+"""The cursor of record: read from, and written into, the feed table itself.
 
 This is the one place where a feed's cursors are read and written.
 
-Every commit the sink makes carries the *whole* `FeedState` (all partitions' cursors, positions and
-drained flags) as the commit's `userMetadata`, next to the rows it adds, so rows and cursors land in
-one atomic Delta commit: a process killed before the commit loses nothing, one killed after it
-resumes from exactly what the commit covered.
+**Where it lives.** Every commit a load makes carries the *whole* `FeedState` (all partitions'
+cursors, positions and drained flags) as the commit's `userMetadata`, next to the rows it adds: rows
+and cursors land in one atomic Delta commit. Every row also carries its page's cursor and its
+position, so the rows themselves hold each partition's resume point.
 
-Concurrent writers are serialised through Delta's application transaction (`txnAppId`/`txnVersion`):
-a commit declares `txnVersion = state.generation`, so of two writers that read the same generation
-only one commits; the other is skipped by Delta Spark, re-reads the state and rebases (see `DeltaSink`).
+**How it is read** (`read_committed_state`), newest first through the Delta log:
 
-The rows come from a read that Spark staged once (`loader`), and the cursors committed are those
-that the staged read's checkpoint rows give: the cursors of the very rows committed, whatever task
-attempts Spark ran.
+1. the newest commit that carries a state, skipping the commits a `RESTORE` undid (a RESTORE to
+   version N makes the state of N the state again: the next load re-reads what the restore took out);
+   commits without state (OPTIMIZE, VACUUM, a user's DELETE or SET TBLPROPERTIES) leave it as it is;
+2. when no commit in the log carries one (Delta's log cleanup removed it: a checkpoint keeps no
+   `commitInfo`), the state is **recovered from the rows**: each partition resumes after its newest
+   row's page, at position max + 1. That cursor is exact for the events: the pages after it held no
+   stored event (filtered, empty, or duplicates of stored ones) and read again they give none. Drained
+   flags are found again by reading closed partitions to their end. The next commit carries the state
+   again (a load re-asserts a state recovered, or one that others' commits have pushed far back);
+3. no state and no rows: a new table if its whole history is there, else `StateNotFound` (never a
+   silent restart from `_first`).
+
+**Concurrent writers** are serialised through Delta's application transaction: a commit declares
+`txnVersion` = the table version its state was read at + 1. Table versions only grow (through
+RESTOREs and others' commits too) and a recorded `txnVersion` is never above the version it was
+committed at, so a load's commit is refused only when another load committed after its read: of two
+loads that read the same version only one commits, and the other re-reads the state and rebases
+(`DeltaSink`). `txn` entries are kept by checkpoints, the state they guard is found as above.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from feedapi_dagster.planning import FeedState
+from pydantic import ValidationError
+
+from feedapi_dagster.planning import FeedState, PartitionState
 
 from .delta import FILE_MAINTENANCE, DeltaLog, HistoryEntry
 
@@ -31,17 +46,55 @@ if TYPE_CHECKING:
 METADATA_KEY = "feedapi_dagster"
 # Commits made by others (OPTIMIZE, manual writes) carry no state; look this far back first.
 RECENT_HISTORY = 50
+# A load re-asserts the state (an empty commit carrying it) once this many commits of others lie
+# between it and the table's head: Delta's log cleanup removes old commits only behind a checkpoint
+# (every 10 commits by default), so the state stays in the log while the feed's loads run.
+REASSERT_AFTER_COMMITS = 5
+
+Source = Literal["commit", "rows", "new"]
+
+
+class StateError(RuntimeError):
+    """The table's cursor of record cannot be found or read: nothing is loaded into it."""
 
 
 @dataclass(frozen=True)
 class CommittedState:
     state: FeedState
+    source: Source  # a commit carrying it, recovered from the rows, or a new table's empty state
     load_id: str | None  # the load that wrote it
-    delta_version: int | None  # the Delta table version holding it
+    delta_version: int | None  # the Delta table version holding it (None: not from a commit)
     # the newest version with the same rows: the state's own, or the last of the OPTIMIZE and VACUUM
     # commits right after it. Loads read the stored rows at this version: a VACUUM may have deleted
     # the files of `delta_version` that OPTIMIZE rewrote.
     rows_version: int | None
+    table_version: int | None  # the version it was read at: a commit on it uses txnVersion + 1
+
+    @property
+    def txn_version(self) -> int:
+        return (self.table_version or 0) + 1
+
+    @property
+    def due_for_reassertion(self) -> bool:
+        """Whether the next load should commit the state again even with nothing new to add."""
+        if self.source == "rows":
+            return True
+        return (self.source == "commit" and self.table_version is not None
+                and self.table_version - (self.delta_version or 0) >= REASSERT_AFTER_COMMITS)
+
+    def describe(self) -> str:
+        if self.source == "commit":
+            return f"commit {self.delta_version} (load {self.load_id}), read at version {self.table_version}"
+        if self.source == "rows":
+            return f"recovered from the rows at version {self.table_version} (no commit in the log carries it)"
+        return "a new table: no state yet"
+
+
+@dataclass(frozen=True)
+class History:
+    states: list[CommittedState]  # carried by commits, newest first, without those a RESTORE undid
+    table_version: int | None
+    complete: bool  # the log reaches back to version 0: nothing was cleaned up
 
 
 def encode(state: FeedState, load_id: str, run_id: str | None) -> str:
@@ -49,7 +102,8 @@ def encode(state: FeedState, load_id: str, run_id: str | None) -> str:
     return json.dumps(document, separators=(",", ":"))
 
 
-def decode(user_metadata: str | None) -> tuple[FeedState, str] | None:
+def decode(user_metadata: str | None, version: int) -> tuple[FeedState, str] | None:
+    """The state a commit's user metadata carries; None when it carries none (others' commits)."""
     if not user_metadata:
         return None
     try:
@@ -57,23 +111,36 @@ def decode(user_metadata: str | None) -> tuple[FeedState, str] | None:
     except ValueError:
         return None
     body = document.get(METADATA_KEY) if isinstance(document, dict) else None
-    if not isinstance(body, dict):
+    if body is None:
         return None
-    return FeedState.model_validate(body), body.get("load_id")
+    try:
+        return FeedState.model_validate(body), body.get("load_id")
+    except (ValidationError, AttributeError) as error:
+        raise StateError(f"the feed state in Delta commit {version} cannot be read ({error}); it was written "
+                         "by another program or edited. Restore the table to a version before it, or remove "
+                         f"the commit's `{METADATA_KEY}` user metadata") from None
 
 
-def committed_states(entries: list[HistoryEntry]) -> list[CommittedState]:
+def committed_states(entries: list[HistoryEntry], table_version: int | None) -> list[CommittedState]:
     """The states among history entries (newest first), newest first. Commits without state are
-    skipped (OPTIMIZE, VACUUM, manual writes)."""
+    skipped (OPTIMIZE, VACUUM, manual writes), and so are the commits a RESTORE undid."""
     states = []
     maintained: int | None = None  # the newest version while only file maintenance is seen
     unchanged = True  # no commit but file maintenance seen yet: the rows are those of the next state
+    undone_above: int | None = None  # a RESTORE to this version undid the commits after it
     for entry in entries:
-        decoded = decode(entry.user_metadata)
+        if undone_above is not None and entry.version > undone_above:
+            continue
+        decoded = decode(entry.user_metadata, entry.version)
         if decoded is not None:
             rows_version = maintained if unchanged and maintained is not None else entry.version
-            states.append(CommittedState(decoded[0], decoded[1], entry.version, rows_version))
+            states.append(CommittedState(decoded[0], "commit", decoded[1], entry.version, rows_version,
+                                         table_version))
             unchanged = False
+        elif entry.restored_version is not None:
+            undone_above = entry.restored_version
+            # the rows are those of the restored version: like maintenance, the state found next has them
+            maintained = entry.version if maintained is None else maintained
         elif unchanged and entry.operation in FILE_MAINTENANCE:
             maintained = entry.version if maintained is None else maintained
         else:
@@ -82,18 +149,42 @@ def committed_states(entries: list[HistoryEntry]) -> list[CommittedState]:
 
 
 def read_history(table: "FeedTable | str", limit: int | None = RECENT_HISTORY,
-                 refresh: Any = None) -> tuple[Any, list[CommittedState]]:
-    """A snapshot of the table (`table`, or a path read with delta-rs) and the states
-    committed to it, newest first. `refresh`: a snapshot read before, brought up to date in place."""
+                 refresh: Any = None) -> tuple[Any, History]:
+    """A snapshot of the table (`table`, or a path read with delta-rs) and the states committed to
+    it. `refresh`: a snapshot read before, brought up to date in place."""
     log = DeltaLog(table) if isinstance(table, str) else table
     snapshot, entries = log.history(limit, refresh)
-    states = committed_states(entries)
-    if not states and limit and len(entries) >= limit:
+    table_version = entries[0].version if entries else None
+    states = committed_states(entries, table_version)
+    truncated = bool(limit) and len(entries) >= limit
+    if not states and truncated:
         return read_history(log, None, snapshot)
-    return snapshot, states
+    complete = not truncated and (not entries or entries[-1].version == 0)
+    return snapshot, History(states, table_version, complete)
+
+
+def resolve(table: "FeedTable | str", history: History) -> CommittedState:
+    """The cursor of record, from the history read (see the module docstring)."""
+    if history.states:
+        return history.states[0]
+    path = table if isinstance(table, str) else table.path
+    if isinstance(table, str):
+        raise StateError(f"no commit in the Delta log of {path} carries the feed state: it must be recovered "
+                         "from the table's rows, which takes Spark (`feedapi-dagster state` does it)")
+    last_rows = table.last_rows(history.table_version)
+    if last_rows:
+        state = FeedState(partitions={pid: PartitionState(cursor=cursor, position=position + 1)
+                                      for pid, (position, cursor) in last_rows.items()})
+        return CommittedState(state, "rows", None, None, history.table_version, history.table_version)
+    if history.complete:
+        return CommittedState(FeedState(), "new", None, None, None, history.table_version)
+    raise StateError(
+        f"the Delta table {path} has no rows and its log no longer reaches back to its creation (cleaned up "
+        "by Delta), and no commit left in it carries the feed state: whether its events were deleted or "
+        "never loaded cannot be told, so nothing is loaded. To load the feed from the start into it, "
+        "remove the table (its folder); to keep it empty, leave the feed's schedule off")
 
 
 def read_committed_state(table: "FeedTable | str") -> CommittedState:
-    """The newest state committed to the table (an empty state for a new table)."""
-    states = read_history(table)[1]
-    return states[0] if states else CommittedState(FeedState(), None, None, None)
+    """The table's cursor of record (an empty state for a new table)."""
+    return resolve(table, read_history(table)[1])

@@ -29,7 +29,7 @@ class FeedState(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
-    # Incremented by every commit that carries state: the serialisation point of concurrent writers.
+    # Incremented by every commit that carries state (a count; writers are serialised by table versions).
     generation: int = Field(default=0, ge=0)
     partitions: dict[int, PartitionState] = Field(default_factory=dict)
 

@@ -64,7 +64,7 @@ def test_method1_split_children_after_parent_is_drained(spark, harness):
     assert set(map(int, request.tags["feedapi/partitions"].split(","))) >= {0, *children}
     assert harness.launch(request).success
     assert_exactly_once(spark, harness, [0, *children])
-    history = list(reversed(read_history(harness.table, limit=None)[1]))
+    history = list(reversed(read_history(harness.table, limit=None)[1].states))
     drained_at = next(h.delta_version for h in history if h.state.get(0) and h.state.get(0).drained)
     for child in children:
         first = next(h.delta_version for h in history if h.state.get(child) and h.state.get(child).position > 0)
