@@ -260,8 +260,8 @@ def run_sync(setup: Setup, name: str, events: int, spark_pid: int) -> Run:
 
 
 def verify(setup: Setup, run_id: str, events: int) -> None:
-    """All events in the table, one materialization per partition, the staged read removed, the run
-    tagged with every partition."""
+    """All events in the table, one materialization per partition, the read tasks' notes removed, the
+    run tagged with every partition."""
     from deltalake import DeltaTable
 
     path = Path(setup.binding.table_path)
@@ -269,11 +269,11 @@ def verify(setup: Setup, run_id: str, events: int) -> None:
     partitions = setup.instance.get_dynamic_partitions(setup.binding.partitions_name)
     materialized = [e for e in setup.instance.all_logs(run_id)
                     if e.dagster_event is not None and e.dagster_event.event_type_value == "ASSET_MATERIALIZATION"]
-    staged = list((path / "_feedapi_staging").glob("load-*"))
+    left = list((path / "_feedapi_progress").glob("load-*"))
     listed = setup.instance.get_run_by_id(run_id).tags.get("feedapi/partitions", "")
-    if rows != events or len(materialized) != len(partitions) or staged or set(listed.split(",")) != set(partitions):
+    if rows != events or len(materialized) != len(partitions) or left or set(listed.split(",")) != set(partitions):
         raise RuntimeError(f"run {run_id}: {rows} rows (expected {events}), {len(materialized)} materializations "
-                           f"for {len(partitions)} partitions, staged reads left: {staged}, tag feedapi/partitions "
+                           f"for {len(partitions)} partitions, read notes left: {left}, tag feedapi/partitions "
                            f"{listed!r}")
 
 
@@ -293,12 +293,10 @@ def stages(instance, run_id: str, log_path: Path, tick: float, started: float,
             continue
         # the loader's progress lines, in the run's own log (FeedLoader logs to `context.log`)
         message, at = entry.user_message, entry.timestamp
-        staged = re.search(r"staged in ([0-9.]+) s", message)
-        if staged:
-            marks.setdefault("stage start", at - float(staged.group(1)))
-            marks.setdefault("stage end", at)
-        elif message.startswith("read ") and "events in" in message:
-            marks.setdefault("ends read", at)
+        read = re.search(r"read by Spark in ([0-9.]+) s", message)
+        if read:
+            marks.setdefault("read start", at - float(read.group(1)))
+            marks.setdefault("read end", at)
         elif message.startswith("commit took "):
             marks["commit end"] = at
     for text in log_path.read_text(errors="replace").splitlines():
@@ -314,9 +312,8 @@ def stages(instance, run_id: str, log_path: Path, tick: float, started: float,
               ("feedapi data source registered in the session", marks.get("connect end")),
               ("table check/creation (CREATE TABLE IF NOT EXISTS)", marks.get("table start")),
               ("discovery, planning (Delta log read by delta-rs)", marks.get("table end")),
-              ("Spark job 1: feed read, staged as Parquet", marks.get("stage start")),
-              ("checkpoint rows read (end cursors)", marks.get("stage end")),
-              ("commit job (Delta write) + history check", marks.get("ends read")),
+              ("Spark job 1: feed read, kept by localCheckpoint; checkpoint rows collected", marks.get("read start")),
+              ("commit job (Delta write of the kept rows) + history check", marks.get("read end")),
               ("Dagster: materializations, mirror check", marks.get("commit end")),
               ("asset checks (positions, duplicate ids, cursor mirror)", marks.get("checks start")),
               ("maintenance check (OPTIMIZE/VACUUM due?)", marks.get("maintenance start")),

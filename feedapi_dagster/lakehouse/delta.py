@@ -29,9 +29,9 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 TXN_APP_ID = "feedapi-dagster"
-# beside a table's data (Delta ignores `_` folders): the staged reads of loads
-STAGING_FOLDER = "_feedapi_staging"
-# a killed load's staged read is removed by a later load after this long
+# beside a table's data (Delta ignores `_` folders): the notes of loads' read tasks (`progress.py`)
+PROGRESS_FOLDER = "_feedapi_progress"
+# a killed load's notes are removed by a later load after this long
 ABANDONED_AFTER_SECONDS = 3600
 
 log = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ class FeedTable:
                 if not self._readable(within_seconds=10):
                     raise
             self._log = self._open_log()
-        self._remove_abandoned_staging()
+        self._remove_abandoned_progress()
 
     def _open_log(self, quiet: bool = False) -> DeltaLog | None:
         if self.read_log == "spark":
@@ -244,25 +244,24 @@ class FeedTable:
                 else:
                     self.spark.conf.set(key, value)
 
-    # ------------------------------------------------------------------ staged reads
-    def staging_path(self, load_id: str) -> str:
-        return f"{self.path.rstrip('/')}/{STAGING_FOLDER}/load-{load_id}"
-
-    def remove_staging(self, staging: str) -> None:
-        local = local_path(staging)
-        if local:
-            shutil.rmtree(local, ignore_errors=True)
-        else:
-            log.warning("staged read %s left behind: remove it with your storage tools (or a lifecycle rule "
-                        "on %s/)", staging, STAGING_FOLDER)
-
-    def _remove_abandoned_staging(self) -> None:
+    # ------------------------------------------------------------------ progress notes
+    def progress_folder(self, load_id: str) -> str | None:
+        """Where a load's read tasks note what they read: beside a table on a local file system (a
+        task writes it with plain file I/O, the run lists it); None elsewhere."""
         local = local_path(self.path)
-        staging = Path(local) / STAGING_FOLDER if local else None
-        if staging is None or not staging.is_dir():
+        return str(Path(local) / PROGRESS_FOLDER / f"load-{load_id}") if local else None
+
+    def remove_progress(self, folder: str | None) -> None:
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _remove_abandoned_progress(self) -> None:
+        local = local_path(self.path)
+        notes = Path(local) / PROGRESS_FOLDER if local else None
+        if notes is None or not notes.is_dir():
             return
         cutoff = time.time() - ABANDONED_AFTER_SECONDS
-        for folder in staging.iterdir():
+        for folder in notes.iterdir():
             with contextlib.suppress(OSError):
                 if folder.stat().st_mtime < cutoff:
                     shutil.rmtree(folder)

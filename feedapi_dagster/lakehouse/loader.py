@@ -1,20 +1,22 @@
 """`FeedLoader`: plans a load from the cursors of record, has Spark read and write it, commits once.
 
-A load of many partitions is three Spark jobs and one Delta commit:
+A load of many partitions reads each event from the feed once and writes it once:
 
-1. **stage**: Spark tasks read the feed partitions through the `feedapi` data source (one task per
-   partition, from its committed cursor) and Spark writes what they read as Parquet under the table's
-   `_feedapi_staging/load-<id>`. Spark's file commit protocol keeps one attempt per task: a retried,
-   speculative or recomputed read never lands twice, and each task's last row (its checkpoint row)
-   says where *that* attempt stopped.
-2. **plan the commit**: the checkpoint rows (a few, skipped by Parquet statistics on the event
-   rows) give each partition's end cursor, position and drained flag.
-3. **commit**: Spark's Delta writer appends the staged rows (or, for a rebuild, replaces the
+1. **read**: Spark tasks read the feed partitions through the `feedapi` data source (each task a
+   group of partitions by expected size, read concurrently, from their committed cursors; one
+   discovery, the loader's, handed to them) and Spark keeps what they read with `localCheckpoint`:
+   in its block manager, cut from its lineage. A retried or speculative task replaces nothing
+   already kept, and a kept read is never recomputed from the feed: if its blocks are lost (a dead
+   executor) the load fails and commits nothing. Each partition's last row (its checkpoint row)
+   says where the attempt that Spark kept stopped.
+2. **plan the commit**: the checkpoint rows (one per partition, collected from the kept read) give
+   each partition's end cursor, position and drained flag.
+3. **commit**: Spark's Delta writer appends the kept rows (or, for a rebuild, replaces the
    partitions' rows) in one Delta commit whose metadata is the new feed state (`state.py`).
 
-A run killed before step 3 leaves a staged read no one commits (removed by a later load); one killed
-after it resumes from exactly the cursors that commit holds. At-least-once feeds are deduplicated in
-Spark against the event ids the table holds (and within the read, in the tasks).
+A run killed before step 3 leaves nothing in the table; one killed after it resumes from exactly the
+cursors that commit holds. At-least-once feeds are deduplicated in Spark against the event ids the
+table holds (and within the read, in the tasks).
 """
 from __future__ import annotations
 
@@ -27,10 +29,12 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from feedapi_dagster.planning import PartitionPlan, PartitionState, PlanStatus, plan_feed, plan_rebuilds
+from feedapi_dagster.planning import (DEFAULT_TASKS, PartitionPlan, PartitionState, PlanStatus, plan_feed,
+                                      plan_rebuilds)
 from feedapi_dagster.protocol import FeedInfo
 
-from .datasource import END_COLUMN, EVENT_DDL, SOURCE_NAME, FeedSourceOptions, ReadEnd
+from .datasource import EVENT_DDL, SOURCE_NAME, FeedSourceOptions
+from .reads import END_COLUMN, ReadEnd
 from .progress import run_with_progress
 from .sink import DeltaSink
 from .spark import register_feed_source
@@ -41,7 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # Moments a load passes through, reported to `on_moment` (tests kill the process there).
-STAGED = "staged"
+READ = "read"
 BEFORE_COMMIT = "before_commit"
 AFTER_COMMIT = "after_commit"
 
@@ -53,6 +57,8 @@ class LoadSettings(BaseModel):
     # goes on with another job, and another commit, until the partition is caught up. None: one
     # job reads each partition to its current end. Rebuilds read whole partitions regardless.
     max_events_per_partition: int | None = Field(default=None, ge=1)
+    # Spark tasks a load's read is spread over (partitions grouped by expected size); None: up to 16.
+    read_tasks: int | None = Field(default=None, ge=1)
 
 
 @dataclass
@@ -154,17 +160,15 @@ class FeedLoader:
         base = self.sink.committed_state()
         starts = {plan.partition_id: plan.start_state() for plan in plans}
         table = self.sink.table
-        staging = table.staging_path(uuid.uuid4().hex)
+        progress = table.progress_folder(uuid.uuid4().hex)
         started = time.monotonic()
         try:
             # a rebuild replaces whole partitions in one commit: it is never cut short by the bound
-            self._stage(starts, staging, None if rebuild else self.settings.max_events_per_partition)
-            self.log.info("partitions %s: read by Spark and staged in %.1f s", sorted(starts),
-                          time.monotonic() - started)
-            staged = self.spark.read.parquet(staging)
-            ends = _read_ends(staged)
-            self.on_moment(STAGED, {})
-            rows = staged.where(f"{END_COLUMN} IS NULL").drop(END_COLUMN)
+            read = self._read(info, starts, progress, None if rebuild else self.settings.max_events_per_partition)
+            ends = _read_ends(read)
+            self.log.info("partitions %s: read by Spark in %.1f s", sorted(starts), time.monotonic() - started)
+            self.on_moment(READ, {})
+            rows = read.where(f"{END_COLUMN} IS NULL").drop(END_COLUMN)
             kept: dict[int, int] | None = None
             if not info.exactly_once:
                 # a rebuild starts its partitions (and the dropped ones) afresh; ancestors' rows stay
@@ -176,16 +180,18 @@ class FeedLoader:
             seconds = time.monotonic() - started
             events = sum(r.events for r in reports.values())
             for report in reports.values():
-                self.log.info("partition %s: %d events in %d pages%s, cursor %s", report.partition_id, report.events,
-                              report.pages, f" ({report.duplicates} duplicates skipped)" if report.duplicates else "",
-                              report.cursor)
+                if report.events or report.duplicates or report.error or len(reports) <= 32:
+                    self.log.info("partition %s: %d events in %d pages%s, cursor %s", report.partition_id,
+                                  report.events, report.pages,
+                                  f" ({report.duplicates} duplicates skipped)" if report.duplicates else "",
+                                  report.cursor)
             self.log.info("read %d events in %d pages from %d partitions in %.1f s (%.0f events/s)", events,
                           sum(r.pages for r in reports.values()), len(reports), seconds, events / max(seconds, 1e-9))
             committing = time.monotonic()
             self._commit(reports, starts, base.state, rows, rebuild, drop)
             self.log.info("commit took %.1f s", time.monotonic() - committing)
         finally:
-            table.remove_staging(staging)
+            table.remove_progress(progress)
         return reports
 
     def _reassert_state(self) -> None:
@@ -197,19 +203,25 @@ class FeedLoader:
         result = self.sink.commit(self.spark.createDataFrame([], EVENT_DDL), {}, {})
         self.log.info("feed state (%s) committed again as Delta version %s", base.describe(), result.delta_version)
 
-    def _stage(self, starts: dict[int, PartitionState], staging: str, max_events: int | None) -> None:
-        """Spark job 1: the tasks read, Spark writes what one attempt of each read as Parquet."""
+    def _read(self, info: FeedInfo, starts: dict[int, PartitionState], progress: str | None,
+              max_events: int | None) -> "DataFrame":
+        """Spark job 1: the tasks read the feed; Spark keeps what one attempt of each read."""
+        tasks = min(len(starts), self.settings.read_tasks or DEFAULT_TASKS)
         options = self.source.spark_options(
             partitions=sorted(starts),
             start_cursors={pid: s.cursor for pid, s in starts.items()},
             start_positions={pid: s.position for pid, s in starts.items()},
             max_events=max_events,
             checkpoint_rows=True,
+            discovery=info.only(starts),
+            tasks=tasks,
+            progress_folder=progress,
         )
         frame = self.spark.read.format(SOURCE_NAME).options(**options).load()
-        # uncompressed: read once, by the commit job, on the same storage
-        run_with_progress(lambda: frame.write.option("compression", "none").parquet(staging), staging,
-                          len(starts), self.log)
+        # `localCheckpoint`, not `cache`: a cached read that lost a block would be read from the feed
+        # again, and a second read may differ from the first (the feed grew, a retry): the cursors
+        # committed must be those of the rows committed
+        return run_with_progress(lambda: frame.localCheckpoint(eager=True), progress, tasks, self.log)
 
     def _commit(self, reports: dict[int, PartitionReport], starts: dict[int, PartitionState],
                 committed, rows: "DataFrame", rebuild: bool, drop: list[int]) -> None:
@@ -234,8 +246,8 @@ class FeedLoader:
         self.log.info("committed partitions %s (Delta version %s)", sorted(updates), result.delta_version)
 
 
-def _read_ends(staged: "DataFrame") -> dict[int, tuple[str, int, ReadEnd]]:
-    rows = staged.where(f"{END_COLUMN} IS NOT NULL").select("partition_id", "cursor", "position", END_COLUMN).collect()
+def _read_ends(read: "DataFrame") -> dict[int, tuple[str, int, ReadEnd]]:
+    rows = read.where(f"{END_COLUMN} IS NOT NULL").select("partition_id", "cursor", "position", END_COLUMN).collect()
     return {row[0]: (row[1], row[2], ReadEnd.from_json(row[3])) for row in rows}
 
 
@@ -243,7 +255,7 @@ def _report(plan: PartitionPlan, start: PartitionState, end: tuple[str, int, Rea
             kept: dict[int, int] | None, rebuild: bool) -> PartitionReport:
     report = PartitionReport(plan.partition_id, "loaded", start.cursor, start.position, start.cursor,
                              rebuilt=rebuild, inherited_from=plan.inherited_from)
-    if end is None:  # cannot happen with a whole staged read; never commit a guess
+    if end is None:  # cannot happen with a whole read; never commit a guess
         report.status, report.error = "failed", "the read of this partition left no checkpoint row"
         return report
     cursor, position, read = end
@@ -266,7 +278,7 @@ def _dedup_group(info: FeedInfo, partition_id: int) -> list[int]:
 
 def _without_stored(rows: "DataFrame", table: "DataFrame", groups: dict[int, list[int]],
                     starts: dict[int, PartitionState]) -> tuple["DataFrame", dict[int, int]]:
-    """The staged rows whose event id the table does not hold in the partition's dedup group, with
+    """The rows read whose event id the table does not hold in the partition's dedup group, with
     positions renumbered to stay contiguous from each partition's start; and the kept rows per
     partition."""
     from pyspark.sql import Window

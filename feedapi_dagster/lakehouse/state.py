@@ -58,6 +58,10 @@ class StateError(RuntimeError):
     """The table's cursor of record cannot be found or read: nothing is loaded into it."""
 
 
+class RecoveryNeedsSpark(StateError):
+    """The state must be recovered from the rows, and the table was given as a path, not a `FeedTable`."""
+
+
 @dataclass(frozen=True)
 class CommittedState:
     state: FeedState
@@ -169,7 +173,7 @@ def resolve(table: "FeedTable | str", history: History) -> CommittedState:
         return history.states[0]
     path = table if isinstance(table, str) else table.path
     if isinstance(table, str):
-        raise StateError(f"no commit in the Delta log of {path} carries the feed state: it must be recovered "
+        raise RecoveryNeedsSpark(f"no commit in the Delta log of {path} carries the feed state: it must be recovered "
                          "from the table's rows, which takes Spark (`feedapi-dagster state` does it)")
     last_rows = table.last_rows(history.table_version)
     if last_rows:

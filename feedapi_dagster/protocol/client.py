@@ -46,7 +46,10 @@ class FeedClient:
         timeout: tuple[float, float] = (10.0, 60.0),
         verify: bool | str = True,
         max_page_bytes: int | None = 256 * 1024 * 1024,
+        info: FeedInfo | None = None,
     ):
+        """`info`: a discovery made before (by whoever planned the read), used until a 409 asks for a
+        new one; None: discover on first use."""
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise FeedAPIError(f"feed URL must be an http or https URL, got {_redact_url(url)!r}")
@@ -74,7 +77,7 @@ class FeedClient:
         self._session.trust_env = False
         if token:
             self._session.headers["Authorization"] = f"Bearer {token}"
-        self._info: FeedInfo | None = None
+        self._info: FeedInfo | None = info
 
     def __repr__(self) -> str:
         return f"FeedClient({_redact_url(self.url)!r}, dialect={self.dialect!r})"

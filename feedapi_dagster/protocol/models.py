@@ -1,7 +1,7 @@
 """Typed views of what a FeedAPI server says: the discovery document, events and pages."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -89,6 +89,11 @@ class FeedInfo(BaseModel):
 
     def partition(self, partition_id: int) -> Partition | None:
         return next((p for p in self.partitions if p.id == partition_id), None)
+
+    def only(self, partition_ids: Iterable[int]) -> FeedInfo:
+        """This discovery with only the given partitions (what a read of them needs to be handed)."""
+        wanted = set(partition_ids)
+        return self.model_copy(update={"partitions": [p for p in self.partitions if p.id in wanted]})
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,9 +3,9 @@ a given moment.
 
     python load_and_die.py FEED_URL TABLE_PATH MOMENT SPARK_CONNECT_URL
 
-Each sync loads at most 100 events per partition. MOMENT is `staged`, `before_commit` or
+Each sync loads at most 100 events per partition. MOMENT is `read`, `before_commit` or
 `after_commit`: the process dies the second time it gets there, so that one load is committed and the
-next is not (staged, before) or is (after). With MOMENT `none` it syncs once and exits.
+next is not (read, before) or is (after). With MOMENT `none` it syncs once and exits.
 """
 import os
 import signal

@@ -1,6 +1,6 @@
 """Loads killed at their dangerous moments, then resumed: nothing lost, nothing twice.
 
-* the run process (the Spark driver's client), SIGKILLed after Spark staged the read, right before
+* the run process (the Spark driver's client), SIGKILLed after Spark read the feed, right before
   and right after the Delta commit;
 * a Python worker SIGKILLed in the middle of a read task (Spark retries the task; the feed grows
   between the two attempts, so they read different amounts);
@@ -25,7 +25,7 @@ from .conftest import table_rows
 SCRIPT = Path(__file__).with_name("load_and_die.py")
 
 
-@pytest.mark.parametrize("moment, generation", [("staged", 1), ("before_commit", 1), ("after_commit", 2)])
+@pytest.mark.parametrize("moment, generation", [("read", 1), ("before_commit", 1), ("after_commit", 2)])
 def test_sigkill_of_the_run_then_resume_loads_every_event_exactly_once(spark, connect_server, make_loader,
                                                                        table_path, moment, generation):
     feed = DemoFeed(partitions=2, events=600, seed=21, exactly_once=False, duplicate_ratio=0.1)

@@ -4,8 +4,10 @@ import json
 import pytest
 
 from feedapi_dagster import FeedDataSource
-from feedapi_dagster.demo import DemoFeed, DemoFeedServer
-from feedapi_dagster.lakehouse.datasource import END_COLUMN, FeedSourceOptions, ReadEnd
+from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults
+from feedapi_dagster.lakehouse.datasource import FeedSourceOptions
+from feedapi_dagster.lakehouse.reads import END_COLUMN, ReadEnd
+from feedapi_dagster.protocol import RetryPolicy
 
 TOKEN = "tok-datasource-7c1f-secret"
 
@@ -55,6 +57,21 @@ def test_incremental_options_resume_where_a_checkpoint_row_says(feedapi):
     for partition in (1, 2):
         assert [r.payload for r in events[partition]] == feed.published(partition)
         assert [r.position for r in events[partition]] == list(range(len(feed.published(partition))))
+
+
+def test_many_partitions_are_read_by_a_few_tasks_each_reading_several_at_once(feedapi):
+    feed = DemoFeed(partitions=40, events=400, seed=55, exactly_once=False, duplicate_ratio=0.1)
+    with DemoFeedServer(feed, dialect="published", faults=Faults(rate=0.1, seed=55, retry_after=0)) as server:
+        options = FeedSourceOptions(url=server.url, page_size_hint=3, retry=RetryPolicy(base_delay=0.001))
+        frame = feedapi.read.format("feedapi").options(**options.spark_options(tasks=3, checkpoint_rows=True)).load()
+        assert frame.rdd.getNumPartitions() == 3
+        rows = frame.collect()
+    ends = {r.partition_id: ReadEnd.from_json(r[END_COLUMN]) for r in rows if r[END_COLUMN] is not None}
+    events = by_partition([r for r in rows if r[END_COLUMN] is None])
+    assert sorted(ends) == list(range(40))  # one checkpoint row per partition
+    for partition in range(40):
+        assert [r.payload for r in events.get(partition, [])] == feed.expected_events(partition)
+        assert ends[partition].events == len(feed.expected_events(partition)) and ends[partition].error is None
 
 
 def test_a_50_mb_event_loads(feedapi):

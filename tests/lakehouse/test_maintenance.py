@@ -7,7 +7,7 @@ import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
 from feedapi_dagster.lakehouse.delta import OPTIMIZE, FeedTable
-from feedapi_dagster.lakehouse.loader import STAGED
+from feedapi_dagster.lakehouse.loader import READ
 from feedapi_dagster.lakehouse.maintenance import VACUUM, MaintenanceSettings, due, maintain, vacuum_retention_hours
 from feedapi_dagster.lakehouse.state import read_committed_state
 
@@ -17,7 +17,7 @@ NOW = dt.datetime(2026, 11, 25, 12, 0, tzinfo=dt.timezone.utc)
 
 
 def data_files(table_path: str) -> set[str]:
-    """Parquet files of the table on disk (the staged reads under `_feedapi_staging` are not the table's)."""
+    """Parquet files of the table on disk (the folders of `_` names beside them are not the table's)."""
     return {str(p.relative_to(table_path)) for p in Path(table_path).rglob("*.parquet")
             if not any(part.startswith("_") for part in p.relative_to(table_path).parts)}
 
@@ -96,7 +96,7 @@ def test_vacuum_at_the_dangerous_moment_of_a_load_loses_and_duplicates_nothing(s
 
     def maintenance_now(running_since):
         def on_moment(moment, _updates):
-            if moment == STAGED:
+            if moment == READ:
                 table = FeedTable(spark, table_path)
                 table.ensure_table()
                 reports.append(maintain(table, settings, running_since))

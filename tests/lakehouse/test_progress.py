@@ -1,16 +1,12 @@
 """A load's progress shows in its log while Spark still reads: each partition's figures as soon as
 its read task is done."""
 import logging
-import os
 import threading
-
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
 from feedapi_dagster.demo.server import Gate
-from feedapi_dagster.lakehouse.datasource import ReadEnd
-from feedapi_dagster.lakehouse.progress import StagedReads
+from feedapi_dagster.lakehouse.progress import ReadNotes
+from feedapi_dagster.lakehouse.reads import GroupRead, ReadEnd, ReadSettings
 
 
 class Lines(logging.Handler):
@@ -44,7 +40,7 @@ def test_each_partitions_read_is_logged_when_its_task_ends_not_when_the_job_does
                 deadline.wait(0.1)
             assert load.is_alive(), "the load ended while partition 1 was held"
             live = [line for line in lines.lines if line.startswith("partition 0: read")]
-            assert live and "1 of 2 partitions read" in live[0], lines.lines
+            assert live and "1 of 2 read tasks done" in live[0], lines.lines
         finally:
             server.gate = None
             gate.opened.set()
@@ -55,33 +51,29 @@ def test_each_partitions_read_is_logged_when_its_task_ends_not_when_the_job_does
         assert "events/s" in line
 
 
-def test_staged_reads_follow_spark_moving_and_deleting_task_folders_and_report_each_read_once(tmp_path):
-    """Spark's file commit protocol renames task folders and deletes them while the run lists the
-    staging folder (a cluster test once failed on a folder that vanished under `rglob`)."""
+def test_read_notes_are_reported_once_each_while_tasks_keep_writing_them(tmp_path):
+    """Read tasks write their notes while the run lists the folder: a note is seen whole or not at
+    all (written aside, then renamed), and each once."""
     tasks = 300
-    watcher = StagedReads(str(tmp_path))
+    notes = ReadNotes(str(tmp_path / "notes"))
+    assert notes.new() == []  # no task done yet: no folder
     reported: list[int] = []
     done = threading.Event()
 
-    def spark_commits():
+    def tasks_finish():
         for task in range(tasks):
-            attempt = tmp_path / "_temporary" / "0" / "_temporary" / f"attempt_{task}"
-            attempt.mkdir(parents=True)
-            name = f"part-{task:05d}.parquet"
-            end = ReadEnd(events=task, pages=1, duplicates=0, drained=True).to_json()
-            pq.write_table(pa.table({"partition_id": [task], "read_end": [end]}), attempt / name)
-            committed = tmp_path / "_temporary" / "0" / f"task_{task}"
-            os.rename(attempt, committed)  # task commit
-            os.rename(committed / name, tmp_path / name)  # job commit
-            committed.rmdir()
+            ends = [ReadEnd(events=task, pages=1, duplicates=0, drained=True),
+                    ReadEnd(events=1, pages=1, duplicates=0, drained=False)]
+            GroupRead(ReadSettings("id", True, None, 1, str(tmp_path / "notes")), None, None, [])._note(
+                [(task, ends[0]), (tasks + task, ends[1])])
         done.set()
 
-    writer = threading.Thread(target=spark_commits)
+    writer = threading.Thread(target=tasks_finish)
     writer.start()
     try:
         while not done.is_set():
-            reported.extend(pid for pid, _ in watcher.new_reads())
+            reported.extend(pid for reads in notes.new() for pid, _ in reads)
     finally:
         writer.join()
-    reported.extend(pid for pid, _ in watcher.new_reads())
-    assert sorted(reported) == list(range(tasks))
+    reported.extend(pid for reads in notes.new() for pid, _ in reads)
+    assert sorted(reported) == list(range(2 * tasks))

@@ -364,38 +364,39 @@ def test_the_delta_log_is_read_with_deltalake_where_the_run_can_open_the_table(s
     assert FeedTable(spark, str(tmp_path / "not-a-table"))._open_log() is None
 
 
-def test_a_delta_commit_failing_after_the_read_was_staged_commits_nothing_and_leaves_nothing(
+def test_a_delta_commit_failing_after_the_read_commits_nothing_and_leaves_nothing(
         spark, make_loader, table_path, monkeypatch):
-    # The read is staged by Spark beside the table; the Delta write of the staged rows fails.
+    # Spark has read the feed (its read tasks left their notes beside the table); the Delta write fails.
     from pyspark.sql.readwriter import DataFrameWriter
 
     feed = DemoFeed(partitions=2, events=120, seed=4)
     with DemoFeedServer(feed, dialect="published") as server:
         make_loader(server, page_size_hint=40).sync()
         feed.append(60)
-        staged: list[list[str]] = []
+        noted: list[list[str]] = []
         real_save = DataFrameWriter.save
 
         def failing_save(self, path=None, *args, **kwargs):
-            staged.append([p.name for p in (Path(table_path) / "_feedapi_staging").glob("load-*")])
+            noted.append([p.name for p in (Path(table_path) / "_feedapi_progress").glob("load-*/*.json")])
             raise RuntimeError("the Spark job died")
 
         monkeypatch.setattr(DataFrameWriter, "save", failing_save)
         before = read_committed_state(table_path)
         with pytest.raises(RuntimeError, match="the Spark job died"):
             make_loader(server, page_size_hint=40).sync()
-        assert len(staged) == 1 and len(staged[0]) == 1  # the read was staged when the write failed
+        assert len(noted) == 1 and len(noted[0]) == 2  # both read tasks were done when the write failed
         assert read_committed_state(table_path) == before
-        assert not list((Path(table_path) / "_feedapi_staging").glob("load-*"))
+        assert not list((Path(table_path) / "_feedapi_progress").glob("load-*"))
 
         monkeypatch.setattr(DataFrameWriter, "save", real_save)
         make_loader(server, page_size_hint=40).sync()
     _assert_the_table_holds_the_feed(spark, table_path, feed)
 
 
-def test_reads_staged_by_a_killed_load_are_never_committed_and_go_after_an_hour(spark, make_loader, table_path):
-    # What `kill -9` between staging and the commit leaves: a staged read. Neither Delta reader sees
-    # it, the next load commits every event once, and old leftovers are removed.
+def test_what_a_killed_load_leaves_is_never_committed_and_goes_after_an_hour(spark, make_loader, table_path):
+    # What `kill -9` between the read and the commit leaves beside the table: its read tasks' notes
+    # (the read itself was in Spark's memory). Neither Delta reader sees them, the next load commits
+    # every event once, and old leftovers are removed.
     import os
     import time
 
@@ -405,15 +406,16 @@ def test_reads_staged_by_a_killed_load_are_never_committed_and_go_after_an_hour(
     feed = DemoFeed(partitions=2, events=80, seed=6)
     with DemoFeedServer(feed, dialect="published") as server:
         make_loader(server).sync()
-        staging = Path(table_path) / "_feedapi_staging"
+        notes = Path(table_path) / "_feedapi_progress"
         leftovers = {"load-old": time.time() - 7200, "load-recent": time.time() - 60}
         for name, mtime in leftovers.items():
-            (staging / name).mkdir(parents=True)
-            pq.write_table(DeltaTable(table_path).to_pyarrow_table(), staging / name / "part-0.parquet")
-            os.utime(staging / name, (mtime, mtime))
+            (notes / name).mkdir(parents=True)
+            pq.write_table(DeltaTable(table_path).to_pyarrow_table(), notes / name / "part-0.parquet")
+            (notes / name / "0.json").write_text("[]")
+            os.utime(notes / name, (mtime, mtime))
         feed.append(40)
         make_loader(server).sync()
-    assert sorted(p.name for p in staging.iterdir()) == ["load-recent"]  # a load may still be using it
+    assert sorted(p.name for p in notes.iterdir()) == ["load-recent"]  # a load may still be using it
     assert DeltaTable(table_path).to_pyarrow_table().num_rows == sum(len(feed.published(p)) for p in (0, 1))
     _assert_the_table_holds_the_feed(spark, table_path, feed)
 
