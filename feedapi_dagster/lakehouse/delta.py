@@ -37,6 +37,9 @@ ABANDONED_AFTER_SECONDS = 3600
 log = logging.getLogger(__name__)
 
 TABLE_DDL = spark_ddl(TABLE_SCHEMA)
+# File statistics only of what is looked up by them: positions (the checks, per partition from the log).
+# Delta's default, the first 32 columns, has every commit compute min/max of each payload too.
+STATS_COLUMNS = "'delta.dataSkippingStatsColumns' = 'position'"
 
 # operations of the Delta log that maintenance writes (VACUUM logs a START and an END commit)
 OPTIMIZE = "OPTIMIZE"
@@ -139,7 +142,7 @@ class FeedTable:
         if self._log is None:
             try:
                 self.spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{self.path}` ({TABLE_DDL}) USING delta "
-                               f"PARTITIONED BY ({PARTITION_COLUMN})")
+                               f"PARTITIONED BY ({PARTITION_COLUMN}) TBLPROPERTIES ({STATS_COLUMNS})")
             except Exception:  # noqa: BLE001 - Spark's error types differ between classic and Connect
                 # Two first loads racing to create the table: the loser's CREATE fails, named by timing
                 # (protocol changed, table exists, location not empty...); the winner's table is the table.
