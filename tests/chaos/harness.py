@@ -332,7 +332,7 @@ class ChaosRun:
                 return FeedState()
             table = DeltaTable(self.table)
         for commit in table.history():
-            decoded = decode(commit.get("userMetadata"))
+            decoded = decode(commit.get("userMetadata"), commit["version"])
             if decoded is not None and commit["version"] <= table.version():
                 return decoded[0]
         return FeedState()
@@ -391,7 +391,7 @@ class ChaosRun:
             raise InvariantBroken(f"seed {self.seed}, {where}:\n  " + "\n  ".join(problems))
 
     def _method1_order(self, table: DeltaTable, live: dict) -> list[str]:
-        history = [(c["version"], decode(c.get("userMetadata"))) for c in table.history()]
+        history = [(c["version"], decode(c.get("userMetadata"), c["version"])) for c in table.history()]
         states = sorted((version, d[0]) for version, d in history if d is not None)
         problems = []
         # (an inferred parent - feedapi-go's omitted startsAfterPartition: 0 - is no real split here)
