@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/dlt_load.py URL PAGE_SIZE WORK_DIR EXPECTED_EVENTS [--workers 8]
 
 What a dlt user would write (needs the `bench` extra, `dlt[deltalake]`): one `parallelized=True`
-resource per feed partition, paging through it from `_first` and yielding one `pyarrow.Table` per page
+resource per feed partition (per group of partitions past 16), paging through it from `_first` and yielding one `pyarrow.Table` per page
 (partition_id, position, cursor, payload = the raw JSON text of `data`, cut out by msgspec);
 `write_disposition="append"` into the `filesystem` destination with `table_format="delta"`.
 `pipeline.run` is timed; the table must hold EXPECTED_EVENTS rows. Prints one JSON line.
@@ -66,6 +66,17 @@ def partition_pages(url: str, token: str, partition_id: int, page_size: int):
             cursor = following
 
 
+def group_pages(url: str, token: str, partition_ids: list[int], page_size: int):
+    """The pages of several partitions, one after the other: one resource for many small partitions
+    (dlt fails with a RecursionError in extract on 2,000 resources)."""
+    for partition_id in partition_ids:
+        yield from partition_pages(url, token, partition_id, page_size)
+
+
+# resources of a pipeline at most: one per partition up to this, then partitions share them
+MAX_RESOURCES = 16
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("url")
@@ -82,10 +93,11 @@ def main() -> int:
 
     document = requests.get(args.url, timeout=30).json()
     token, partition_ids = document["token"], [int(p["id"]) for p in document["partitions"]]
+    groups = [partition_ids[i::MAX_RESOURCES] for i in range(min(MAX_RESOURCES, len(partition_ids)))]
     resources = [
-        dlt.resource(partition_pages, name=f"feed_partition_{pid}", table_name="events", write_disposition="append",
-                     table_format="delta", parallelized=True)(args.url, token, pid, args.page_size)
-        for pid in partition_ids
+        dlt.resource(group_pages, name=f"feed_partitions_{index}", table_name="events", write_disposition="append",
+                     table_format="delta", parallelized=True)(args.url, token, group, args.page_size)
+        for index, group in enumerate(groups)
     ]
     pipeline = dlt.pipeline(pipeline_name="bench_feed", pipelines_dir=str(args.work / "dlt_pipelines"),
                             destination=dlt.destinations.filesystem(bucket_url=(args.work / "dlt_lake").as_uri()),

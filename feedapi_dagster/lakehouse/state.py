@@ -12,13 +12,14 @@ position, so the rows themselves hold each partition's resume point.
 1. the newest commit that carries a state, skipping the commits a `RESTORE` undid (a RESTORE to
    version N makes the state of N the state again: the next load re-reads what the restore took out);
    commits without state (OPTIMIZE, VACUUM, a user's DELETE or SET TBLPROPERTIES) leave it as it is;
-2. when no commit in the log carries one (Delta's log cleanup removed it: a checkpoint keeps no
+2. when no commit in the log carries one because the log was cleaned up (a checkpoint keeps no
    `commitInfo`), the state is **recovered from the rows**: each partition resumes after its newest
    row's page, at position max + 1. That cursor is exact for the events: the pages after it held no
    stored event (filtered, empty, or duplicates of stored ones) and read again they give none. Drained
    flags are found again by reading closed partitions to their end. The next commit carries the state
    again (a load re-asserts a state recovered, or one that others' commits have pushed far back);
-3. no state and no rows: a new table if its whole history is there, else `StateNotFound` (never a
+3. no commit carries one and the log still reaches back to version 0: a new table (or one a RESTORE
+   took back to before its first load); no state, no rows and a cleaned log: `StateError` (never a
    silent restart from `_first`).
 
 **Concurrent writers** are serialised through Delta's application transaction: a commit declares
@@ -172,16 +173,16 @@ def resolve(table: "FeedTable | str", history: History) -> CommittedState:
     if history.states:
         return history.states[0]
     path = table if isinstance(table, str) else table.path
+    if history.complete:  # every commit is in the log, and no load's commit is in effect
+        return CommittedState(FeedState(), "new", None, None, None, history.table_version)
     if isinstance(table, str):
         raise RecoveryNeedsSpark(f"no commit in the Delta log of {path} carries the feed state: it must be recovered "
-                         "from the table's rows, which takes Spark (`feedapi-dagster state` does it)")
+                                 "from the table's rows, which takes Spark (`feedapi-dagster state` does it)")
     last_rows = table.last_rows(history.table_version)
     if last_rows:
         state = FeedState(partitions={pid: PartitionState(cursor=cursor, position=position + 1)
                                       for pid, (position, cursor) in last_rows.items()})
         return CommittedState(state, "rows", None, None, history.table_version, history.table_version)
-    if history.complete:
-        return CommittedState(FeedState(), "new", None, None, None, history.table_version)
     raise StateError(
         f"the Delta table {path} has no rows and its log no longer reaches back to its creation (cleaned up "
         "by Delta), and no commit left in it carries the feed state: whether its events were deleted or "
