@@ -39,6 +39,7 @@ import weakref
 import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Literal, Mapping, Sequence
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -646,27 +647,22 @@ def connect_session(url: str, conf: Mapping[str, str] | None = None) -> "SparkSe
     builder = SparkSession.builder.remote(url)
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
-    return track_client(builder.getOrCreate())
-
-
-def track_client(session: "SparkSession") -> "SparkSession":
-    """Remember a Connect client of this process, so that a server this process stops closes it first."""
-    _clients.append(session)
+    session = builder.getOrCreate()
+    _clients.append((urlsplit(url).port, session))
     return session
 
 
-# Connect sessions of this process: a server this process stops closes its clients first, or their
-# exit hook would wait up to 10 minutes (pyspark's retry policy) for the server that went away.
-_clients: list["SparkSession"] = []
+# Connect sessions of this process and their servers' ports: a server this process stops closes its
+# clients first, or their exit hook would wait up to 10 minutes (pyspark's retry policy) for it.
+_clients: list[tuple[int | None, "SparkSession"]] = []
 
 
 def _close_clients(port: int) -> None:
-    for session in list(_clients):
-        client = session.client
-        if client._builder.endpoint.endswith(f":{port}"):
+    for entry in list(_clients):
+        if entry[0] == port:
             with contextlib.suppress(Exception):
-                client.close()
-            _clients.remove(session)
+                entry[1].client.close()
+            _clients.remove(entry)
 
 
 # Sessions that have the `feedapi` data source (weakly: an id() of a collected session is reused).

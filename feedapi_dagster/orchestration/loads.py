@@ -145,6 +145,8 @@ def latest_metadata_by_partition(instance: dg.DagsterInstance, binding: FeedBind
                                  partition_keys: list[str]) -> dict[str, dict]:
     """The metadata of each partition's latest materialization (partitions without one are left out),
     in two queries whatever the number of partitions."""
+    # DagsterInstance has no public lookup of each partition's latest materialization; this storage
+    # method is the one Dagster's own partition status uses (one query for all the keys)
     latest = instance.event_log_storage.get_latest_storage_id_by_partition(
         binding.key, dg.DagsterEventType.ASSET_MATERIALIZATION, set(partition_keys))
     if not latest:

@@ -4,10 +4,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal
 
 from dagster_pyspark import LazyPySparkResource, PySparkResource
-from dagster_pyspark.resources import spark_session_from_config
 
-from feedapi_dagster.lakehouse.spark import (DEFAULT_PORT, SparkSettings, ensure_embedded_server, is_connect,
-                                             local_spark_session, register_feed_source, track_client)
+from feedapi_dagster.lakehouse.spark import (DEFAULT_PORT, SparkSettings, connect_session, ensure_embedded_server,
+                                             is_connect, local_spark_session, register_feed_source)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -49,6 +48,9 @@ class SparkResource(LazyPySparkResource):
         return SparkSettings(mode=self.mode, remote=self.remote, port=self.port, conf=self.spark_config,
                              detach_server=True, ship_package=self.ship_package)
 
+    # LazyPySparkResource has no public hook for how its session is made: `_init_session` is what its
+    # `spark_session` property calls, once, and `_spark_session` where it keeps the session
+    # (dagster-pyspark 0.29). Overriding them keeps the base class's laziness and teardown.
     def _init_session(self) -> None:
         if self._spark_session is not None:
             return
@@ -62,7 +64,7 @@ class SparkResource(LazyPySparkResource):
                 conf = {}
             else:
                 url, conf = settings.remote, settings.conf
-            session = track_client(spark_session_from_config({**conf, "spark.remote": url}))
+            session = connect_session(url, conf)
         register_feed_source(session, ship=settings.mode == "remote" and settings.ship_package)
         self._spark_session = session
 
