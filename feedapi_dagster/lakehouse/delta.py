@@ -45,6 +45,7 @@ STATS_COLUMNS = "'delta.dataSkippingStatsColumns' = 'position'"
 OPTIMIZE = "OPTIMIZE"
 VACUUM_START = "VACUUM START"
 VACUUM_END = "VACUUM END"
+RESTORE = "RESTORE"
 # commits that rewrite or delete files without changing the table's rows
 FILE_MAINTENANCE = frozenset({OPTIMIZE, VACUUM_START, VACUUM_END})
 # Delta refuses a VACUUM retention under 7 days unless this check is off; `maintenance.py` computes a
@@ -54,9 +55,6 @@ _VACUUM_LOGGING = "spark.databricks.delta.vacuum.logging.enabled"
 # the tasks VACUUM lists the table's files with (Spark's default, 10,000, makes a VACUUM of a small
 # table take 35-40 s on 2 cores; 4 tasks: 5 s)
 _LISTING_PARALLELISM = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
-
-
-RESTORE = "RESTORE"
 
 
 @dataclass(frozen=True)

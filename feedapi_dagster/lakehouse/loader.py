@@ -205,7 +205,9 @@ class FeedLoader:
 
     def _read(self, info: FeedInfo, starts: dict[int, PartitionState], progress: str | None,
               max_events: int | None) -> "DataFrame":
-        """Spark job 1: the tasks read the feed; Spark keeps what one attempt of each read."""
+        """Spark job 1: the tasks read the feed; Spark keeps what one attempt of each read. The kept
+        read goes when its DataFrame does (Spark Connect releases a checkpoint whose plan object is
+        collected; classic Spark's context cleaner its blocks): at the end of the load."""
         from pyspark import StorageLevel
 
         tasks = min(len(starts), self.settings.read_tasks or DEFAULT_TASKS)
