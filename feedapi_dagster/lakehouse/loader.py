@@ -36,8 +36,10 @@ from feedapi_dagster.protocol import FeedInfo
 from .datasource import EVENT_DDL, SOURCE_NAME, FeedSourceOptions
 from .reads import END_COLUMN, ReadEnd
 from .progress import run_with_progress
+from .delta import FeedTable
 from .sink import DeltaSink
 from .spark import register_feed_source
+from .state import CommittedState
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -91,6 +93,17 @@ class PartitionReport:
         return later
 
 
+@dataclass(frozen=True)
+class LoadOutcome:
+    """What one load did: a report per partition, the discovery it planned from, the table it wrote and
+    the cursor of record after it (what the Dagster layer records, checks and maintains)."""
+
+    reports: dict[int, PartitionReport]
+    info: FeedInfo
+    table: FeedTable
+    committed: CommittedState
+
+
 class FeedLoader:
     def __init__(
         self,
@@ -113,6 +126,26 @@ class FeedLoader:
         register_feed_source(self.spark)
 
     # ------------------------------------------------------------------ entry points
+    def load(self, partitions: Iterable[int], *, rebuild: Iterable[int] = (), drop: Iterable[int] = (),
+             rebuild_closed: bool = False) -> LoadOutcome:
+        """Bring `partitions` up to date: `rebuild` ones (and, with `rebuild_closed`, the closed ones
+        among them: a backfill of a closed partition) from `_first` with their rows replaced, together
+        with the rows of `drop`; the others from their cursors of record."""
+        info = self.client.info
+        partitions = list(partitions)
+        rebuilt = set(rebuild)
+        if rebuild_closed:
+            rebuilt |= {pid for pid in partitions if (p := info.partition(pid)) is not None and p.closed}
+        reports: dict[int, PartitionReport] = {}
+        if rebuilt:
+            self.log.info("partitions %s: rebuilding from _first (rows replaced atomically)", sorted(rebuilt))
+            reports.update(self.rebuild(sorted(rebuilt), drop=list(drop)))
+        synced = [pid for pid in partitions if pid not in rebuilt]
+        if synced:
+            reports.update(self.sync(synced))
+        return LoadOutcome(dict(sorted(reports.items())), info, self.sink.table,
+                           self.sink.committed_state(refresh=True))
+
     def sync(self, partition_ids: Iterable[int] | None = None) -> dict[int, PartitionReport]:
         """Load every due partition (or the given ones) to where the feed is now.
 

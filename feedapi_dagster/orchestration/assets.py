@@ -54,36 +54,27 @@ def load(binding: FeedBinding, context: dg.AssetExecutionContext, config: LoadCo
     if len(keys) == 1 and keys[0] in busy:
         raise dg.Failure(f"feed {binding.name} partition {keys[0]}: another run is loading it; not starting a "
                          "second load (see the runs tagged feedapi/feed)", allow_retries=False)
-    loader = make_loader(binding, context)
-    info = loader.client.info
     wanted = [key for key in keys if key not in busy]
     if len(wanted) < len(keys):
         context.log.info("skipping partitions %s: other runs are loading them", sorted(set(keys) - set(wanted)))
-    rebuild = set(config.rebuild)
-    if context.run.tags.get(REBUILD_TAG) == "true":
-        rebuild |= set(wanted)
-    elif BACKFILL_TAG in context.run.tags:  # a backfill of a closed partition rebuilds it from `_first`
-        rebuild |= {key for key in wanted if (p := info.partition(key)) is not None and p.closed}
-    if clash := busy & {*rebuild, *config.drop}:
+    if clash := busy & {*config.rebuild, *config.drop}:
         raise dg.Failure(f"feed {binding.name}: partitions {sorted(clash)} are being loaded by another run")
-    reports = {}
-    if rebuild:
-        context.log.info("partitions %s: rebuilding from _first (rows replaced atomically)", sorted(rebuild))
-        reports.update(loader.rebuild(sorted(rebuild), drop=config.drop))
-    synced = [key for key in wanted if key not in rebuild]
-    if synced:
-        reports.update(loader.sync(synced))
-    for report in reports.values():
+    rebuild = set(config.rebuild) | (set(wanted) if context.run.tags.get(REBUILD_TAG) == "true" else set())
+    outcome = make_loader(binding, context).load(
+        wanted, rebuild=rebuild, drop=config.drop,
+        # a backfill of a closed partition rebuilds it from `_first`
+        rebuild_closed=BACKFILL_TAG in context.run.tags)
+    for report in outcome.reports.values():
         if report.error:
             context.log.error("partition %s: %s", report.partition_id, report.error)
-    for event in materializations(binding, reports.values(), loader):
+    for event in materializations(binding, outcome.reports.values(), outcome):
         context.log_event(event)
-    loaded = [r.partition_id for r in reports.values() if r.status == "loaded"]
-    for event in mirror_repairs(context.instance, binding, loader, skip=loaded):
+    loaded = [r.partition_id for r in outcome.reports.values() if r.status == "loaded"]
+    for event in mirror_repairs(context.instance, binding, outcome, skip=loaded):
         context.log.info("partition %s: materialization metadata was behind Delta; recorded the cursor of record",
                          event.partition)
         context.log_event(event)
-    yield from feed_check_results(binding, context.instance, loader, loaded)
-    maintain_after_load(context, binding, loader.sink.table)
-    if problem := failure(binding, reports.values()):
+    yield from feed_check_results(binding, context.instance, outcome, loaded)
+    maintain_after_load(context, binding, outcome.table)
+    if problem := failure(binding, outcome.reports.values()):
         raise problem

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 
 import dagster as dg
 
-from feedapi_dagster.lakehouse.loader import FeedLoader
+from feedapi_dagster.lakehouse.loader import LoadOutcome
 from feedapi_dagster.lakehouse.stats import duplicate_event_ids, partition_stats
 
 from .loads import FeedBinding, latest_metadata_by_partition
@@ -35,10 +35,10 @@ def feed_check_specs(key: dg.AssetKey) -> list[dg.AssetCheckSpec]:
     ]
 
 
-def feed_check_results(binding: FeedBinding, instance: dg.DagsterInstance, loader: FeedLoader,
+def feed_check_results(binding: FeedBinding, instance: dg.DagsterInstance, outcome: LoadOutcome,
                        loaded: Sequence[int]) -> Iterator[dg.AssetCheckResult]:
-    table = loader.sink.table
-    state = loader.sink.committed_state(refresh=True).state
+    table = outcome.table
+    state = outcome.committed.state
     stats = partition_stats(table, loaded)
     broken = []
     for partition_id in sorted(loaded):

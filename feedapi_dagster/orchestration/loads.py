@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import dagster as dg
 
 from feedapi_dagster.lakehouse.delta import FeedTable
-from feedapi_dagster.lakehouse.loader import FeedLoader, PartitionReport
+from feedapi_dagster.lakehouse.loader import FeedLoader, LoadOutcome, PartitionReport
 from feedapi_dagster.lakehouse.sink import DeltaSink
 
 from .config import FeedConfig, ProjectConfig
@@ -110,7 +110,7 @@ def make_loader(binding: FeedBinding, context: dg.OpExecutionContext) -> FeedLoa
     return FeedLoader(binding.feed.source(), sink, binding.feed.load, logger=context.log)
 
 
-def report_metadata(report: PartitionReport, loader: FeedLoader) -> dict[str, dg.RawMetadataValue]:
+def report_metadata(report: PartitionReport, outcome: LoadOutcome, row_count: int) -> dict[str, dg.RawMetadataValue]:
     """The partition's cursor of record and what the load did, with Dagster's standard table keys."""
     return {
         "cursor": report.cursor,
@@ -123,20 +123,21 @@ def report_metadata(report: PartitionReport, loader: FeedLoader) -> dict[str, dg
         "drained": report.drained,
         "rebuilt": report.rebuilt,
         "start_cursor": report.start_cursor,
-        "dialect": loader.client.info.dialect,
+        "dialect": outcome.info.dialect,
         "delta_version": report.delta_version if report.delta_version is not None else -1,
         # Dagster's standard keys; the table's rows are the partitions' committed positions summed
-        "dagster/table_name": loader.sink.path,
+        "dagster/table_name": outcome.table.path,
         "dagster/partition_row_count": report.position,
-        "dagster/row_count": sum(p.position for p in loader.sink.state.partitions.values()),
+        "dagster/row_count": row_count,
     }
 
 
 def materializations(binding: FeedBinding, reports: Iterable[PartitionReport],
-                     loader: FeedLoader) -> list[dg.AssetMaterialization]:
+                     outcome: LoadOutcome) -> list[dg.AssetMaterialization]:
     """One materialization per partition this load committed something for."""
+    rows = sum(p.position for p in outcome.committed.state.partitions.values())
     return [
-        dg.AssetMaterialization(binding.key, partition=str(r.partition_id), metadata=report_metadata(r, loader))
+        dg.AssetMaterialization(binding.key, partition=str(r.partition_id), metadata=report_metadata(r, outcome, rows))
         for r in reports if r.status == "loaded"
     ]
 
@@ -157,13 +158,13 @@ def latest_metadata_by_partition(instance: dg.DagsterInstance, binding: FeedBind
             for record in records}
 
 
-def mirror_repairs(instance: dg.DagsterInstance, binding: FeedBinding, loader: FeedLoader,
+def mirror_repairs(instance: dg.DagsterInstance, binding: FeedBinding, outcome: LoadOutcome,
                    skip: Iterable[int]) -> list[dg.AssetMaterialization]:
     """Materializations for partitions whose latest one disagrees with the cursor of record in Delta
     (a run killed between its commit and its materialization): the next run sets the mirror right."""
     skip = set(skip)
-    candidates = {partition_id: state for partition_id, state in sorted(loader.sink.state.partitions.items())
-                  if partition_id not in skip and loader.client.info.partition(partition_id) is not None}
+    candidates = {partition_id: state for partition_id, state in sorted(outcome.committed.state.partitions.items())
+                  if partition_id not in skip and outcome.info.partition(partition_id) is not None}
     latest = latest_metadata_by_partition(instance, binding, [str(partition_id) for partition_id in candidates])
     repairs = []
     for partition_id, state in candidates.items():
@@ -172,7 +173,7 @@ def mirror_repairs(instance: dg.DagsterInstance, binding: FeedBinding, loader: F
             continue
         report = PartitionReport(partition_id, "loaded", state.cursor, state.position, state.cursor,
                                  drained=state.drained, inherited_from=state.inherited_from)
-        repairs.extend(materializations(binding, [report], loader))
+        repairs.extend(materializations(binding, [report], outcome))
     return repairs
 
 
