@@ -3,10 +3,12 @@
     spark.dataSource.register(FeedDataSource)
     spark.read.format("feedapi").option("url", url).load()   # every partition, `_first` to its end
 
-Discovery runs once, where Spark plans the read; each feed partition becomes one input partition, and
-a Spark task pages through it with the protocol's `FeedClient` (retries, truncated bodies, 409 and
-rediscovery included), streaming Arrow record batches of about `GROUP_EVENTS` events: an executor
-holds one batch, not a partition. Options are camelCase, as Spark's own sources:
+Discovery runs once, where Spark plans the read (or not at all: a caller hands its own in
+`discovery`). The feed partitions are spread over the read tasks by expected size
+(`planning.task_groups`): a task reads its group a few partitions at a time with the protocol's
+`FeedClient` (retries, truncated bodies, 409 and rediscovery included), streaming Arrow record batches
+of about `GROUP_EVENTS` events (`reads.py`): an executor holds one batch, not a partition. Options are
+camelCase, as Spark's own sources:
 
 * `url` (required), `dialect` (auto|v1|draft|published), `partitionCount` (v1), `pageSizeHint`,
   `eventIdField` (the payload field stored as `event_id`), `filters` and `retry` (JSON of
@@ -16,13 +18,16 @@ holds one batch, not a partition. Options are camelCase, as Spark's own sources:
   source's reprs and errors.
 * incremental reads: `partitions` (comma-separated ids; default all), `startCursors` and
   `startPositions` (JSON objects by partition id: where each partition resumes and the position its
-  first new event gets; default `_first` and 0), `maxEvents` (a bound per task: it stops at the
-  first checkpoint at or past it);
-* `checkpointRows` (true|false): each task ends with one row holding where it stopped (see
-  `END_COLUMN`), what the lakehouse loader commits as the partition's cursor.
+  first new event gets; default `_first` and 0), `maxEvents` (a bound per partition: its read stops
+  at the first checkpoint at or past it);
+* `checkpointRows` (true|false): each partition's read ends with one row holding where it stopped
+  (see `END_COLUMN`), what the lakehouse loader commits as the partition's cursor;
+* `tasks` (read tasks, 16 by default; the expected size of a partition is its start position),
+  `threadsPerTask` (8), `discovery` (JSON of a `FeedInfo`: the tasks use it instead of discovering),
+  `progressFolder` (a local folder where each task notes what it read when it ends).
 
-Protocol failures that survive the client's retries end a task early with the error in its
-checkpoint row when `checkpointRows` is on (the rows read before it are good), and fail the query
+Protocol failures that survive the client's retries end a partition's read early with the error in
+its checkpoint row when `checkpointRows` is on (the rows read before it are good), and fail the query
 otherwise.
 """
 from __future__ import annotations
