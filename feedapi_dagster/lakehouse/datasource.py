@@ -33,16 +33,17 @@ otherwise.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pydantic import ValidationError
+from pydantic.alias_generators import to_camel
 from pyspark.sql.types import StructType
 
 from feedapi_dagster.planning import task_groups
-from feedapi_dagster.protocol import EventFilter, FeedAPIError, FeedClient, FeedInfo, RetryPolicy
+from feedapi_dagster.protocol import Feed, FeedClient, FeedInfo
 from feedapi_dagster.protocol.models import FIRST
 
 from .reads import END_COLUMN, GroupRead, PartitionStart, ReadSettings
@@ -52,23 +53,20 @@ SOURCE_NAME = "feedapi"
 EVENT_DDL = spark_ddl(EVENT_SCHEMA)
 
 
+# The `Feed` fields as options: their camelCase names, as Spark's own sources name options
+_FEED_OPTIONS = {to_camel(name): name for name in Feed.model_fields}
+_JSON_FIELDS = ("filters", "retry")
+
+
 @dataclass(frozen=True)
 class FeedSourceOptions:
-    """The options of one read, parsed and checked where Spark plans it."""
+    """One read: the feed (its `Feed` fields are the options `url`, `pageSizeHint`...) and what to
+    read of it. Parsed and checked where Spark plans the read."""
 
-    url: str
-    dialect: str = "auto"
-    partition_count: int | None = None
-    page_size_hint: int | None = 1000
-    event_id_field: str = "id"
-    event_filter: EventFilter | None = None
-    retry: RetryPolicy | None = None
-    verify: bool | str = True
-    token_env: str | None = None
-    token: str | None = None
+    feed: Feed
     partitions: tuple[int, ...] | None = None
-    start_cursors: dict[int, str] | None = None
-    start_positions: dict[int, int] | None = None
+    start_cursors: dict[int, str] = field(default_factory=dict)
+    start_positions: dict[int, int] = field(default_factory=dict)
     max_events: int | None = None
     checkpoint_rows: bool = False
     discovery: FeedInfo | None = None
@@ -77,29 +75,22 @@ class FeedSourceOptions:
     progress_folder: str | None = None
 
     def __repr__(self) -> str:  # the token stays out of anything printed
-        return f"FeedSourceOptions(url={self.url!r}, dialect={self.dialect!r}, partitions={self.partitions})"
+        return f"FeedSourceOptions({self.feed!r}, partitions={self.partitions})"
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> "FeedSourceOptions":
         # Spark hands options with lower-cased keys (a case-insensitive map)
         get = {key.lower(): value for key, value in options.items()}.get
-        url = get("url")
-        if not url:
+        if not get("url"):
             raise ValueError("the feedapi data source needs the option `url`")
         try:
+            feed = Feed.model_validate({
+                name: json.loads(value) if name in _JSON_FIELDS else value
+                for option, name in _FEED_OPTIONS.items() if (value := get(option.lower())) is not None})
+            check_id_field(feed.event_id_field)
             partitions = get("partitions")
-            verify = get("cabundle") or get("verify", "true")
             return cls(
-                url=url,
-                dialect=get("dialect", "auto"),
-                partition_count=_int(get("partitioncount")),
-                page_size_hint=_int(get("pagesizehint", "1000")),
-                event_id_field=check_id_field(get("eventidfield", "id")),
-                event_filter=EventFilter.model_validate_json(get("filters")) if get("filters") else None,
-                retry=RetryPolicy.model_validate_json(get("retry")) if get("retry") else None,
-                verify=verify if get("cabundle") else verify.lower() != "false",
-                token_env=get("tokenenv"),
-                token=get("token"),
+                feed=feed,
                 partitions=None if partitions is None else tuple(int(p) for p in partitions.split(",") if p.strip()),
                 start_cursors={int(k): str(v) for k, v in json.loads(get("startcursors", "{}")).items()},
                 start_positions={int(k): int(v) for k, v in json.loads(get("startpositions", "{}")).items()},
@@ -110,46 +101,36 @@ class FeedSourceOptions:
                 threads_per_task=_int(get("threadspertask")) or 8,
                 progress_folder=get("progressfolder"),
             )
-        except (ValueError, TypeError) as error:  # pydantic's ValidationError is a ValueError
+        except ValidationError as error:
+            problems = "; ".join(f"{to_camel(str(e['loc'][0])) if e['loc'] else 'options'}: {e['msg']}"
+                                 for e in error.errors(include_url=False, include_input=False))
+            raise ValueError(f"feedapi data source: bad option: {problems}") from None
+        except (ValueError, TypeError) as error:
             raise ValueError(f"feedapi data source: bad option: {error}") from None
 
-    def spark_options(self, *, partitions: list[int] | None = None, start_cursors: dict[int, str] | None = None,
-                      start_positions: dict[int, int] | None = None, max_events: int | None = None,
-                      checkpoint_rows: bool = False, discovery: FeedInfo | None = None, tasks: int | None = None,
-                      progress_folder: str | None = None) -> dict[str, str]:
-        """The Spark options of a read of this feed (`spark.read.format("feedapi").options(**...)`)."""
-        options = {
-            "url": self.url, "dialect": self.dialect, "partitionCount": self.partition_count,
-            "pageSizeHint": self.page_size_hint, "eventIdField": self.event_id_field,
-            "filters": self.event_filter.model_dump_json() if self.event_filter else None,
-            "retry": self.retry.model_dump_json() if self.retry else None,
-            "caBundle": self.verify if isinstance(self.verify, str) else None,
-            "verify": None if isinstance(self.verify, str) else self.verify,
-            "tokenEnv": self.token_env, "token": self.token,
-            "partitions": ",".join(map(str, partitions)) if partitions is not None else None,
-            "startCursors": json.dumps({str(k): v for k, v in start_cursors.items()}) if start_cursors else None,
-            "startPositions": json.dumps({str(k): v for k, v in start_positions.items()}) if start_positions else None,
-            "maxEvents": max_events, "checkpointRows": checkpoint_rows,
-            "discovery": discovery.model_dump_json() if discovery else None, "tasks": tasks,
+    def spark_options(self) -> dict[str, str]:
+        """This read as Spark options (`spark.read.format("feedapi").options(**...)`)."""
+        feed = self.feed.model_dump(mode="json", exclude_defaults=True, exclude_none=True)
+        if self.feed.token is not None:  # dumped as "**********"
+            feed["token"] = self.feed.token.get_secret_value()
+        options = {to_camel(name): json.dumps(value) if name in _JSON_FIELDS else value for name, value in feed.items()}
+        options |= {
+            "partitions": ",".join(map(str, self.partitions)) if self.partitions is not None else None,
+            "startCursors": json.dumps({str(k): v for k, v in self.start_cursors.items()}) if self.start_cursors else None,
+            "startPositions": json.dumps({str(k): v for k, v in self.start_positions.items()}) if self.start_positions else None,
+            "maxEvents": self.max_events, "checkpointRows": self.checkpoint_rows or None,
+            "discovery": self.discovery.model_dump_json() if self.discovery else None, "tasks": self.tasks,
             "threadsPerTask": self.threads_per_task if self.threads_per_task != 8 else None,
-            "progressFolder": progress_folder,
+            "progressFolder": self.progress_folder,
         }
         return {key: str(value).lower() if isinstance(value, bool) else str(value)
                 for key, value in options.items() if value is not None}
 
     def client(self, info: FeedInfo | None = None) -> FeedClient:
-        token = self.token
-        if self.token_env:
-            token = os.environ.get(self.token_env)
-            if not token:
-                raise FeedAPIError(f"feedapi data source: environment variable {self.token_env} (tokenEnv) "
-                                   "is not set where the read runs")
-        return FeedClient(self.url, dialect=self.dialect, partition_count=self.partition_count, token=token,
-                          page_size_hint=self.page_size_hint, event_filter=self.event_filter, retry=self.retry,
-                          verify=self.verify, info=info)
+        return FeedClient(self.feed, info=info)
 
     def read_settings(self) -> ReadSettings:
-        return ReadSettings(self.event_id_field, self.checkpoint_rows, self.max_events, self.threads_per_task,
+        return ReadSettings(self.feed.event_id_field, self.checkpoint_rows, self.max_events, self.threads_per_task,
                             self.progress_folder)
 
 
@@ -197,7 +178,7 @@ class FeedReader(DataSourceReader):
             with options.client() as client:
                 info = client.discover()
         wanted = options.partitions if options.partitions is not None else [p.id for p in info.partitions]
-        cursors, positions = options.start_cursors or {}, options.start_positions or {}
+        cursors, positions = options.start_cursors, options.start_positions
         # the expected size of a partition: the rows it holds (its start position), a proxy for its traffic
         groups = task_groups({pid: positions.get(pid, 0) for pid in wanted}, options.tasks)
         # Spark needs at least one input partition; an empty selection reads nothing

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from feedapi_dagster.planning import (DEFAULT_TASKS, PartitionPlan, PartitionState, PlanStatus, plan_feed,
                                       plan_rebuilds)
-from feedapi_dagster.protocol import FeedInfo
+from feedapi_dagster.protocol import Feed, FeedClient, FeedInfo
 
 from .datasource import EVENT_DDL, SOURCE_NAME, FeedSourceOptions
 from .reads import END_COLUMN, ReadEnd
@@ -107,7 +107,7 @@ class LoadOutcome:
 class FeedLoader:
     def __init__(
         self,
-        source: FeedSourceOptions,
+        feed: Feed,
         sink: DeltaSink,
         settings: LoadSettings | None = None,
         *,
@@ -117,8 +117,9 @@ class FeedLoader:
         """`logger`: where progress goes (a Dagster run passes `context.log`, so it shows live in the
         run's log)."""
         self.log = logger or log
-        self.source = source
-        self.client = source.client()
+        # the token is read here, in the run, and reaches the read tasks as Spark's redacted option
+        self.feed = feed.with_token()
+        self.client = FeedClient(self.feed)
         self.sink = sink
         self.spark = sink.table.spark
         self.settings = settings or LoadSettings()
@@ -244,8 +245,9 @@ class FeedLoader:
         from pyspark import StorageLevel
 
         tasks = min(len(starts), self.settings.read_tasks or DEFAULT_TASKS)
-        options = self.source.spark_options(
-            partitions=sorted(starts),
+        options = FeedSourceOptions(
+            self.feed,
+            partitions=tuple(sorted(starts)),
             start_cursors={pid: s.cursor for pid, s in starts.items()},
             start_positions={pid: s.position for pid, s in starts.items()},
             max_events=max_events,
@@ -253,7 +255,7 @@ class FeedLoader:
             discovery=info.only(starts),
             tasks=tasks,
             progress_folder=progress,
-        )
+        ).spark_options()
         frame = self.spark.read.format(SOURCE_NAME).options(**options).load()
         # `localCheckpoint`, not `cache`: a cached read that lost a block would be read from the feed
         # again, and a second read may differ from the first (the feed grew, a retry): the cursors

@@ -107,7 +107,7 @@ def active_partitions(instance: dg.DagsterInstance, binding: FeedBinding, exclud
 
 def make_loader(binding: FeedBinding, context: dg.OpExecutionContext) -> FeedLoader:
     sink = DeltaSink(binding.table(context), run_id=context.run.run_id)
-    return FeedLoader(binding.feed.source(), sink, binding.feed.load, logger=context.log)
+    return FeedLoader(binding.feed, sink, binding.feed.load, logger=context.log)
 
 
 def report_metadata(report: PartitionReport, outcome: LoadOutcome, row_count: int) -> dict[str, dg.RawMetadataValue]:

@@ -3,10 +3,11 @@ dialects, retries."""
 from .client import FeedClient
 from .dialects import EventFilter
 from .errors import FeedAPIError, MalformedResponse, RediscoveryNeeded
+from .feed import Feed
 from .models import Event, FeedInfo, Page, PageRun, Partition
 from .retry import RetryPolicy
 
 __all__ = [
-    "Event", "EventFilter", "FeedAPIError", "FeedClient", "FeedInfo", "MalformedResponse", "Page",
+    "Event", "EventFilter", "Feed", "FeedAPIError", "FeedClient", "FeedInfo", "MalformedResponse", "Page",
     "PageRun", "Partition", "RediscoveryNeeded", "RetryPolicy",
 ]

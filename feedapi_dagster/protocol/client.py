@@ -6,18 +6,19 @@ import time
 from dataclasses import replace
 from itertools import accumulate
 from collections.abc import Iterator
-from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 import requests
 from pydantic import ValidationError
 
-from .dialects import DIALECTS, DialectSpec, EventFilter
+from .dialects import DIALECTS, DialectSpec
 from .errors import FeedAPIError, MalformedResponse, RediscoveryNeeded
+from .feed import Feed, redact_url
 from .models import FIRST, FeedInfo, Page, PageRun, Partition
 from .ndjson import PageReader
-from .retry import TRANSIENT_STATUSES, RetryPolicy
+from .retry import TRANSIENT_STATUSES
 
 log = logging.getLogger(__name__)
 
@@ -35,43 +36,25 @@ class FeedClient:
 
     def __init__(
         self,
-        url: str,
-        dialect: Literal["auto", "v1", "draft", "published"] = "auto",
-        partition_count: int | None = None,
-        token: str | None = None,
-        page_size_hint: int | None = 1000,
+        feed: Feed,
         *,
-        event_filter: EventFilter | None = None,
-        retry: RetryPolicy | None = None,
         timeout: tuple[float, float] = (10.0, 60.0),
-        verify: bool | str = True,
         max_page_bytes: int | None = 256 * 1024 * 1024,
         info: FeedInfo | None = None,
     ):
         """`info`: a discovery made before (by whoever planned the read), used until a 409 asks for a
         new one; None: discover on first use."""
-        parts = urlsplit(url)
+        parts = urlsplit(feed.url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise FeedAPIError(f"feed URL must be an http or https URL, got {_redact_url(url)!r}")
-        if dialect not in ("auto", *DIALECTS):
-            raise FeedAPIError(f"unknown dialect {dialect!r}; expected auto, v1, draft or published")
-        if partition_count is not None and not 1 <= partition_count <= 32768:
-            raise FeedAPIError(f"partition_count must be within 1..32768, got {partition_count}")
-        if dialect == "v1" and partition_count is None:
-            raise FeedAPIError(f"feed {_redact_url(url)}: the v1 dialect needs partition_count")
-        self.url = url
-        self.dialect = dialect
-        self.partition_count = partition_count
-        self.page_size_hint = page_size_hint
-        self.event_filter = event_filter
-        self.retry = retry or RetryPolicy()
+            raise FeedAPIError(f"feed URL must be an http or https URL, got {redact_url(feed.url)!r}")
+        self.feed = feed
         self.timeout = timeout
         self.max_page_bytes = max_page_bytes
-        self._token = token
+        self._token = token = feed.bearer_token()
         self._session = requests.Session()
         # requests looks up proxies and CA bundles in the environment at every request (~0.3 ms of
         # Python each, a thousand requests per million events): look them up once, for this feed's URL
-        environment = self._session.merge_environment_settings(url, {}, None, verify, None)
+        environment = self._session.merge_environment_settings(feed.url, {}, None, feed.tls_verify(), None)
         self._session.proxies.update(environment["proxies"])
         self._session.verify = environment["verify"]
         self._session.trust_env = False
@@ -80,7 +63,7 @@ class FeedClient:
         self._info: FeedInfo | None = info
 
     def __repr__(self) -> str:
-        return f"FeedClient({_redact_url(self.url)!r}, dialect={self.dialect!r})"
+        return f"FeedClient({redact_url(self.feed.url)!r}, dialect={self.feed.dialect!r})"
 
     def close(self) -> None:
         self._session.close()
@@ -98,16 +81,16 @@ class FeedClient:
 
     # ---------------------------------------------------------------- discovery
     def discover(self) -> FeedInfo:
-        if self.dialect == "v1":
+        if self.feed.dialect == "v1":
             self._info = self._v1_info()
             return self._info
-        response, _ = self._request(self.url, {}, partition=None, what="discovery")
+        response, _ = self._request(self.feed.url, {}, partition=None, what="discovery")
         with response:
             status = response.status_code
             if status == 400:
-                if self.dialect != "auto":
+                if self.feed.dialect != "auto":
                     raise self._status_error(response, None, "discovery")
-                if self.partition_count is None:
+                if self.feed.partition_count is None:
                     raise FeedAPIError(
                         f"feed {self._safe_url}: discovery answered 400, so the server speaks v1 "
                         "(ZeroEventHub), which has no discovery: configure partition_count",
@@ -125,10 +108,10 @@ class FeedClient:
         return self._info
 
     def _v1_info(self) -> FeedInfo:
-        assert self.partition_count is not None
+        assert self.feed.partition_count is not None
         # v1 promises nothing about duplicates, so it is treated as at-least-once.
         return FeedInfo(dialect="v1", exactly_once=False,
-                        partitions=[Partition(id=i) for i in range(self.partition_count)])
+                        partitions=[Partition(id=i) for i in range(self.feed.partition_count)])
 
     def _parse_discovery(self, document: Any) -> FeedInfo:
         if not isinstance(document, dict) or not isinstance(document.get("partitions"), list):
@@ -136,7 +119,7 @@ class FeedClient:
         token = document.get("token")
         if token is not None and not isinstance(token, str):
             raise FeedAPIError(f"feed {self._safe_url}: discovery 'token' must be a string")
-        dialect = self.dialect if self.dialect != "auto" else ("published" if token is not None else "draft")
+        dialect = self.feed.dialect if self.feed.dialect != "auto" else ("published" if token is not None else "draft")
         if dialect == "published" and token is None:
             raise FeedAPIError(f"feed {self._safe_url}: dialect 'published' forced, but discovery has no token")
         partitions: list[Partition] = []
@@ -211,9 +194,9 @@ class FeedClient:
         return self._filtered(run)
 
     def _filtered(self, run: PageRun) -> PageRun:
-        if self.event_filter is None or self.info.dialect != "published":
+        if self.feed.filters is None or self.info.dialect != "published":
             return run
-        pages = [[raw for raw in page.raw_events if self.event_filter.keeps(msgspec.json.decode(raw))]
+        pages = [[raw for raw in page.raw_events if self.feed.filters.keeps(msgspec.json.decode(raw))]
                  for page in run.pages()]
         raws = [raw for page in pages for raw in page]
         return replace(run, raw_events=raws, ends=list(accumulate(map(len, pages))), payload_bytes=sum(map(len, raws)))
@@ -224,8 +207,7 @@ class FeedClient:
         attempt = 0
         while True:
             attempt += 1
-            request = spec.fetch(self.url, partition_id, cursor, self.page_size_hint, info.token,
-                                 self.partition_count, self.event_filter)
+            request = spec.fetch(self.feed, partition_id, cursor, info.token)
             response, attempt = self._request(request.url, request.params, partition=partition_id,
                                               what="fetch", first_attempt=attempt)
             with response:
@@ -272,11 +254,11 @@ class FeedClient:
     def _wait_or_raise(self, attempt: int, partition: int | None, reason: str, retry_after: str | None,
                        error: BaseException | None) -> None:
         where = f"feed {self._safe_url}" + (f" partition {partition}" if partition is not None else "")
-        if attempt >= self.retry.max_attempts:
+        if attempt >= self.feed.retry.max_attempts:
             raise FeedAPIError(f"{where}: giving up after {attempt} attempts: {reason}",
                                partition=partition) from error
-        delay = self.retry.delay(attempt, retry_after)
-        log.warning("%s: %s; retry %d/%d in %.2fs", where, reason, attempt, self.retry.max_attempts - 1, delay)
+        delay = self.feed.retry.delay(attempt, retry_after)
+        log.warning("%s: %s; retry %d/%d in %.2fs", where, reason, attempt, self.feed.retry.max_attempts - 1, delay)
         time.sleep(delay)
 
     def _status_error(self, response: requests.Response, partition: int | None, what: str) -> FeedAPIError:
@@ -294,14 +276,7 @@ class FeedClient:
 
     @property
     def _safe_url(self) -> str:
-        return _redact_url(self.url)
-
-
-def _redact_url(url: str) -> str:
-    """The URL without userinfo, so credentials embedded in it never reach logs or errors."""
-    parts = urlsplit(url)
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+        return redact_url(self.feed.url)
 
 
 def _describe(error: BaseException) -> str:

@@ -6,11 +6,14 @@ key holds an event on the wire; everything else (retries, paging, parsing) is sh
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .models import Dialect
+
+if TYPE_CHECKING:
+    from .feed import Feed
 
 
 class EventFilter(BaseModel):
@@ -50,10 +53,7 @@ class DialectSpec:
     name: ClassVar[Dialect]
     event_key: ClassVar[str]
 
-    def fetch(
-        self, base_url: str, partition_id: int, cursor: str, page_size_hint: int | None,
-        token: str | None, partition_count: int | None, event_filter: EventFilter | None,
-    ) -> FetchRequest:
+    def fetch(self, feed: "Feed", partition_id: int, cursor: str, discovery_token: str | None) -> FetchRequest:
         raise NotImplementedError
 
 
@@ -63,39 +63,35 @@ class V1(DialectSpec):
     name = "v1"
     event_key = "data"
 
-    def fetch(self, base_url, partition_id, cursor, page_size_hint, token, partition_count, event_filter):
-        params = {"n": str(partition_count), f"cursor{partition_id}": cursor}
-        if page_size_hint:
-            params["pagesizehint"] = str(page_size_hint)
-        return FetchRequest(base_url, params)
+    def fetch(self, feed, partition_id, cursor, discovery_token):
+        params = {"n": str(feed.partition_count), f"cursor{partition_id}": cursor,
+                  "pagesizehint": str(feed.page_size_hint)}
+        return FetchRequest(feed.url, params)
 
 
 class Draft(DialectSpec):
     name = "draft"
     event_key = "event"
 
-    def fetch(self, base_url, partition_id, cursor, page_size_hint, token, partition_count, event_filter):
-        params = {"partition": str(partition_id), "cursor": cursor}
-        if page_size_hint:
-            params["pageSizeHint"] = str(page_size_hint)
-        if event_filter:
-            params.update({f"filter-{name}": value for name, value in event_filter.fields.items()})
-        return FetchRequest(base_url, params)
+    def fetch(self, feed, partition_id, cursor, discovery_token):
+        params = {"partition": str(partition_id), "cursor": cursor, "pageSizeHint": str(feed.page_size_hint)}
+        if feed.filters:
+            params.update({f"filter-{name}": value for name, value in feed.filters.fields.items()})
+        return FetchRequest(feed.url, params)
 
 
 class Published(DialectSpec):
     name = "published"
     event_key = "data"
 
-    def fetch(self, base_url, partition_id, cursor, page_size_hint, token, partition_count, event_filter):
-        params = {"token": token or "", "partition": str(partition_id), "cursor": cursor}
-        if page_size_hint:
-            params["pagesizehint"] = str(page_size_hint)
-        if event_filter and event_filter.event_types:
-            params["event-types"] = ";".join(event_filter.event_types)
-        if event_filter and event_filter.skip_event_types:
-            params["skip-event-types"] = ";".join(event_filter.skip_event_types)
-        return FetchRequest(base_url.rstrip("/") + "/events", params)
+    def fetch(self, feed, partition_id, cursor, discovery_token):
+        params = {"token": discovery_token or "", "partition": str(partition_id), "cursor": cursor,
+                  "pagesizehint": str(feed.page_size_hint)}
+        if feed.filters and feed.filters.event_types:
+            params["event-types"] = ";".join(feed.filters.event_types)
+        if feed.filters and feed.filters.skip_event_types:
+            params["skip-event-types"] = ";".join(feed.filters.skip_event_types)
+        return FetchRequest(feed.url.rstrip("/") + "/events", params)
 
 
 DIALECTS: dict[str, DialectSpec] = {spec.name: spec for spec in (V1(), Draft(), Published())}

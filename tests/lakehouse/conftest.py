@@ -1,10 +1,9 @@
 import pytest
 
-from feedapi_dagster.lakehouse.datasource import FeedSourceOptions
 from feedapi_dagster.lakehouse.delta import FeedTable
 from feedapi_dagster.lakehouse.loader import FeedLoader
 from feedapi_dagster.lakehouse.sink import DeltaSink
-from feedapi_dagster.protocol import RetryPolicy
+from feedapi_dagster.protocol import Feed, RetryPolicy
 
 
 @pytest.fixture
@@ -31,9 +30,9 @@ def make_sink(spark, table_path, read_log):
     return make
 
 
-def source(url, **options) -> FeedSourceOptions:
+def source(url, **options) -> Feed:
     options.setdefault("retry", RetryPolicy(base_delay=0.001, max_delay=0.01))
-    return FeedSourceOptions(url=url, **options)
+    return Feed(url=url, **options)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 
-from feedapi_dagster.lakehouse.datasource import FeedSourceOptions
+from feedapi_dagster.protocol import Feed
 from feedapi_dagster.lakehouse.delta import FeedTable
 from feedapi_dagster.lakehouse.loader import FeedLoader, LoadSettings
 from feedapi_dagster.lakehouse.sink import DeltaSink
@@ -30,7 +30,7 @@ def main() -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
 
     sink = DeltaSink(FeedTable(connect_session(connect_url), path))
-    loader = FeedLoader(FeedSourceOptions(url=url, page_size_hint=50), sink,
+    loader = FeedLoader(Feed(url=url, page_size_hint=50), sink,
                         LoadSettings(max_events_per_partition=100), on_moment=die_at)
     for _ in range(1 if moment == "none" else 3):
         loader.sync()

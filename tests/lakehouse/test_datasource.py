@@ -7,7 +7,7 @@ from feedapi_dagster import FeedDataSource
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults
 from feedapi_dagster.lakehouse.datasource import FeedSourceOptions
 from feedapi_dagster.lakehouse.reads import END_COLUMN, ReadEnd
-from feedapi_dagster.protocol import RetryPolicy
+from feedapi_dagster.protocol import EventFilter, Feed, RetryPolicy
 
 TOKEN = "tok-datasource-7c1f-secret"
 
@@ -42,17 +42,17 @@ def test_with_only_a_url_it_reads_every_partition_from_first_to_its_end(feedapi)
 def test_incremental_options_resume_where_a_checkpoint_row_says(feedapi):
     feed = DemoFeed(partitions=3, events=300, seed=52)
     with DemoFeedServer(feed, dialect="draft") as server:
-        options = FeedSourceOptions(url=server.url, page_size_hint=20)
-        first = feedapi.read.format("feedapi").options(**options.spark_options(
-            partitions=[1, 2], max_events=30, checkpoint_rows=True)).load().collect()
+        feed_ = Feed(url=server.url, page_size_hint=20)
+        first = feedapi.read.format("feedapi").options(**FeedSourceOptions(
+            feed_, partitions=(1, 2), max_events=30, checkpoint_rows=True).spark_options()).load().collect()
         ends = {r.partition_id: r for r in first if r[END_COLUMN] is not None}
         assert sorted(ends) == [1, 2]
         for partition, end in ends.items():
             read = ReadEnd.from_json(end[END_COLUMN])
             assert 30 <= read.events == end.position < len(feed.published(partition)) and not read.drained
-        rest = feedapi.read.format("feedapi").options(**options.spark_options(
-            partitions=[1, 2], start_cursors={p: e.cursor for p, e in ends.items()},
-            start_positions={p: e.position for p, e in ends.items()})).load().collect()
+        rest = feedapi.read.format("feedapi").options(**FeedSourceOptions(
+            feed_, partitions=(1, 2), start_cursors={p: e.cursor for p, e in ends.items()},
+            start_positions={p: e.position for p, e in ends.items()}).spark_options()).load().collect()
     events = by_partition([r for r in first if r[END_COLUMN] is None] + rest)
     for partition in (1, 2):
         assert [r.payload for r in events[partition]] == feed.published(partition)
@@ -62,8 +62,9 @@ def test_incremental_options_resume_where_a_checkpoint_row_says(feedapi):
 def test_many_partitions_are_read_by_a_few_tasks_each_reading_several_at_once(feedapi):
     feed = DemoFeed(partitions=40, events=400, seed=55, exactly_once=False, duplicate_ratio=0.1)
     with DemoFeedServer(feed, dialect="published", faults=Faults(rate=0.1, seed=55, retry_after=0)) as server:
-        options = FeedSourceOptions(url=server.url, page_size_hint=3, retry=RetryPolicy(base_delay=0.001))
-        frame = feedapi.read.format("feedapi").options(**options.spark_options(tasks=3, checkpoint_rows=True)).load()
+        options = FeedSourceOptions(Feed(url=server.url, page_size_hint=3, retry=RetryPolicy(base_delay=0.001)),
+                                    tasks=3, checkpoint_rows=True)
+        frame = feedapi.read.format("feedapi").options(**options.spark_options()).load()
         assert frame.rdd.getNumPartitions() == 3
         rows = frame.collect()
     ends = {r.partition_id: ReadEnd.from_json(r[END_COLUMN]) for r in rows if r[END_COLUMN] is not None}
@@ -95,10 +96,25 @@ def test_bad_options_fail_with_a_message_that_names_them(feedapi):
 def test_the_bearer_token_is_not_in_the_plan(feedapi, capsys):
     feed = DemoFeed(partitions=2, events=50, seed=54)
     with DemoFeedServer(feed, dialect="published", token=TOKEN) as server:
-        options = FeedSourceOptions(url=server.url, token=TOKEN)
+        options = FeedSourceOptions(Feed(url=server.url, token=TOKEN))
         frame = feedapi.read.format("feedapi").options(**options.spark_options()).load()
         frame.explain("extended")
         frame.explain("formatted")
         assert frame.count() == sum(len(feed.published(p)) for p in (0, 1))  # the token worked
     assert TOKEN not in capsys.readouterr().out
     assert TOKEN not in repr(options) and TOKEN not in json.dumps(options.__repr__())
+
+
+def test_one_feed_model_is_the_config_the_spark_options_and_the_client():
+    feed = Feed(url="https://feeds.example.com/orders", dialect="published", page_size_hint=7, token=TOKEN,
+                ca_bundle="/etc/ssl/feeds.pem", event_id_field="eid", filters=EventFilter(event_types=("a", "b")),
+                retry=RetryPolicy(max_attempts=2))
+    read = FeedSourceOptions(feed, partitions=(1, 2), start_cursors={1: "c1"}, start_positions={1: 5},
+                             checkpoint_rows=True, tasks=3)
+    options = read.spark_options()
+    assert options["pageSizeHint"] == "7" and options["caBundle"] == "/etc/ssl/feeds.pem"
+    # Spark hands a source its options with lower-cased keys
+    assert FeedSourceOptions.parse({key.lower(): value for key, value in options.items()}) == read
+    assert TOKEN not in repr(read) and TOKEN not in repr(read.client())
+    with pytest.raises(ValueError, match="bad option: pageSizeHint: Input should be greater than or equal to 1"):
+        FeedSourceOptions.parse({"url": feed.url, "pagesizehint": "0"})

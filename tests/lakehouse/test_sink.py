@@ -84,7 +84,7 @@ def test_at_least_once_feeds_are_deduplicated_across_loads(spark, make_loader, t
 def test_cursor_only_pages_advance_the_stored_cursor(spark, make_loader, table_path):
     feed = DemoFeed(partitions=1, events=200, seed=4, string_ratio=0)
     with DemoFeedServer(feed, dialect="draft") as server:
-        loader = make_loader(server, event_filter=EventFilter(fields={"type": "order.paid"}), page_size_hint=10)
+        loader = make_loader(server, filters=EventFilter(fields={"type": "order.paid"}), page_size_hint=10)
         loader.sync()
         state = read_committed_state(table_path).state.get(0)
         rows = table_rows(spark, table_path, 0)

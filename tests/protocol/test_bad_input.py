@@ -5,7 +5,7 @@ import time
 import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
-from feedapi_dagster.protocol import FeedAPIError, FeedClient, RetryPolicy
+from feedapi_dagster.protocol import Feed, FeedAPIError, FeedClient, RetryPolicy
 
 from .conftest import LocalServer
 
@@ -47,7 +47,7 @@ def test_an_endless_body_is_cut_at_the_page_bound(streaming):
             pass
 
     server = streaming(endless)
-    client = FeedClient(server.url, max_page_bytes=2_000_000, retry=NO_WAIT)
+    client = FeedClient(Feed(url=server.url, retry=NO_WAIT), max_page_bytes=2_000_000)
     with pytest.raises(FeedAPIError, match=r"partition 0: .*more than 2000000 bytes of events without a checkpoint"):
         list(client.pages(0))
 
@@ -57,7 +57,7 @@ def test_a_server_that_hangs_times_out(streaming):
         time.sleep(3)
 
     server = streaming(hang)
-    client = FeedClient(server.url, timeout=(1.0, 0.3), retry=NO_WAIT)
+    client = FeedClient(Feed(url=server.url, retry=NO_WAIT), timeout=(1.0, 0.3))
     started = time.monotonic()
     with pytest.raises(FeedAPIError, match=r"partition 0: giving up after 2 attempts: .*(Timeout|timed out)"):
         list(client.pages(0))
@@ -77,7 +77,7 @@ def test_bad_lines_fail_clearly_after_retries(streaming, body, reason):
 
     server = streaming(send)
     with pytest.raises(FeedAPIError, match=f"feed http://127.0.0.1:.*partition 0: giving up after 2 attempts: .*{reason}"):
-        list(FeedClient(server.url, retry=NO_WAIT).pages(0))
+        list(FeedClient(Feed(url=server.url, retry=NO_WAIT)).pages(0))
 
 
 def test_a_50_megabyte_event_is_read_whole():
@@ -85,6 +85,6 @@ def test_a_50_megabyte_event_is_read_whole():
     big = '{"id":"huge","blob":"' + "x" * (50 * 1024 * 1024) + '"}'
     feed.add_event(big, partition=0)
     with DemoFeedServer(feed, dialect="draft") as server:
-        pages = list(FeedClient(server.url).pages(0))
+        pages = list(FeedClient(Feed(url=server.url)).pages(0))
     raws = [raw for page in pages for raw in page.raw_events]
     assert len(raws) == 3 and raws[-1] == big.encode()

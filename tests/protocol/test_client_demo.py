@@ -4,7 +4,7 @@ import time
 import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults
-from feedapi_dagster.protocol import (EventFilter, FeedAPIError, FeedClient, RediscoveryNeeded,
+from feedapi_dagster.protocol import (EventFilter, Feed, FeedAPIError, FeedClient, RediscoveryNeeded,
                                       RetryPolicy)
 
 from .conftest import json_reply
@@ -18,7 +18,7 @@ def client_for(server, feed, **kwargs):
     kwargs.setdefault("page_size_hint", 37)
     if server.dialect == "v1":
         kwargs["partition_count"] = feed.partition_count()
-    return FeedClient(server.url, **kwargs)
+    return FeedClient(Feed(url=server.url, **kwargs))
 
 
 def read_all(client, partition, cursor="_first"):
@@ -120,7 +120,7 @@ def test_published_type_filters_are_reapplied_when_the_server_ignores_them():
     with DemoFeedServer(feed, dialect="published", ignore_filters=True) as server:
         for event_filter, keep in [(EventFilter(event_types=("order.paid",)), {"order.paid"}),
                                    (EventFilter(skip_event_types=("order.paid",)), {"order.created", "order.shipped"})]:
-            client = client_for(server, feed, event_filter=event_filter)
+            client = client_for(server, feed, filters=event_filter)
             events = [e for p in client.pages(0) for e in p.events]
             assert events and {e["type"] for e in events} == keep
             assert [e["id"] for e in events] == [e["id"] for e in map(__import__("json").loads, feed.published(0))
@@ -132,11 +132,11 @@ def test_published_type_filters_are_reapplied_when_the_server_ignores_them():
 def test_draft_filter_is_sent_and_cursor_only_pages_advance():
     feed = DemoFeed(partitions=1, events=300, seed=8, string_ratio=0)
     with DemoFeedServer(feed, dialect="draft") as server:
-        client = client_for(server, feed, event_filter=EventFilter(fields={"type": "order.shipped"}))
+        client = client_for(server, feed, filters=EventFilter(fields={"type": "order.shipped"}))
         pages = list(client.pages(0))
         assert any(not p.records for p in pages) or len(pages) >= 1
         assert {e["type"] for p in pages for e in p.events} == {"order.shipped"}
-        bad = client_for(server, feed, event_filter=EventFilter(fields={"colour": "red"}))
+        bad = client_for(server, feed, filters=EventFilter(fields={"colour": "red"}))
         with pytest.raises(FeedAPIError, match="HTTP 400"):
             list(bad.pages(0))
 
@@ -171,5 +171,5 @@ def test_retry_after_is_honoured(canned):
     replies = [(429, {"Retry-After": "1"}, b"slow down"), json_reply({"partitions": [{"id": "0"}]})]
     server = canned(lambda path, query, headers: replies.pop(0))
     started = time.monotonic()
-    FeedClient(server.url, retry=RetryPolicy(base_delay=0)).discover()
+    FeedClient(Feed(url=server.url, retry=RetryPolicy(base_delay=0))).discover()
     assert time.monotonic() - started >= 0.9

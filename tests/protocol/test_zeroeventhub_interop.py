@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from feedapi_dagster.protocol import FeedClient
+from feedapi_dagster.protocol import Feed, FeedClient
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".cache" / "zeroeventhub-venv"
@@ -56,7 +56,7 @@ def zeroeventhub_feed(tmp_path_factory):
 
 
 def test_v1_reads_every_partition_of_a_zeroeventhub_server(zeroeventhub_feed):
-    client = FeedClient(zeroeventhub_feed, partition_count=PARTITIONS, page_size_hint=40)
+    client = FeedClient(Feed(url=zeroeventhub_feed, partition_count=PARTITIONS, page_size_hint=40))
     assert client.discover().dialect == "v1"  # negotiated: the handler answers 400 to a bare GET
     text = "Grüße \"zeh\" \\ 日本"
     for partition in range(PARTITIONS):

@@ -1,0 +1,79 @@
+"""`Feed`: one feed, where it is and how to read it.
+
+This one model is the feed's configuration (a defs.yaml feed, `FeedConfig`, extends it), the
+`feedapi` Spark data source's options (`lakehouse.datasource` writes and parses it as camelCase
+options) and the arguments of its `FeedClient`.
+"""
+from __future__ import annotations
+
+import os
+from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+from .dialects import EventFilter
+from .errors import FeedAPIError
+from .models import Dialect
+from .retry import RetryPolicy
+
+
+
+class Feed(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str
+    dialect: Literal["auto"] | Dialect = "auto"
+    partition_count: int | None = Field(default=None, ge=1, le=32768, description="v1 only: it has no discovery")
+    page_size_hint: int = Field(default=1000, ge=1)
+    token_env: str | None = Field(default=None, description="environment variable holding the bearer token")
+    token: SecretStr | None = Field(default=None, description='the bearer token itself: "{{ env.X }}" in a defs.yaml')
+    ca_bundle: str | None = Field(default=None, description="CA bundle file for TLS verification")
+    verify: bool = Field(default=True, description="false turns TLS verification off (never do this in production)")
+    event_id_field: str = Field(default="id", description="the payload field stored as event_id")
+    filters: EventFilter | None = None
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Feed":
+        if self.dialect == "v1" and self.partition_count is None:
+            raise ValueError("dialect v1 needs partition_count (v1 has no discovery)")
+        if self.token is not None and self.token_env is not None:
+            raise ValueError("set token or token_env, not both")
+        return self
+
+    def __repr__(self) -> str:  # the URL may carry credentials; the token is a SecretStr anyway
+        return f"{type(self).__name__}({redact_url(self.url)!r}, dialect={self.dialect!r})"
+
+    def bearer_token(self) -> str | None:
+        """The token: given, or read from `token_env` in this process (the run's, or an executor's)."""
+        if self.token is not None:
+            return self.token.get_secret_value() or None
+        if self.token_env is None:
+            return None
+        token = os.environ.get(self.token_env)
+        if not token:
+            raise FeedAPIError(f"{self.describe()}: environment variable {self.token_env} (token_env) is not set "
+                               "where this runs")
+        return token
+
+    def with_token(self) -> "Feed":
+        """This feed with the token read here, for a read that runs where `token_env` may not be set
+        (a cluster's executors): Spark redacts the `token` option from plans and its UI."""
+        if self.token_env is None:
+            return self
+        return self.model_copy(update={"token": SecretStr(self.bearer_token() or ""), "token_env": None})
+
+    def tls_verify(self) -> bool | str:
+        """What `requests` takes as `verify`."""
+        return self.ca_bundle or self.verify
+
+    def describe(self) -> str:
+        return "feed"
+
+
+def redact_url(url: str) -> str:
+    """The URL without userinfo, so credentials embedded in it never reach logs or errors."""
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
