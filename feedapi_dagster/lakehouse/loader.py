@@ -93,6 +93,14 @@ class PartitionReport:
         return later
 
 
+# Spark's error class for a kept (locally checkpointed) block that is gone with its executor
+_LOST_BLOCK = "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND"
+
+
+class KeptReadLost(RuntimeError):
+    """The read that Spark kept was lost before it was written: the load committed nothing."""
+
+
 @dataclass(frozen=True)
 class LoadOutcome:
     """What one load did: a report per partition, the discovery it planned from, the table it wrote and
@@ -280,7 +288,14 @@ class FeedLoader:
             return
         expected = {pid: committed.get(pid) for pid in updates}
         self.on_moment(BEFORE_COMMIT, updates)
-        result = self.sink.commit(rows, updates, expected, replace=[*reports, *drop] if rebuild else [])
+        try:
+            result = self.sink.commit(rows, updates, expected, replace=[*reports, *drop] if rebuild else [])
+        except Exception as error:  # noqa: BLE001 - Spark's error types differ between classic and Connect
+            if _LOST_BLOCK in str(error):  # Spark's own advice (use `rdd.checkpoint()`) does not apply here
+                raise KeptReadLost(f"partitions {sorted(reports)}: the read Spark kept was lost before the Delta "
+                                   "write (an executor holding it died); nothing was committed, and the next "
+                                   "load reads these partitions again from their cursors of record") from error
+            raise
         self.on_moment(AFTER_COMMIT, updates)
         for pid in updates:
             reports[pid].delta_version = result.delta_version

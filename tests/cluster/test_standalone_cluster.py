@@ -1,18 +1,21 @@
 """A Spark standalone cluster on 127.0.0.1, from pyspark's own classes: a master, two 1-core workers
-and a Spark Connect server in front of them with the cached Delta jars. The project runs against it
-with `spark.mode: remote`: discovery, a sync, a method-2 split and a backfill through Dagster. Tasks
-run on both workers, every event lands once, and the feed's bearer token is in no file the cluster,
-Spark's event log or Dagster wrote."""
+and a Spark Connect server in front of them with the cached Delta jars, speculation on. The project
+runs against it with `spark.mode: remote`: discovery, a sync, a method-2 split and a backfill through
+Dagster. Tasks run on both workers, every event lands once, and the feed's bearer token is in no file
+the cluster, Spark's event log or Dagster wrote. Then the executors die in the middle of a read and
+after it was kept, and a slow read task gets a speculative copy: every event still lands once."""
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from feedapi_dagster.demo import DemoFeed, DemoFeedServer
+from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Gate
 from feedapi_dagster.lakehouse.jars import pyspark_home
 from feedapi_dagster.lakehouse.spark import LOOPBACK, SparkConnectServer, find_free_port, port_open, read_token
 from feedapi_dagster.lakehouse.state import read_committed_state
@@ -46,9 +49,10 @@ class StandaloneCluster:
         while not port_open(self.port):
             assert time.monotonic() < deadline, (self.work / "master.log").read_text()[-3000:]
             time.sleep(0.2)
-        for n in (1, 2):
+        # two host names for one machine: Spark never runs a speculative copy on the host of the original
+        for n, host in ((1, LOOPBACK), (2, "localhost")):
             (self.work / f"worker-{n}").mkdir()
-            self._start(f"worker-{n}", "org.apache.spark.deploy.worker.Worker", "--host", LOOPBACK, "--cores", "1",
+            self._start(f"worker-{n}", "org.apache.spark.deploy.worker.Worker", "--host", host, "--cores", "1",
                         "--memory", "1g", "--work-dir", str(self.work / f"worker-{n}"),
                         "--webui-port", str(find_free_port()), self.master)
         deadline = time.monotonic() + 120
@@ -61,9 +65,20 @@ class StandaloneCluster:
     def executor_logs(self, n: int) -> str:
         return "".join(p.read_text(errors="replace") for p in (self.work / f"worker-{n}").rglob("stderr"))
 
-    def stop(self) -> None:
-        import signal
+    def kill_executors(self) -> int:
+        """SIGKILL every executor JVM of this cluster (the workers start new ones); how many there were."""
+        killed = 0
+        for proc in Path("/proc").iterdir():
+            try:
+                if (b"CoarseGrainedExecutorBackend" in (proc / "cmdline").read_bytes()
+                        and os.readlink(proc / "cwd").startswith(str(self.work))):
+                    os.kill(int(proc.name), signal.SIGKILL)
+                    killed += 1
+            except (OSError, ValueError):
+                continue
+        return killed
 
+    def stop(self) -> None:
         for process in reversed(self.processes):
             try:
                 os.killpg(process.pid, signal.SIGTERM)
@@ -81,6 +96,9 @@ def cluster(tmp_path_factory):
     server = SparkConnectServer(find_free_port(), work_dir=work / "connect", conf={
         "spark.master": cluster.master, "spark.executor.cores": "1", "spark.cores.max": "2",
         "spark.executor.memory": "1g", "spark.eventLog.enabled": "true", "spark.eventLog.dir": events.as_uri(),
+        # a task running 1.5x as long as the median of its finished peers gets a copy on another host
+        "spark.speculation": "true", "spark.speculation.interval": "200ms", "spark.speculation.quantile": "0.5",
+        "spark.speculation.multiplier": "1.5", "spark.speculation.minTaskRuntime": "1s",
     })
     server.start()
     yield cluster, server
@@ -124,3 +142,90 @@ def test_the_project_on_a_standalone_cluster(spark, cluster, tmp_path):
     for root in (cluster.work, home, lakehouse):
         assert files_containing(root, TOKEN.encode()) == [], f"the token is in a file under {root}"
     assert any((cluster.work / "event-log").iterdir()), "Spark wrote no event log: the search proves nothing"
+
+
+class CountingGate(Gate):
+    """Holds the fetches of one partition, and sets `second` when two are held at once: a second
+    attempt of the task reading it (a speculative copy) is reading it too."""
+
+    def __init__(self, partition: int):
+        super().__init__(partition)
+        self.held = 0
+        self.second = threading.Event()
+        self._lock = threading.Lock()
+
+    def hold(self, fetch) -> None:
+        if fetch.partition == self.partition:
+            with self._lock:
+                self.held += 1
+                if self.held >= 2:
+                    self.second.set()
+        super().hold(fetch)
+
+
+def test_dead_executors_and_speculative_copies_load_every_event_once(spark, cluster, tmp_path):
+    cluster, server = cluster
+    feed = DemoFeed(partitions=4, events=600, seed=63)
+    table = str(tmp_path / "orders")
+    env = {**os.environ, "SPARK_CONNECT_AUTHENTICATE_TOKEN": read_token(server.port), "PYTHONPATH": str(ROOT)}
+
+    def start_load(url: str, pause: Path | None = None) -> subprocess.Popen:
+        command = [sys.executable, str(Path(__file__).with_name("cluster_load.py")), url, table,
+                   f"sc://localhost:{server.port}", *([str(pause)] if pause else [])]
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+
+    def outcome(process: subprocess.Popen) -> dict:
+        out, err = process.communicate(timeout=600)
+        assert process.returncode == 0, err[-5000:]
+        return json.loads(out.strip().splitlines()[-1])
+
+    def assert_every_event_once() -> None:
+        state = read_committed_state(table).state
+        for partition in range(4):
+            assert payloads(spark, table, partition) == feed.published(partition), f"partition {partition}"
+            assert state.get(partition).position == len(feed.published(partition))
+
+    with DemoFeedServer(feed, dialect="published") as feed_server:
+        # 1. the executors die while every read task waits for a page: Spark runs the tasks again on
+        #    the executors the workers start instead, and the load commits each event once
+        gate = feed_server.gate = Gate()
+        load = start_load(feed_server.url)
+        assert gate.arrived.wait(240), "no read task fetched a page"
+        assert cluster.kill_executors() >= 1
+        feed_server.gate = None
+        gate.opened.set()
+        first = outcome(load)
+        assert first["ok"], first
+        assert_every_event_once()
+
+        # 2. the executors die after the read was kept (job 1 done) and before the Delta write: the
+        #    kept blocks are gone with them; the load fails and commits nothing rather than read the
+        #    feed again, and the next load commits the new events once
+        feed.append(200)
+        pause = tmp_path / "pause"
+        pause.mkdir()
+        load = start_load(feed_server.url, pause)
+        deadline = time.monotonic() + 240
+        while not (pause / "read").exists():
+            assert time.monotonic() < deadline and load.poll() is None, "the load did not reach its kept read"
+            time.sleep(0.1)
+        assert cluster.kill_executors() >= 1
+        (pause / "go").touch()
+        failed = outcome(load)
+        assert not failed["ok"] and failed["error"].startswith("KeptReadLost: "), failed
+        assert read_committed_state(table).delta_version == first["version"]
+        assert outcome(start_load(feed_server.url))["ok"]
+        assert_every_event_once()
+
+        # 3. a read task that is slow (its partition's pages held) gets a speculative copy on the other
+        #    worker; both attempts read the same pages, one attempt's rows are kept and committed
+        feed.append(200)
+        gate = feed_server.gate = CountingGate(partition=2)
+        load = start_load(feed_server.url)
+        speculated = gate.second.wait(240)
+        gate.opened.set()
+        result = outcome(load)
+        feed_server.gate = None
+        assert speculated, "no second attempt of the slow read task ran"
+        assert result["ok"], result
+        assert_every_event_once()
