@@ -5,6 +5,7 @@ through Dagster on the embedded Spark Connect server, cold and warm.
     .venv/bin/python benchmarks/bench_sync.py                        # 16 partitions x 25,000 events
     .venv/bin/python benchmarks/bench_sync.py --events 40000         # quick
     .venv/bin/python benchmarks/bench_sync.py --repeat 3 --keep      # 3 warm runs, keep the temp folder
+    .venv/bin/python benchmarks/bench_sync.py --partitions 2000 --events 20000 --page-size 100 --incremental 10
 
 Needs the `bench` extra (dlt) and the Delta jars (`make setup`); benchmarks/README.md says what each
 line measures. In order: the bundled demo feed in its own process (generated once, read by all); raw
@@ -17,7 +18,9 @@ schedule's tick to the exit of the `dagster api execute_run` process running `fe
 fresh interpreter loading the code location, as with Dagster's default run launcher): the first on the
 new server is cold, the others warm. Each run is checked (rows, materializations) and cut into stages
 from its events and log lines (`run_hooks/sitecustomize.py`), its start-up (process start to
-STEP_START) in parts. Peak memory of every process. Everything started here is stopped at the end.
+STEP_START) in parts. With `--incremental N`, N partitions then get 10 new events each and the last
+deployment syncs again (the schedule asks for every open partition; N of them have something new).
+Peak memory of every process. Everything started here is stopped at the end.
 Exit status 0 when the median warm sync runs at >= 1.5x dlt's events/s, 2 when not, 1 on errors.
 """
 from __future__ import annotations
@@ -48,6 +51,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 BIN = Path(sys.executable).parent
 TARGET = 1.5  # warm sync / dlt, events per second
+INCREMENT = 10  # new events per partition of an incremental sync
 
 
 def say(message: str) -> None:
@@ -208,10 +212,11 @@ class Run:
     startup: dict[str, float] = field(default_factory=dict)
 
 
-def run_sync(setup: Setup, name: str, events: int, spark_pid: int) -> Run:
+def run_sync(setup: Setup, name: str, events: int, spark_pid: int, changed: int | None = None) -> Run:
     """The schedule's tick and the run of `feedapi_bench_load` it requests, in a `dagster api execute_run`
     process (a fresh interpreter that loads the code location, as Dagster's default run launcher
-    starts a run); checked."""
+    starts a run); checked: `events` rows in the table, a materialization for each of `changed`
+    partitions (None: all), `events` counted as the run's."""
     import dagster as dg
     from dagster._core.definitions.reconstruct import ReconstructableRepository
     from dagster._grpc.types import ExecuteRunArgs
@@ -247,7 +252,7 @@ def run_sync(setup: Setup, name: str, events: int, spark_pid: int) -> Run:
     if code != 0 or not instance.get_run_by_id(run.run_id).is_success:
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
         raise RuntimeError(f"the Dagster run failed (exit {code}); the end of {log_path}:\n{tail}")
-    verify(setup, run.run_id, events)
+    verify(setup, run.run_id, events, changed)
     seconds = tick + ended - started
     jvm, workers = tree_cpu(spark_pid)
     result = Run(Line(name, seconds, events, rss, f"run process {ended - started:.2f} s"),
@@ -259,9 +264,9 @@ def run_sync(setup: Setup, name: str, events: int, spark_pid: int) -> Run:
     return result
 
 
-def verify(setup: Setup, run_id: str, events: int) -> None:
-    """All events in the table, one materialization per partition, the read tasks' notes removed, the
-    run tagged with every partition."""
+def verify(setup: Setup, run_id: str, events: int, changed: int | None) -> None:
+    """All events in the table, one materialization per partition that changed, the read tasks' notes
+    removed, the run tagged with every partition."""
     from deltalake import DeltaTable
 
     path = Path(setup.binding.table_path)
@@ -271,9 +276,10 @@ def verify(setup: Setup, run_id: str, events: int) -> None:
                     if e.dagster_event is not None and e.dagster_event.event_type_value == "ASSET_MATERIALIZATION"]
     left = list((path / "_feedapi_progress").glob("load-*"))
     listed = setup.instance.get_run_by_id(run_id).tags.get("feedapi/partitions", "")
-    if rows != events or len(materialized) != len(partitions) or left or set(listed.split(",")) != set(partitions):
+    materializations = len(partitions) if changed is None else changed
+    if rows != events or len(materialized) != materializations or left or set(listed.split(",")) != set(partitions):
         raise RuntimeError(f"run {run_id}: {rows} rows (expected {events}), {len(materialized)} materializations "
-                           f"for {len(partitions)} partitions, read notes left: {left}, tag feedapi/partitions "
+                           f"(expected {materializations}), read notes left: {left}, tag feedapi/partitions "
                            f"{listed!r}")
 
 
@@ -347,8 +353,8 @@ def start_spark(port: int, work: Path):
     return ensure_embedded_server(port, work_dir=work)
 
 
-def report(args: argparse.Namespace, lines: list[Line], runs: list[Run], watch: MemoryWatch,
-           spark_peaks: dict[str, float]) -> float:
+def report(args: argparse.Namespace, lines: list[Line], runs: list[Run], incremental: list[Run],
+           watch: MemoryWatch, spark_peaks: dict[str, float]) -> float:
     """Prints the figures; returns warm sync / dlt (events/s)."""
     raw_loop = lines[0]
     dlt_line = next(line for line in lines if line.name.startswith("dlt"))
@@ -358,7 +364,7 @@ def report(args: argparse.Namespace, lines: list[Line], runs: list[Run], watch: 
     print(f"{args.partitions} partitions, {args.events} events, page size hint {args.page_size}; "
           f"{os.cpu_count()} cores, load average {load_average()}; {time.strftime('%Y-%m-%d %H:%M')}")
     print(f"{'':<58} {'seconds':>8} {'events/s':>10} {'/ dlt':>6} {'/ raw':>6} {'max RSS MB':>10}")
-    for line in [*lines, *(run.line for run in runs)]:
+    for line in [*lines, *(run.line for run in runs + incremental)]:
         rate = "" if line.rate is None else f"{line.rate:10,.0f} {line.rate / dlt_line.rate:6.2f} " \
                                             f"{line.rate / raw_loop.rate:6.2f}"
         rss = "" if line.rss_mb is None else f"{line.rss_mb:10.0f}"
@@ -372,7 +378,9 @@ def report(args: argparse.Namespace, lines: list[Line], runs: list[Run], watch: 
 
     print("\nWhere a run's time goes (seconds; consecutive stages adding up to the run's figure; the log "
           "lines round to 0.1 s):")
-    header = f"  {'':<58}" + "".join(f"{'cold' if i == 0 else f'warm #{i}':>9}" for i in range(len(runs)))
+    names = ["cold", *(f"warm #{i}" for i in range(1, len(runs))), *(["increm."] if incremental else [])]
+    runs = runs + incremental
+    header = f"  {'':<58}" + "".join(f"{name:>9}" for name in names)
     print(header)
     for label in dict.fromkeys(label for run in runs for label in run.stages):
         print(f"  {label:<58}" + "".join(f"{run.stages.get(label, float('nan')):9.2f}" for run in runs))
@@ -390,8 +398,7 @@ def report(args: argparse.Namespace, lines: list[Line], runs: list[Run], watch: 
     print("\nMemory (MB; peak resident set):")
     print(f"  feed server: {watch.root_peak.get('feed server', 0):.0f}")
     print(f"  dlt process: {dlt_line.rss_mb:.0f}")
-    print("  Dagster run process: " + ", ".join(f"{'cold' if i == 0 else f'warm #{i}'} {run.line.rss_mb:.0f}"
-                                                 for i, run in enumerate(runs)))
+    print("  Dagster run process: " + ", ".join(f"{name} {run.line.rss_mb:.0f}" for name, run in zip(names, runs)))
     print("  Spark server JVM (its peak so far): " + ", ".join(f"{k} {v:.0f}" for k, v in spark_peaks.items()))
     workers = watch.child_peak.get("Spark server", {})
     if workers:
@@ -418,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=8, help="threads of the second raw read, and dlt's workers")
     parser.add_argument("--repeat", type=int, default=2, help="warm runs (each into a fresh table)")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (tables, logs, DAGSTER_HOMEs)")
+    parser.add_argument("--incremental", type=int, default=0, metavar="N",
+                        help="then append 10 events to each of N partitions and sync the last deployment again")
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
@@ -431,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     spark_port = find_free_port()
     lines: list[Line] = []
     runs: list[Run] = []
+    incremental: list[Run] = []
     spark_peaks: dict[str, float] = {}
     try:
         started = time.perf_counter()
@@ -467,10 +477,23 @@ def main(argv: list[str] | None = None) -> int:
             setup = prepare(work / f"run-{index}", url, args.page_size, spark_port)
             say(f"{name}; load average {load_average()}")
             run = run_sync(setup, name, args.events, spark.pid)
-            setup.instance.dispose()
+            if not (args.incremental and index == args.repeat):  # the incremental sync goes on with it
+                setup.instance.dispose()
             runs.append(run)
             spark_peaks["after the cold run" if index == 0 else f"warm #{index}"] = status_mb(spark.pid) or 0.0
             say(f"  {run.line.seconds:.2f} s: {run.line.rate:,.0f} events/s ({run.line.notes}); verified")
+        if args.incremental:
+            for partition in range(args.incremental):
+                requests.post(url.rsplit("/feed", 1)[0] + "/admin/append",
+                              json={"count": INCREMENT, "partition": partition}, timeout=30).raise_for_status()
+            name = f"Dagster scheduled sync, incremental ({args.incremental} partitions x {INCREMENT} new)"
+            say(f"{name}; load average {load_average()}")
+            run = run_sync(setup, name, args.events + args.incremental * INCREMENT, spark.pid,
+                           changed=args.incremental)
+            run.line.events = args.incremental * INCREMENT
+            setup.instance.dispose()
+            incremental.append(run)
+            say(f"  {run.line.seconds:.2f} s ({run.line.notes}); verified")
         watch.sample()
     except Exception:  # noqa: BLE001 - reported, exit 1
         traceback.print_exc()
@@ -487,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
-    ratio = report(args, lines, runs, watch, spark_peaks)
+    ratio = report(args, lines, runs, incremental, watch, spark_peaks)
     return 0 if ratio >= TARGET else 2
 
 

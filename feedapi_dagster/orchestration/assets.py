@@ -3,7 +3,8 @@
 Every load is a run of this asset, whoever starts it (the schedule, the discovery sensor, a backfill,
 the UI): one partition key or a range of keys, all loaded by one Spark job per wave. Materializations
 are logged per partition the load committed (not one per key of the range: a partition with nothing
-new keeps its latest materialization), and the checks run in the same step, after the commit.
+new keeps its latest materialization), and the checks run in the same step, after the commit, on
+those partitions.
 """
 
 import dagster as dg
@@ -67,9 +68,12 @@ def load(binding: FeedBinding, context: dg.AssetExecutionContext, config: LoadCo
     for report in outcome.reports.values():
         if report.error:
             context.log.error("partition %s: %s", report.partition_id, report.error)
-    for event in materializations(binding, outcome.reports.values(), outcome):
+    # a partition with nothing new keeps its latest materialization: a sync of thousands of partitions
+    # of which a few moved logs a few materializations, and checks those
+    committed = [r for r in outcome.reports.values() if r.status == "loaded" and r.delta_version is not None]
+    for event in materializations(binding, committed, outcome):
         context.log_event(event)
-    loaded = [r.partition_id for r in outcome.reports.values() if r.status == "loaded"]
+    loaded = [r.partition_id for r in committed]
     for event in mirror_repairs(context.instance, binding, outcome, skip=loaded):
         context.log.info("partition %s: materialization metadata was behind Delta; recorded the cursor of record",
                          event.partition)
