@@ -54,6 +54,17 @@ def test_discovery_appends_close_and_schedule(spark, harness):
     assert harness.launch(request).success
     assert_exactly_once(spark, harness, [0, 1, 2])
 
+    # only partition 2 has new events: the schedule's run reads 0 and 2, materializes and checks 2
+    harness.feed.append(5, partition=2)
+    (request,) = harness.tick_schedule().run_requests
+    run = harness.launch(request)
+    assert run.success
+    assert {e.partition for e in run.get_asset_materialization_events()} == {"2"}
+    checked = [e.metadata["partitions_checked"].value
+               for e in run.get_asset_check_evaluations() if "partitions_checked" in e.metadata]
+    assert checked and set(checked) == {1}
+    assert_exactly_once(spark, harness, [0, 1, 2])
+
 
 def test_method1_split_children_after_parent_is_drained(spark, harness):
     harness.launch(harness.tick_sensor().run_requests[0])
