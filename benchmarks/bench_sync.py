@@ -39,12 +39,12 @@ import tempfile
 import threading
 import time
 import traceback
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
 
+from feedapi_dagster.orchestration.demo import PLANNED_SUBSET_ENV
 from procstat import MemoryWatch, proc_cpu, status_mb, stop_process, stop_strays, tree_cpu, wait_with_usage
 
 HERE = Path(__file__).resolve().parent
@@ -362,7 +362,8 @@ def report(args: argparse.Namespace, lines: list[Line], runs: list[Run], increme
     warm_rate = statistics.median(line.rate for line in warm)
     print()
     print(f"{args.partitions} partitions, {args.events} events, page size hint {args.page_size}; "
-          f"{os.cpu_count()} cores, load average {load_average()}; {time.strftime('%Y-%m-%d %H:%M')}")
+          f"{os.cpu_count()} cores, load average {load_average()}; {time.strftime('%Y-%m-%d %H:%M')}; "
+          f"{PLANNED_SUBSET_ENV}={os.environ.get(PLANNED_SUBSET_ENV)}")
     print(f"{'':<58} {'seconds':>8} {'events/s':>10} {'/ dlt':>6} {'/ raw':>6} {'max RSS MB':>10}")
     for line in [*lines, *(run.line for run in runs + incremental)]:
         rate = "" if line.rate is None else f"{line.rate:10,.0f} {line.rate / dlt_line.rate:6.2f} " \
@@ -430,7 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
-    warnings.filterwarnings("ignore", message=r".*is currently in beta")
+    # what README "Thousands of partitions" tells a deployment to set where runs are created (daemon,
+    # webserver): one ASSET_MATERIALIZATION_PLANNED event per run instead of one per partition key
+    os.environ.setdefault(PLANNED_SUBSET_ENV, "true")
     from feedapi_dagster.lakehouse.spark import find_free_port
 
     work = Path(tempfile.mkdtemp(prefix="bench-sync-"))

@@ -229,6 +229,9 @@ def test_installed_wheel_runs_the_demo_from_an_empty_directory(wheel: Path, tmp_
     total = re.search(r"^\s*total\s+(\d+)\s*$", result.stdout, re.M)
     assert total, f"no `total` row in the demo's output:\n{result.stdout[-4000:]}"
     assert int(total.group(1)) == EVENTS, f"the demo loaded {total.group(1)} events, not {EVENTS}:\n{result.stdout}"
+    # the log starts clean: no Dagster BetaWarning (backfill_policy), no pyspark FutureWarning (pandas 3)
+    warned = [line for line in (result.stdout + result.stderr).splitlines() if "Warning" in line]
+    assert not warned, "the demo's output has warnings:\n" + "\n".join(warned[:10])
     assert (workdir / "lakehouse" / "demo" / "_delta_log").is_dir(), "no Delta table at ./lakehouse/demo"
     assert (workdir / ".dagster_home" / "dagster.yaml").is_file(), "no ./.dagster_home/dagster.yaml"
     assert {p.name for p in workdir.iterdir()} == {"lakehouse", ".dagster_home"}, (
