@@ -3,7 +3,8 @@
 What exactly-once means, verified on the data the load just committed: positions of each loaded
 partition are 0..n-1 with n its committed position (from the Delta log's file statistics, no scan),
 no event id is stored twice in it (a scan of the id column of those partitions only), and the cursor
-in every partition's latest materialization is the one in Delta (the log and Dagster's event log).
+in every partition's latest materialization is the one in Delta (the log, and Dagster's event log as
+the load found it plus what it logged).
 The first two block: a violation means wrong rows.
 """
 from __future__ import annotations
@@ -15,7 +16,6 @@ import dagster as dg
 from feedapi_dagster.lakehouse.loader import LoadOutcome
 from feedapi_dagster.lakehouse.stats import duplicate_event_ids, partition_stats
 
-from .loads import FeedBinding, latest_metadata_by_partition
 
 NO_DUPLICATES = "no_duplicate_event_ids"
 CONTIGUOUS = "positions_contiguous"
@@ -35,8 +35,9 @@ def feed_check_specs(key: dg.AssetKey) -> list[dg.AssetCheckSpec]:
     ]
 
 
-def feed_check_results(binding: FeedBinding, instance: dg.DagsterInstance, outcome: LoadOutcome,
-                       loaded: Sequence[int]) -> Iterator[dg.AssetCheckResult]:
+def feed_check_results(outcome: LoadOutcome, loaded: Sequence[int],
+                       latest: dict[str, dict]) -> Iterator[dg.AssetCheckResult]:
+    """`latest`: each partition's latest materialization metadata, by partition key."""
     table = outcome.table
     state = outcome.committed.state
     stats = partition_stats(table, loaded)
@@ -56,7 +57,6 @@ def feed_check_results(binding: FeedBinding, instance: dg.DagsterInstance, outco
     yield dg.AssetCheckResult(check_name=NO_DUPLICATES, passed=not duplicates,
                               metadata={"partitions_checked": len(loaded), "examples": duplicates})
 
-    latest = latest_metadata_by_partition(instance, binding, [str(p) for p in state.partitions])
     mismatched = [f"partition {pid}: metadata {latest[str(pid)].get('cursor')!r}, Delta {committed.cursor!r}"
                   for pid, committed in sorted(state.partitions.items())
                   if str(pid) in latest and latest[str(pid)].get("cursor") != committed.cursor]

@@ -158,14 +158,14 @@ def latest_metadata_by_partition(instance: dg.DagsterInstance, binding: FeedBind
             for record in records}
 
 
-def mirror_repairs(instance: dg.DagsterInstance, binding: FeedBinding, outcome: LoadOutcome,
+def mirror_repairs(binding: FeedBinding, outcome: LoadOutcome, latest: dict[str, dict],
                    skip: Iterable[int]) -> list[dg.AssetMaterialization]:
-    """Materializations for partitions whose latest one disagrees with the cursor of record in Delta
-    (a run killed between its commit and its materialization): the next run sets the mirror right."""
+    """Materializations for partitions whose latest one (`latest`, by partition key) disagrees with the
+    cursor of record in Delta (a run killed between its commit and its materialization): the next run
+    sets the mirror right."""
     skip = set(skip)
     candidates = {partition_id: state for partition_id, state in sorted(outcome.committed.state.partitions.items())
                   if partition_id not in skip and outcome.info.partition(partition_id) is not None}
-    latest = latest_metadata_by_partition(instance, binding, [str(partition_id) for partition_id in candidates])
     repairs = []
     for partition_id, state in candidates.items():
         mirrored = latest.get(str(partition_id), {})
