@@ -1,12 +1,13 @@
-"""One load of every partition of a feed into a Delta table, through the standalone cluster's Spark
-Connect server. Runs in its own process (a Connect client cannot share a process with the tests'
-classic Spark session).
+"""Loads of every partition of a feed into a Delta table, through the standalone cluster's Spark
+Connect server, one per line read from stdin. Runs in its own process (a Connect client cannot share
+a process with the tests' classic Spark session), which starts its session once for all the loads.
 
-    python cluster_load.py FEED_URL TABLE_PATH SPARK_CONNECT_URL [PAUSE_DIR]
+    python cluster_load.py FEED_URL TABLE_PATH SPARK_CONNECT_URL PAUSE_DIR
 
-With PAUSE_DIR the load stops once its read is kept (Spark job 1 done, before the Delta write):
-it creates PAUSE_DIR/read and waits for PAUSE_DIR/go, so that the test can kill the executors
-holding the kept read right there. Prints one JSON line: whether the load committed, and its error.
+Each stdin line `load` runs a load; `load-pausing` runs one that stops once its read is kept (Spark
+job 1 done, before the Delta write): it creates PAUSE_DIR/read and waits for PAUSE_DIR/go, so that
+the test can kill the executors holding the kept read right there. After each load, one JSON line on
+stdout: whether it committed, and its error.
 """
 import json
 import sys
@@ -21,23 +22,26 @@ from feedapi_dagster.protocol import Feed, RetryPolicy
 
 
 def main() -> None:
-    url, table, remote = sys.argv[1:4]
-    pause = Path(sys.argv[4]) if len(sys.argv) > 4 else None
+    url, table, remote, pause = sys.argv[1:5]
+    pause_dir = Path(pause)
+    pausing = False
 
     def at(moment: str, updates: dict) -> None:
-        if pause is not None and moment == READ:
-            (pause / "read").touch()
-            while not (pause / "go").exists():
+        if pausing and moment == READ:
+            (pause_dir / "read").touch()
+            while not (pause_dir / "go").exists():
                 time.sleep(0.05)
 
     session = spark_session(SparkSettings(mode="remote", remote=remote))
-    loader = FeedLoader(Feed(url=url, page_size_hint=40, retry=RetryPolicy(base_delay=0.01, max_delay=0.1)),
-                        DeltaSink(FeedTable(session, table)), LoadSettings(read_tasks=2), on_moment=at)
-    try:
-        outcome = loader.load(p.id for p in loader.client.discover().partitions)
-        print(json.dumps({"ok": True, "version": outcome.committed.delta_version}))
-    except Exception as error:  # noqa: BLE001 - reported to the test, which decides
-        print(json.dumps({"ok": False, "error": f"{type(error).__name__}: {error}"[:3000]}))
+    feed = Feed(url=url, page_size_hint=40, retry=RetryPolicy(base_delay=0.01, max_delay=0.1))
+    for command in sys.stdin:
+        pausing = command.strip() == "load-pausing"
+        loader = FeedLoader(feed, DeltaSink(FeedTable(session, table)), LoadSettings(read_tasks=2), on_moment=at)
+        try:
+            outcome = loader.load(p.id for p in loader.client.discover().partitions)
+            print(json.dumps({"ok": True, "version": outcome.committed.delta_version}), flush=True)
+        except Exception as error:  # noqa: BLE001 - reported to the test, which decides
+            print(json.dumps({"ok": False, "error": f"{type(error).__name__}: {error}"[:3000]}), flush=True)
 
 
 if __name__ == "__main__":

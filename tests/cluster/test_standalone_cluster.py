@@ -6,6 +6,7 @@ the cluster, Spark's event log or Dagster wrote. Then the executors die in the m
 after it was kept, and a slow read task gets a speculative copy: every event still lands once."""
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -167,17 +168,9 @@ def test_dead_executors_and_speculative_copies_load_every_event_once(spark, clus
     cluster, server = cluster
     feed = DemoFeed(partitions=4, events=600, seed=63)
     table = str(tmp_path / "orders")
+    pause = tmp_path / "pause"
+    pause.mkdir()
     env = {**os.environ, "SPARK_CONNECT_AUTHENTICATE_TOKEN": read_token(server.port), "PYTHONPATH": str(ROOT)}
-
-    def start_load(url: str, pause: Path | None = None) -> subprocess.Popen:
-        command = [sys.executable, str(Path(__file__).with_name("cluster_load.py")), url, table,
-                   f"sc://localhost:{server.port}", *([str(pause)] if pause else [])]
-        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-
-    def outcome(process: subprocess.Popen) -> dict:
-        out, err = process.communicate(timeout=600)
-        assert process.returncode == 0, err[-5000:]
-        return json.loads(out.strip().splitlines()[-1])
 
     def assert_every_event_once() -> None:
         state = read_committed_state(table).state
@@ -185,47 +178,72 @@ def test_dead_executors_and_speculative_copies_load_every_event_once(spark, clus
             assert payloads(spark, table, partition) == feed.published(partition), f"partition {partition}"
             assert state.get(partition).position == len(feed.published(partition))
 
-    with DemoFeedServer(feed, dialect="published") as feed_server:
-        # 1. the executors die while every read task waits for a page: Spark runs the tasks again on
-        #    the executors the workers start instead, and the load commits each event once
-        gate = feed_server.gate = Gate()
-        load = start_load(feed_server.url)
-        assert gate.arrived.wait(240), "no read task fetched a page"
-        assert cluster.kill_executors() >= 1
-        feed_server.gate = None
-        gate.opened.set()
-        first = outcome(load)
-        assert first["ok"], first
-        assert_every_event_once()
+    with DemoFeedServer(feed, dialect="published") as feed_server, subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("cluster_load.py")), feed_server.url, table,
+             f"sc://localhost:{server.port}", str(pause)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            cwd=ROOT) as loads:
+        results: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: [results.put(line) for line in loads.stdout if line.startswith("{")],
+                         daemon=True).start()
 
-        # 2. the executors die after the read was kept (job 1 done) and before the Delta write: the
-        #    kept blocks are gone with them; the load fails and commits nothing rather than read the
-        #    feed again, and the next load commits the new events once
-        feed.append(200)
-        pause = tmp_path / "pause"
-        pause.mkdir()
-        load = start_load(feed_server.url, pause)
-        deadline = time.monotonic() + 240
-        while not (pause / "read").exists():
-            assert time.monotonic() < deadline and load.poll() is None, "the load did not reach its kept read"
-            time.sleep(0.1)
-        assert cluster.kill_executors() >= 1
-        (pause / "go").touch()
-        failed = outcome(load)
-        assert not failed["ok"] and failed["error"].startswith("KeptReadLost: "), failed
-        assert read_committed_state(table).delta_version == first["version"]
-        assert outcome(start_load(feed_server.url))["ok"]
-        assert_every_event_once()
+        def start_load(command: str = "load") -> None:
+            loads.stdin.write(command + "\n")
+            loads.stdin.flush()
 
-        # 3. a read task that is slow (its partition's pages held) gets a speculative copy on the other
-        #    worker; both attempts read the same pages, one attempt's rows are kept and committed
-        feed.append(200)
-        gate = feed_server.gate = CountingGate(partition=2)
-        load = start_load(feed_server.url)
-        speculated = gate.second.wait(240)
-        gate.opened.set()
-        result = outcome(load)
-        feed_server.gate = None
-        assert speculated, "no second attempt of the slow read task ran"
-        assert result["ok"], result
-        assert_every_event_once()
+        def outcome() -> dict:
+            try:
+                return json.loads(results.get(timeout=600))
+            except queue.Empty:
+                loads.kill()
+                pytest.fail("no load outcome in 10 minutes: " + loads.stderr.read()[-5000:])
+
+        try:
+            # 1. the executors die while every read task waits for a page: Spark runs the tasks again on
+            #    the executors the workers start instead, and the load commits each event once
+            gate = feed_server.gate = Gate()
+            start_load()
+            assert gate.arrived.wait(240), "no read task fetched a page"
+            assert cluster.kill_executors() >= 1
+            feed_server.gate = None
+            gate.opened.set()
+            first = outcome()
+            assert first["ok"], first
+            assert_every_event_once()
+
+            # 2. the executors die after the read was kept (job 1 done) and before the Delta write: the
+            #    kept blocks are gone with them; the load fails and commits nothing rather than read the
+            #    feed again, and the next load commits the new events once
+            feed.append(200)
+            start_load("load-pausing")
+            deadline = time.monotonic() + 240
+            while not (pause / "read").exists():
+                assert time.monotonic() < deadline and loads.poll() is None, "the load did not reach its kept read"
+                time.sleep(0.1)
+            assert cluster.kill_executors() >= 1
+            (pause / "go").touch()
+            failed = outcome()
+            assert not failed["ok"] and failed["error"].startswith("KeptReadLost: "), failed
+            assert read_committed_state(table).delta_version == first["version"]
+            start_load()
+            assert outcome()["ok"]
+            assert_every_event_once()
+
+            # 3. a read task that is slow (its partition's pages held) gets a speculative copy on the other
+            #    worker; both attempts read the same pages, one attempt's rows are kept and committed
+            feed.append(200)
+            gate = feed_server.gate = CountingGate(partition=2)
+            start_load()
+            speculated = gate.second.wait(240)
+            gate.opened.set()
+            result = outcome()
+            feed_server.gate = None
+            assert speculated, "no second attempt of the slow read task ran"
+            assert result["ok"], result
+            assert_every_event_once()
+        finally:
+            loads.stdin.close()  # the loader ends after its current load
+            try:
+                loads.wait(120)
+            except subprocess.TimeoutExpired:
+                loads.kill()
