@@ -6,9 +6,19 @@ cannot mix classic and Connect sessions in one process): run Connect clients in 
 """
 from __future__ import annotations
 
+import os
+import re
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from feedapi_dagster.lakehouse.delta import DeltaLog, FeedTable
+from feedapi_dagster.lakehouse.storage import S3Storage
+from tests.s3_server import TEST_CREDENTIALS, S3Server
+
+BUCKET = "lake"
 
 
 @pytest.fixture(scope="session")
@@ -18,21 +28,111 @@ def spark_work_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def spark(spark_work_dir: Path):
-    """The shared classic `local[*]` SparkSession with Delta (cached jars, no network)."""
+def s3_server(tmp_path_factory: pytest.TempPathFactory):
+    """The S3-compatible server of the test run (`tests/s3_server.py`, moto's, in its own process on
+    127.0.0.1) with the bucket `lake`; its credentials are in this process's environment under the
+    names the tests' storage setting gives (`s3_storage`)."""
+    os.environ.update(TEST_CREDENTIALS)
+    server = S3Server(log_path=tmp_path_factory.mktemp("s3-server") / "server.log")
+    server.create_bucket(BUCKET)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_storage(s3_server: S3Server) -> S3Storage:
+    """The storage setting of a lakehouse on the test S3 server, as a user's defs.yaml gives it."""
+    return S3Storage(endpoint=s3_server.url, path_style=True, access_key_id_env="FEEDAPI_TEST_S3_KEY",
+                     secret_access_key_env="FEEDAPI_TEST_S3_SECRET")
+
+
+def spark_storage_conf(storage: S3Storage) -> dict[str, str]:
+    return {f"spark.hadoop.{key}": value for key, value in storage.hadoop_conf().items()}
+
+
+@pytest.fixture(scope="session")
+def spark(spark_work_dir: Path, s3_storage: S3Storage):
+    """The shared classic `local[*]` SparkSession with Delta (cached jars, no network) and the test S3
+    server's `s3a` settings."""
     from feedapi_dagster.lakehouse.spark import local_spark_session
 
-    session = local_spark_session(work_dir=spark_work_dir)
+    session = local_spark_session(spark_storage_conf(s3_storage), work_dir=spark_work_dir,
+                                  env=s3_storage.credentials())
     yield session
     session.stop()
 
 
 @pytest.fixture(scope="session")
-def connect_server(tmp_path_factory: pytest.TempPathFactory):
+def connect_server(tmp_path_factory: pytest.TempPathFactory, s3_storage: S3Storage):
     """One embedded Spark Connect server for the tests whose loads run in other processes (crash and
-    chaos tests): those processes pay a ~3 s client instead of a ~15 s JVM each."""
+    chaos tests): those processes pay a ~3 s client instead of a ~15 s JVM each. It has the test S3
+    server's `s3a` settings, and its credentials in its environment."""
     from feedapi_dagster.lakehouse.spark import find_free_port, start_embedded_server
 
-    server = start_embedded_server(find_free_port(), work_dir=tmp_path_factory.mktemp("connect-server"))
+    server = start_embedded_server(find_free_port(), work_dir=tmp_path_factory.mktemp("connect-server"),
+                                   conf=spark_storage_conf(s3_storage), env=s3_storage.credentials())
     yield server
     server.stop()
+
+
+@dataclass(frozen=True)
+class Lakehouse:
+    """Where a test's tables live, local disk or the S3 server, and what the tests do to the files
+    there (list them, read one, age them as Delta's log cleanup sees them)."""
+
+    root: str
+    storage: S3Storage | None = None
+    server: S3Server | None = None
+
+    @property
+    def on_s3(self) -> bool:
+        return self.server is not None
+
+    def table(self, name: str = "feed") -> str:
+        return f"{self.root}/{name}"
+
+    @property
+    def storage_options(self) -> dict[str, str]:
+        return self.storage.storage_options() if self.storage else {}
+
+    def feed_table(self, spark, path: str, **kwargs) -> FeedTable:
+        return FeedTable(spark, path, storage_options=self.storage_options, **kwargs)
+
+    def log(self, path: str) -> DeltaLog:
+        """The table's log as delta-rs reads it (`read_committed_state(lakehouse.log(path))`)."""
+        return DeltaLog(path, self.storage_options)
+
+    def _key(self, path: str) -> str:
+        return path.split(f"s3a://{BUCKET}/", 1)[1]
+
+    def names(self, folder: str) -> list[str]:
+        """The names of the files directly in `folder`."""
+        if not self.on_s3:
+            return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+        prefix = self._key(folder).rstrip("/") + "/"
+        return sorted({key[len(prefix):] for key in self.server.keys(BUCKET, prefix) if "/" not in key[len(prefix):]})
+
+    def read(self, path: str) -> bytes:
+        return self.server.read(BUCKET, self._key(path)) if self.on_s3 else Path(path).read_bytes()
+
+    def age(self, folder: str, names: list[str], seconds: float) -> None:
+        """Moves the modification time of these files of `folder` back by `seconds`."""
+        for name in names:
+            if self.on_s3:
+                assert self.server.age(BUCKET, f"{self._key(folder)}/{name}", seconds) >= 1
+            else:
+                file = Path(folder) / name
+                aged = file.stat().st_mtime - seconds
+                os.utime(file, (aged, aged))
+
+
+@pytest.fixture
+def lakehouse(request, tmp_path) -> Lakehouse:
+    """Local disk (default), or the S3 server with `@pytest.mark.parametrize("lakehouse", ["s3"], indirect=True)`:
+    a fresh prefix of the bucket per test."""
+    if getattr(request, "param", "local") == "local":
+        return Lakehouse(str(tmp_path / "lakehouse"))
+    server = request.getfixturevalue("s3_server")
+    prefix = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:60]  # no glob characters in a path
+    return Lakehouse(f"s3a://{BUCKET}/{prefix}-{uuid.uuid4().hex[:8]}",
+                     request.getfixturevalue("s3_storage"), server)

@@ -24,7 +24,7 @@ def _setup_jars(args: argparse.Namespace) -> int:
     except DeltaJarsError as exc:
         print(f"setup-jars failed: {exc}", file=sys.stderr)
         return 1
-    print(f"{len(jars)} Delta jars in {jars_dir()}")
+    print(f"{len(jars)} jars (Delta, s3a) in {jars_dir()}")
     return 0
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
+from .storage import explain_storage_error
 from .table import PARTITION_COLUMN, TABLE_SCHEMA, spark_ddl
 
 if TYPE_CHECKING:
@@ -101,18 +102,30 @@ def in_partitions(partition_ids: Any) -> str:
 
 
 class DeltaLog:
-    """The Delta log of a table read with delta-rs, in this process."""
+    """The Delta log of a table read with delta-rs, in this process (`storage_options`: delta-rs's, for
+    a table on object storage: `ProjectConfig.storage_options`)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, storage_options: Mapping[str, str] | None = None):
         self.path = path
+        self.storage_options = dict(storage_options or {})
+
+    def open(self) -> Any:
+        from deltalake import DeltaTable
+
+        return DeltaTable(self.path, storage_options=self.storage_options or None)
+
+    def add_actions(self) -> dict[str, list]:
+        """The data files of the current version with their partition values and statistics."""
+        import pyarrow as pa
+
+        # an Arrow table of delta-rs's own (arro3), taken over by pyarrow without a copy
+        return pa.table(self.open().get_add_actions(flatten=True)).to_pydict()
 
     def history(self, limit: int | None, refresh: Any = None) -> tuple[Any, list[HistoryEntry]]:
         """A snapshot of the table and its history, newest first. `refresh`: a snapshot returned before,
         brought up to date in place (reads only the new commits) instead of opening the table anew."""
-        from deltalake import DeltaTable
-
         if refresh is None:
-            table = DeltaTable(self.path)
+            table = self.open()
         else:
             table = refresh
             table.update_incremental()
@@ -125,13 +138,22 @@ class DeltaLog:
 class FeedTable:
     """The Delta table of one feed, written by a Spark session (Spark Connect or classic)."""
 
-    def __init__(self, spark: "SparkSession", path: str, *, read_log: Literal["auto", "spark"] = "auto"):
+    def __init__(self, spark: "SparkSession", path: str, *, read_log: Literal["auto", "spark"] = "auto",
+                 storage_options: Mapping[str, str] | None = None):
         """`read_log`: `auto` reads the Delta log with delta-rs when this process can open the table
-        (decided by `ensure_table`), `spark` always through the Spark session."""
+        (decided by `ensure_table`), `spark` always through the Spark session. `storage_options`:
+        delta-rs's, for a table on object storage."""
         self.spark = spark
         self.path = path
         self.read_log = read_log
+        self.storage_options = dict(storage_options or {})
         self._log: DeltaLog | None = None
+
+    @property
+    def delta_log(self) -> DeltaLog | None:
+        """The log as delta-rs reads it here; None where only Spark reaches the table (or before
+        `ensure_table`)."""
+        return self._log
 
     # ------------------------------------------------------------------ set-up
     def ensure_table(self) -> None:
@@ -141,7 +163,9 @@ class FeedTable:
             try:
                 self.spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{self.path}` ({TABLE_DDL}) USING delta "
                                f"PARTITIONED BY ({PARTITION_COLUMN}) TBLPROPERTIES ({STATS_COLUMNS})")
-            except Exception:  # noqa: BLE001 - Spark's error types differ between classic and Connect
+            except Exception as error:  # noqa: BLE001 - Spark's error types differ between classic and Connect
+                if (explained := explain_storage_error(self.path, error)) is not None:
+                    raise explained from None  # what to set, not Hadoop's stack trace
                 # Two first loads racing to create the table: the loser's CREATE fails, named by timing
                 # (protocol changed, table exists, location not empty...); the winner's table is the table.
                 if not self._readable(within_seconds=10):
@@ -152,7 +176,7 @@ class FeedTable:
     def _open_log(self, quiet: bool = False) -> DeltaLog | None:
         if self.read_log == "spark":
             return None
-        reader = DeltaLog(self.path)
+        reader = DeltaLog(self.path, self.storage_options)
         try:
             reader.history(1)
         except Exception as error:  # noqa: BLE001 - delta-rs raises many types for an unreachable table

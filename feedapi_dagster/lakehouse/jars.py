@@ -1,7 +1,8 @@
-"""Delta Lake jars, resolved from Maven once and cached next to the virtualenv.
+"""The lakehouse's jars (Delta Lake, and Hadoop's ``s3a`` file system with the AWS SDK modules it
+uses), resolved from Maven once and cached next to the virtualenv.
 
 Spark re-resolves ``spark.jars.packages`` at every start (network, ~30 s). Instead, `setup_delta_jars`
-resolves the Delta coordinates ONCE (Spark's own Ivy resolver in a child process, falling back to
+resolves the coordinates ONCE (Spark's own Ivy resolver in a child process, falling back to
 ``mvn dependency:copy-dependencies``), drops every jar that pyspark already ships (same artifact
 name, whatever the version, or every class already provided by ``pyspark/jars``), copies the rest
 into the cache folder and writes ``manifest.json``. Spark sessions then get ``spark.jars`` =
@@ -39,11 +40,17 @@ SCALA_BINARY_VERSION = "2.13"
 DELTA_SPARK_COORDINATE = f"io.delta:delta-spark_{SCALA_BINARY_VERSION}:{DELTA_VERSION}"
 # Not published for Delta 4.4.0 (checked on Maven Central); kept here so it is one line to add.
 DELTA_CONNECT_SERVER_COORDINATE: str | None = None
+# `s3a`: hadoop-aws at the Hadoop version pyspark ships, with the AWS SDK v2 modules S3A uses instead of
+# the SDK's one-jar `bundle` that hadoop-aws declares (~600 MB; these modules: ~11 MB). The SDK version
+# is the one Hadoop 3.5.0 is built with (`aws-java-sdk-v2.version` of hadoop-project 3.5.0).
+AWS_SDK_VERSION = "2.35.4"
+AWS_SDK_MODULES = ("s3", "s3-transfer-manager", "sts")
+AWS_SDK_BUNDLE = "software.amazon.awssdk:bundle"
 
 JARS_DIR_ENV = "FEEDAPI_DAGSTER_JARS_DIR"
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = 1
-NOT_SET_UP_MESSAGE = "Delta jars not set up: run `make setup` or `feedapi-dagster setup-jars`"
+NOT_SET_UP_MESSAGE = "Delta and s3a jars not set up: run `make setup` or `feedapi-dagster setup-jars`"
 
 Resolver = Literal["auto", "ivy", "maven"]
 
@@ -116,13 +123,23 @@ def delta_coordinates() -> list[str]:
     2.13.x) is pinned to the jackson version pyspark ships, so that the one jackson module we add
     matches Spark's jackson-databind instead of being a 2.13 module on a 2.2x databind.
     """
+    shipped = _pyspark_artifact_versions()
     coords = [DELTA_SPARK_COORDINATE]
     if DELTA_CONNECT_SERVER_COORDINATE:
         coords.append(DELTA_CONNECT_SERVER_COORDINATE)
-    jackson = _pyspark_artifact_versions().get("jackson-databind")
+    jackson = shipped.get("jackson-databind")
     if jackson:
         coords.append(f"com.fasterxml.jackson.datatype:jackson-datatype-jdk8:{jackson}")
+    hadoop = shipped.get("hadoop-client-api")
+    if not hadoop:
+        raise DeltaJarsError(f"pyspark ships no hadoop-client-api jar in {pyspark_jars_dir()}: cannot match hadoop-aws to it")
+    coords.append(f"org.apache.hadoop:hadoop-aws:{hadoop}")
+    coords += [f"software.amazon.awssdk:{module}:{AWS_SDK_VERSION}" for module in AWS_SDK_MODULES]
     return coords
+
+
+# left out of the resolution: the AWS SDK's one-jar bundle (its modules are resolved instead)
+EXCLUDED = (AWS_SDK_BUNDLE,)
 
 
 # --------------------------------------------------------------------------------------------
@@ -143,11 +160,24 @@ def delta_jars(directory: Path | None = None) -> list[Path]:
     manifest = read_manifest(directory)
     if manifest is None or not manifest.get("jars"):
         raise DeltaJarsNotSetUp(f"{NOT_SET_UP_MESSAGE} (no manifest at {directory / MANIFEST_NAME})")
+    if manifest.get("coordinates") != delta_coordinates():
+        raise DeltaJarsNotSetUp(f"{NOT_SET_UP_MESSAGE} (the cache in {directory} holds "
+                                f"{', '.join(manifest.get('coordinates', []))}, set up by an earlier release)")
     paths = [directory / entry["file"] for entry in manifest["jars"]]
     missing = [p.name for p in paths if not p.is_file()]
     if missing:
         raise DeltaJarsNotSetUp(f"{NOT_SET_UP_MESSAGE} (missing in {directory}: {', '.join(missing)})")
     return paths
+
+
+def ensure_delta_jars(echo=print) -> list[Path]:
+    """The cached jars, resolved first (with a line saying so) when the cache is empty or stale: what
+    `feedapi-dagster demo` and `dev` call, so that installing the wheel is the whole set-up."""
+    try:
+        return delta_jars()
+    except DeltaJarsNotSetUp as missing:
+        echo(f"{missing}; resolving them now from Maven Central into {jars_dir()} (once, ~1 minute) ...")
+        return setup_delta_jars()
 
 
 def setup_delta_jars(
@@ -249,6 +279,7 @@ def _resolve_with_ivy(coordinates: list[str], work: Path, timeout: float = 900) 
         "--conf", f"spark.jars.ivy={ivy}",
         "--conf", "spark.ui.enabled=false",
         "--packages", ",".join(coordinates),
+        "--exclude-packages", ",".join(EXCLUDED),
         str(app),
     ]
     _run(cmd, cwd=work, env=env, log_path=work / "spark-submit.log", timeout=timeout)
@@ -277,11 +308,13 @@ def _parse_ivy_jar(path: Path, cache: Path) -> ResolvedJar:
 def _resolve_with_maven(coordinates: list[str], work: Path, timeout: float = 900) -> list[ResolvedJar]:
     """``mvn dependency:copy-dependencies`` on a generated pom, repository layout kept."""
     work.mkdir(parents=True)
+    exclusions = "".join(f"<exclusion><groupId>{excluded.split(':')[0]}</groupId>"
+                         f"<artifactId>{excluded.split(':')[1]}</artifactId></exclusion>" for excluded in EXCLUDED)
     deps = []
     for coordinate in coordinates:
         group, artifact, version = coordinate.split(":")
         deps.append(f"<dependency><groupId>{group}</groupId><artifactId>{artifact}</artifactId>"
-                    f"<version>{version}</version></dependency>")
+                    f"<version>{version}</version><exclusions>{exclusions}</exclusions></dependency>")
     pom = textwrap.dedent("""\
         <project xmlns="http://maven.apache.org/POM/4.0.0">
           <modelVersion>4.0.0</modelVersion>

@@ -133,6 +133,9 @@ class SparkSettings(BaseModel):
     # remote: send this package to the cluster as a Spark Connect artifact (off when the cluster's
     # Python has feedapi-dagster installed, e.g. baked into its image)
     ship_package: bool = True
+    # embedded and local: variables of the Spark JVM started here, each read from the variable of this
+    # process it names (the lakehouse's credentials: `ProjectConfig.spark_settings`); never in `conf`
+    credential_env: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("conf", mode="before")
     @classmethod
@@ -233,13 +236,16 @@ def local_spark_session(
     work_dir: Path | None = None,
     master: str = LOCAL_MASTER,
     app_name: str = "feedapi-dagster",
+    env: Mapping[str, str] | None = None,
 ) -> "SparkSession":
-    """A classic in-process SparkSession with Delta; returns the existing one if there is one."""
+    """A classic in-process SparkSession with Delta; returns the existing one if there is one.
+    ``env``: variables the JVM needs (credentials), set in this process, which the JVM inherits."""
     from pyspark.sql import SparkSession
 
     existing = SparkSession.getActiveSession()
     if existing is not None and not is_connect(existing):
         return existing
+    os.environ.update(env or {})
     if work_dir is None:
         work_dir = Path(tempfile.mkdtemp(prefix="feedapi-dagster-spark-"))
         atexit.register(shutil.rmtree, work_dir, True)
@@ -598,9 +604,11 @@ def start_embedded_server(
     work_dir: Path | None = None,
     detach: bool = False,
     startup_timeout: float = 180.0,
+    env: Mapping[str, str] | None = None,
 ) -> SparkConnectServer:
-    """Start a Spark Connect server with Delta on 127.0.0.1:<port> (fails if the port is taken)."""
-    return SparkConnectServer(port, conf=conf, work_dir=work_dir, detach=detach,
+    """Start a Spark Connect server with Delta on 127.0.0.1:<port> (fails if the port is taken);
+    ``env``: variables added to its environment (credentials)."""
+    return SparkConnectServer(port, conf=conf, work_dir=work_dir, detach=detach, env=env,
                               startup_timeout=startup_timeout).start()
 
 
@@ -611,12 +619,13 @@ def ensure_embedded_server(
     work_dir: Path | None = None,
     detach: bool = False,
     startup_timeout: float = 180.0,
+    env: Mapping[str, str] | None = None,
 ) -> SparkConnectServer:
     """Reuse the server listening on 127.0.0.1:<port>, or start one.
 
     A server started here is stopped when this process exits unless ``detach`` (then it keeps
     running for later processes; its files are in ``<tmp>/feedapi-dagster-spark-<port>``). A reused
-    server keeps its own configuration: ``conf`` only applies to a server started here.
+    server keeps its own configuration: ``conf`` and ``env`` only apply to a server started here.
     """
     server = _started.get(port)
     if server is not None and server.is_running():
@@ -629,7 +638,7 @@ def ensure_embedded_server(
             log.info("Reusing the Spark Connect server on sc://%s:%d", LOOPBACK, port)
             return SparkConnectServer.attach(port)
         server = start_embedded_server(port, conf=conf, work_dir=work_dir, detach=detach,
-                                       startup_timeout=startup_timeout)
+                                       startup_timeout=startup_timeout, env=env)
     if not detach:
         atexit.register(server.stop)
     _started[port] = server
@@ -700,15 +709,19 @@ def package_zip() -> Path:
 
 def spark_session(settings: SparkSettings | None = None) -> "SparkSession":
     """The session for ``settings.mode`` (embedded: ensure the server runs, then connect)."""
+    from feedapi_dagster.lakehouse.storage import read_credentials
+
     settings = settings or SparkSettings()
     if settings.mode == "local":
-        session = local_spark_session(settings.conf, work_dir=settings.work_dir)
+        session = local_spark_session(settings.conf, work_dir=settings.work_dir,
+                                      env=read_credentials(settings.credential_env))
     elif settings.mode == "remote":
         assert settings.remote is not None
         session = connect_session(settings.remote, settings.conf)
     else:
+        # the URL carries the server's token: built here, never part of any configuration
         server = ensure_embedded_server(settings.port, conf=settings.conf, work_dir=settings.work_dir,
-                                        detach=settings.detach_server)
+                                        detach=settings.detach_server, env=read_credentials(settings.credential_env))
         session = connect_session(server.client_url())
     register_feed_source(session, ship=settings.mode == "remote" and settings.ship_package)
     return session

@@ -33,16 +33,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
 from feedapi_dagster.planning import FeedState, PartitionState
 
-from .delta import FILE_MAINTENANCE, DeltaLog, HistoryEntry
-
-if TYPE_CHECKING:
-    from .delta import FeedTable
+from .delta import FILE_MAINTENANCE, DeltaLog, FeedTable, HistoryEntry
 
 METADATA_KEY = "feedapi_dagster"
 # Commits made by others (OPTIMIZE, manual writes) carry no state; look this far back first.
@@ -153,10 +150,10 @@ def committed_states(entries: list[HistoryEntry], table_version: int | None) -> 
     return states
 
 
-def read_history(table: "FeedTable | str", limit: int | None = RECENT_HISTORY,
+def read_history(table: "FeedTable | DeltaLog | str", limit: int | None = RECENT_HISTORY,
                  refresh: Any = None) -> tuple[Any, History]:
-    """A snapshot of the table (`table`, or a path read with delta-rs) and the states committed to
-    it. `refresh`: a snapshot read before, brought up to date in place."""
+    """A snapshot of the table (`table`, or a log or local path read with delta-rs) and the states
+    committed to it. `refresh`: a snapshot read before, brought up to date in place."""
     log = DeltaLog(table) if isinstance(table, str) else table
     snapshot, entries = log.history(limit, refresh)
     table_version = entries[0].version if entries else None
@@ -168,17 +165,18 @@ def read_history(table: "FeedTable | str", limit: int | None = RECENT_HISTORY,
     return snapshot, History(states, table_version, complete)
 
 
-def resolve(table: "FeedTable | str", history: History) -> CommittedState:
+def resolve(table: "FeedTable | DeltaLog | str", history: History) -> CommittedState:
     """The cursor of record, from the history read (see the module docstring)."""
     if history.states:
         return history.states[0]
     path = table if isinstance(table, str) else table.path
+    spark_table = table if isinstance(table, FeedTable) else None
     if history.complete:  # every commit is in the log, and no load's commit is in effect
         return CommittedState(FeedState(), "new", None, None, None, history.table_version)
-    if isinstance(table, str):
+    if spark_table is None:
         raise RecoveryNeedsSpark(f"no commit in the Delta log of {path} carries the feed state: it must be recovered "
                                  "from the table's rows, which takes Spark (`feedapi-dagster state` does it)")
-    last_rows = table.last_rows(history.table_version)
+    last_rows = spark_table.last_rows(history.table_version)
     if last_rows:
         state = FeedState(partitions={pid: PartitionState(cursor=cursor, position=position + 1)
                                       for pid, (position, cursor) in last_rows.items()})
@@ -190,6 +188,6 @@ def resolve(table: "FeedTable | str", history: History) -> CommittedState:
         "remove the table (its folder); to keep it empty, leave the feed's schedule off")
 
 
-def read_committed_state(table: "FeedTable | str") -> CommittedState:
+def read_committed_state(table: "FeedTable | DeltaLog | str") -> CommittedState:
     """The table's cursor of record (an empty state for a new table)."""
     return resolve(table, read_history(table)[1])

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .delta import FeedTable, in_partitions, local_path
+from .delta import DeltaLog, FeedTable, in_partitions
 from .table import PARTITION_COLUMN
 
 
@@ -33,8 +33,8 @@ def partition_stats(table: FeedTable, partition_ids: Iterable[int]) -> dict[int,
     wanted = {int(p) for p in partition_ids}
     if not wanted:
         return {}
-    if local_path(table.path):
-        return _from_log(table.path, wanted)
+    if table.delta_log is not None:
+        return _from_log(table.delta_log, wanted)
     # storage only the cluster reaches: Spark answers from the same statistics (Delta's
     # metadata-only aggregation) or, where it cannot, reads the one column of these partitions
     from pyspark.sql import functions as F
@@ -44,12 +44,8 @@ def partition_stats(table: FeedTable, partition_ids: Iterable[int]) -> dict[int,
     return {r[0]: PartitionStats(r[1], r[2], r[3]) for r in rows}
 
 
-def _from_log(path: str, wanted: set[int]) -> dict[int, PartitionStats]:
-    import pyarrow as pa
-    from deltalake import DeltaTable
-
-    # an Arrow table of delta-rs's own (arro3), taken over by pyarrow without a copy
-    actions = pa.table(DeltaTable(path).get_add_actions(flatten=True)).to_pydict()
+def _from_log(log: DeltaLog, wanted: set[int]) -> dict[int, PartitionStats]:
+    actions = log.add_actions()
     stats: dict[int, PartitionStats] = {}
     for partition, rows, low, high in zip(actions[f"partition.{PARTITION_COLUMN}"], actions["num_records"],
                                           actions["min.position"], actions["max.position"]):

@@ -2,7 +2,8 @@
 
     type: feedapi_dagster.FeedApiComponent
     attributes:
-      lakehouse: lakehouse            # relative to the project root, or s3://... etc.
+      lakehouse: lakehouse            # relative to the project root, or s3a://bucket/prefix
+      storage: {s3: {region: eu-west-1}}   # an s3a:// lakehouse's endpoint, region, credentials
       spark: {mode: embedded}
       feeds:
         - name: orders
@@ -24,7 +25,7 @@ from pydantic import BaseModel, Field, SecretStr
 
 from feedapi_dagster.lakehouse.spark import SparkSettings
 
-from .config import FeedConfig, ProjectConfig
+from .config import FeedConfig, ProjectConfig, StorageConfig
 from .definitions import SPARK_RESOURCE_KEY, build_feedapi_definitions
 from .translator import FeedApiTranslator, FeedTranslatorData
 
@@ -51,6 +52,10 @@ def _resolve_feeds(context: dg.ResolutionContext, feeds: list[FeedConfig]) -> li
     return [FeedConfig.model_validate(_rendered(context.at_path(i), feed)) for i, feed in enumerate(feeds)]
 
 
+def _resolve_storage(context: dg.ResolutionContext, storage: StorageConfig) -> StorageConfig:
+    return StorageConfig.model_validate(_rendered(context, storage))
+
+
 def _resolve_spark(context: dg.ResolutionContext, spark: SparkSettings) -> SparkSettings:
     return SparkSettings.model_validate(_rendered(context, spark))
 
@@ -62,6 +67,7 @@ class FeedApiAttributes(dg.Model):
 
     feeds: list[FeedConfig]
     lakehouse: str = "lakehouse"
+    storage: StorageConfig = Field(default_factory=StorageConfig)
     spark: SparkSettings = Field(default_factory=SparkSettings)
     spark_resource_key: str = SPARK_RESOURCE_KEY
     translation: str | dg.AssetAttributesModel | None = None
@@ -105,6 +111,8 @@ class FeedApiComponent(dg.Component, dg.Model, dg.Resolvable):
         description="The feeds: one Delta table and one asset each.")
     lakehouse: str = Field(default="lakehouse",
                            description="Folder or URI of the tables (relative: to the project root).")
+    storage: Annotated[Any, dg.Resolver(_resolve_storage, model_field_type=StorageConfig)] = Field(
+        default_factory=StorageConfig, description="The lakehouse's object storage: s3 (endpoint, region, credentials).")
     spark: Annotated[Any, dg.Resolver(_resolve_spark, model_field_type=SparkSettings)] = Field(
         default_factory=SparkSettings, description="Where Spark runs: embedded (default), remote (sc://...) or local.")
     spark_resource_key: str = Field(default=SPARK_RESOURCE_KEY,
@@ -122,7 +130,7 @@ class FeedApiComponent(dg.Component, dg.Model, dg.Resolvable):
         lakehouse = self.lakehouse
         if "://" not in lakehouse and not Path(lakehouse).is_absolute():
             lakehouse = str((project_root / lakehouse).resolve())
-        return ProjectConfig(lakehouse=lakehouse, spark=self.spark, feeds=self.feeds)
+        return ProjectConfig(lakehouse=lakehouse, storage=self.storage, spark=self.spark, feeds=self.feeds)
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         return build_feedapi_definitions(self.project_config(context.project_root),

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from feedapi_dagster.lakehouse.loader import LoadSettings
 from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
 from feedapi_dagster.lakehouse.spark import SparkSettings
+from feedapi_dagster.lakehouse.storage import S3Storage, check_lakehouse_uri, check_single_driver, is_s3
 from feedapi_dagster.lakehouse.table import check_id_field
 from feedapi_dagster.protocol import Feed, FeedClient
 
@@ -66,10 +67,45 @@ class FeedConfig(Feed):
         return FeedClient(self)
 
 
+class StorageConfig(_Strict):
+    """Where the lakehouse is stored, beyond its URI: one block per kind of object storage."""
+
+    s3: S3Storage | None = Field(default=None, description="an s3a:// lakehouse: endpoint, region, credentials")
+
+
 class ProjectConfig(_Strict):
     lakehouse: str = "lakehouse"
+    storage: StorageConfig = Field(default_factory=StorageConfig)
     spark: SparkSettings = Field(default_factory=SparkSettings)
     feeds: list[FeedConfig]
+
+    @model_validator(mode="after")
+    def _storage(self) -> "ProjectConfig":
+        check_lakehouse_uri(self.lakehouse, self.storage.s3)
+        check_single_driver(self.lakehouse, self.spark.mode, self.spark.conf)
+        return self
+
+    @property
+    def s3(self) -> S3Storage | None:
+        """The S3 settings of an s3a:// lakehouse (AWS's defaults when the storage block has none)."""
+        return (self.storage.s3 or S3Storage()) if is_s3(self.lakehouse) else None
+
+    def spark_settings(self) -> SparkSettings:
+        """The `spark` settings with the lakehouse's storage in them: the ``fs.s3a.*`` settings as the
+        embedded server's or local session's Hadoop configuration (``spark.hadoop.``), or as runtime
+        settings of a cluster's session (Spark copies a session's settings into the Hadoop
+        configuration of its reads and writes); the settings in `spark.conf` win. Credentials go to
+        the JVM started here by variable names (`SparkSettings.credential_env`), never into `conf`."""
+        if self.s3 is None:
+            return self.spark
+        prefix = "" if self.spark.mode == "remote" else "spark.hadoop."
+        conf = {f"{prefix}{key}": value for key, value in self.s3.hadoop_conf().items()}
+        return self.spark.model_copy(update={"conf": {**conf, **self.spark.conf},
+                                             "credential_env": {**self.s3.credential_env(), **self.spark.credential_env}})
+
+    def storage_options(self) -> dict[str, str]:
+        """delta-rs's options for the lakehouse's tables (credentials read here)."""
+        return self.s3.storage_options() if self.s3 is not None else {}
 
     @model_validator(mode="after")
     def _unique_names(self) -> "ProjectConfig":

@@ -59,5 +59,5 @@ def build_feedapi_definitions(
             schedules.append(maintenance_schedule)
     return dg.Definitions(
         assets=assets, jobs=jobs, sensors=sensors, schedules=schedules,
-        resources={spark_resource_key: spark or SparkResource.from_settings(project.spark)},
+        resources={spark_resource_key: spark or SparkResource.from_settings(project.spark_settings())},
     )

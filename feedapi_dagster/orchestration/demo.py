@@ -25,9 +25,11 @@ import dagster as dg
 import feedapi_dagster.demo
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
 from feedapi_dagster.lakehouse.delta import FeedTable
+from feedapi_dagster.lakehouse.jars import ensure_delta_jars
 from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
 from feedapi_dagster.lakehouse.spark import DEFAULT_PORT, SparkSettings, ensure_embedded_server
 from feedapi_dagster.lakehouse.state import read_committed_state
+from feedapi_dagster.lakehouse.storage import read_credentials
 
 from .automation import load_request, register_discovered_partitions
 from .config import FeedConfig, ProjectConfig, ScheduleConfig
@@ -97,12 +99,16 @@ def dagster_home(root: Path) -> Path:
 
 @contextlib.contextmanager
 def demo_services(project: ProjectConfig, events: int, partitions: int) -> Iterator[FeedConfig]:
-    """The demo feed server on the first feed's URL, and the embedded Spark server."""
+    """The demo feed server on the first feed's URL, and the embedded Spark server (its jars resolved
+    first when the cache is empty: installing the wheel is the whole set-up)."""
     feed = project.feeds[0]
+    ensure_delta_jars(echo=lambda line: print(line, flush=True))
     with DemoFeedServer(DemoFeed(partitions=partitions, events=events), dialect="published",
                         host="127.0.0.1", port=urlsplit(feed.url).port or DEMO_FEED_PORT) as server:
         print(f"demo FeedAPI server: {server.url}", flush=True)
-        spark = ensure_embedded_server(project.spark.port, conf=project.spark.conf, detach=True)
+        settings = project.spark_settings()
+        spark = ensure_embedded_server(settings.port, conf=settings.conf, detach=True,
+                                       env=read_credentials(settings.credential_env))
         print(f"Spark Connect server: {spark.url}", flush=True)
         try:
             yield feed
@@ -129,7 +135,7 @@ def run_demo(args: argparse.Namespace) -> int:
             print("the load run failed; see the log above", file=sys.stderr)
             return 1
         session = definitions.resources[SPARK_RESOURCE_KEY].spark_session
-        _print_table(session, FeedTable(session, binding.table_path), instance, binding, home)
+        _print_table(session, binding.table_for(session), instance, binding, home)
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import dagster as dg
 
@@ -13,6 +14,9 @@ from feedapi_dagster.lakehouse.sink import DeltaSink
 
 from .config import FeedConfig, ProjectConfig
 from .resources import feed_session
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 FEED_TAG = "feedapi/feed"
 PARTITIONS_TAG = "feedapi/partitions"  # comma-separated partition ids a run requested by the sensor or schedule loads
@@ -55,7 +59,10 @@ class FeedBinding:
 
     def table(self, context: dg.OpExecutionContext) -> FeedTable:
         """The feed's table, through the Spark session of the run's Spark resource."""
-        return FeedTable(feed_session(getattr(context.resources, self.spark_key)), self.table_path)
+        return self.table_for(feed_session(getattr(context.resources, self.spark_key)))
+
+    def table_for(self, spark: "SparkSession") -> FeedTable:
+        return FeedTable(spark, self.table_path, storage_options=self.project.storage_options())
 
 
 def partition_run_tags(binding: FeedBinding, partition_ids: Iterable[int], order: Sequence[str]) -> dict[str, str]:

@@ -5,8 +5,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from dagster_pyspark import LazyPySparkResource, PySparkResource
 
-from feedapi_dagster.lakehouse.spark import (DEFAULT_PORT, SparkSettings, connect_session, ensure_embedded_server,
-                                             is_connect, local_spark_session, register_feed_source)
+from feedapi_dagster.lakehouse.spark import DEFAULT_PORT, SparkSettings, is_connect, register_feed_source, spark_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -33,6 +32,9 @@ class SparkResource(LazyPySparkResource):
     # remote: send this package to the cluster as a Spark Connect artifact (off when the cluster's
     # Python has feedapi-dagster installed)
     ship_package: bool = True
+    # the lakehouse's credentials for a Spark JVM started here: JVM variable -> this process's variable
+    # holding it (names only: the values are read when the JVM starts)
+    credential_env: dict[str, str] = {}
 
     @classmethod
     def from_settings(cls, settings: SparkSettings) -> "SparkResource":
@@ -41,32 +43,21 @@ class SparkResource(LazyPySparkResource):
         key = settings.model_dump_json()
         if key not in _BY_SETTINGS:
             _BY_SETTINGS[key] = cls(mode=settings.mode, remote=settings.remote, port=settings.port,
-                                    spark_config=settings.conf, ship_package=settings.ship_package)
+                                    spark_config=settings.conf, ship_package=settings.ship_package,
+                                    credential_env=settings.credential_env)
         return _BY_SETTINGS[key]
 
     def settings(self) -> SparkSettings:
         return SparkSettings(mode=self.mode, remote=self.remote, port=self.port, conf=self.spark_config,
-                             detach_server=True, ship_package=self.ship_package)
+                             detach_server=True, ship_package=self.ship_package, credential_env=self.credential_env)
 
     # LazyPySparkResource has no public hook for how its session is made: `_init_session` is what its
     # `spark_session` property calls, once, and `_spark_session` where it keeps the session
     # (dagster-pyspark 0.29). Overriding them keeps the base class's laziness and teardown.
     def _init_session(self) -> None:
-        if self._spark_session is not None:
-            return
-        settings = self.settings()  # validates mode and remote, with the same messages as the feeds config
-        if settings.mode == "local":
-            session = local_spark_session(settings.conf)
-        else:
-            if settings.mode == "embedded":
-                # the URL carries the server's token: built here, never part of the resource's config
-                url = ensure_embedded_server(settings.port, conf=settings.conf, detach=True).client_url()
-                conf = {}
-            else:
-                url, conf = settings.remote, settings.conf
-            session = connect_session(url, conf)
-        register_feed_source(session, ship=settings.mode == "remote" and settings.ship_package)
-        self._spark_session = session
+        if self._spark_session is None:
+            # validates mode and remote, with the same messages as the feeds config
+            self._spark_session = spark_session(self.settings())
 
 
 def feed_session(resource: Any) -> "SparkSession":

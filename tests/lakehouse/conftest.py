@@ -1,14 +1,18 @@
 import pytest
 
-from feedapi_dagster.lakehouse.delta import FeedTable
 from feedapi_dagster.lakehouse.loader import FeedLoader
 from feedapi_dagster.lakehouse.sink import DeltaSink
 from feedapi_dagster.protocol import Feed, RetryPolicy
 
 
 @pytest.fixture
-def table_path(tmp_path):
-    return str(tmp_path / "lakehouse" / "feed")
+def table_path(lakehouse):
+    """The test's feed table: on local disk, or on the S3 server for a test parametrized with
+    `ON_S3` (or `lakehouse` "s3")."""
+    return lakehouse.table()
+
+
+ON_S3 = pytest.mark.parametrize("lakehouse", ["s3"], indirect=True)
 
 
 @pytest.fixture
@@ -23,9 +27,9 @@ LOG_READERS = pytest.mark.parametrize("read_log", ["delta-rs", "spark"], indirec
 
 
 @pytest.fixture
-def make_sink(spark, table_path, read_log):
+def make_sink(spark, table_path, read_log, lakehouse):
     def make(path=None, **kwargs):
-        table = FeedTable(spark, path or table_path, read_log="spark" if read_log == "spark" else "auto")
+        table = lakehouse.feed_table(spark, path or table_path, read_log="spark" if read_log == "spark" else "auto")
         return DeltaSink(table, **kwargs)
     return make
 

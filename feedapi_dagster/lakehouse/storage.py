@@ -1,0 +1,196 @@
+"""Where the lakehouse lives: one storage setting for Spark's ``s3a`` file system and for delta-rs.
+
+A lakehouse on local disk needs nothing. One on S3 (AWS, or an S3-compatible server) is an ``s3a://``
+URI plus an `S3Storage`: endpoint, region, path-style access, and where the credentials come from.
+The same setting becomes
+
+* Spark's ``fs.s3a.*`` configuration (`hadoop_conf`; the session or server configuration, see
+  `ProjectConfig.spark_settings`), and the AWS variables of the Spark JVM this process starts
+  (`credential_env`): credentials never go into Spark's configuration, plans or command lines;
+* delta-rs's ``storage_options`` (`storage_options`), with which the run process reads the Delta log.
+
+Credentials: by default the AWS default chain, which both Hadoop's ``s3a`` and delta-rs follow
+(``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN``, ``AWS_PROFILE``, web
+identity, the instance's role). ``access_key_id_env`` and friends name other environment variables
+(a ``dg.EnvVar`` is one), read where they are used, never stored.
+
+**Log store.** Delta commits a version by writing ``_delta_log/<version>.json`` if it does not exist.
+S3 had no put-if-absent when Delta's ``s3a`` log store (``S3SingleDriverLogStore``, Delta's default
+for ``s3a``) was written: it keeps two commits of one version apart only *inside one JVM*. So every
+commit to an S3 lakehouse must go through one Spark driver: the embedded Spark Connect server (one for
+all runs) or a cluster's Spark Connect server. `check_single_driver` refuses ``local`` Spark (a driver
+per run process) unless the configuration names a log store itself (``spark.delta.logStore.s3a.impl``,
+for example Delta's ``S3DynamoDBLogStore`` for many drivers).
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+S3A = "s3a"
+LOG_STORE_KEYS = ("spark.delta.logStore.s3a.impl", "spark.delta.logStore.class")
+# What each credential field names, and the variable the AWS SDK (in the Spark JVM) reads it from.
+_CREDENTIALS = {
+    "access_key_id_env": "AWS_ACCESS_KEY_ID",
+    "secret_access_key_env": "AWS_SECRET_ACCESS_KEY",
+    "session_token_env": "AWS_SESSION_TOKEN",
+}
+
+
+class StorageError(RuntimeError):
+    """The lakehouse's storage is misconfigured or unreachable; the message names the setting."""
+
+
+class S3Storage(BaseModel):
+    """An S3 lakehouse (``lakehouse: s3a://bucket/prefix``): AWS or an S3-compatible endpoint."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    endpoint: str | None = Field(default=None, description="an S3-compatible server's URL; AWS when unset")
+    region: str | None = Field(default=None, description="the bucket's region (AWS default chain when unset)")
+    path_style: bool = Field(default=False, description="bucket in the path, not the host name (most S3-compatible servers)")
+    access_key_id_env: str | None = Field(default=None, description="environment variable with the access key id")
+    secret_access_key_env: str | None = Field(default=None, description="environment variable with the secret key")
+    session_token_env: str | None = Field(default=None, description="environment variable with a session token")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if value is not None:
+            parts = urlsplit(value)
+            if parts.scheme not in ("http", "https") or not parts.netloc or parts.path not in ("", "/"):
+                raise ValueError(f"endpoint must be an http:// or https:// URL of the server, got {value!r}")
+            value = value.rstrip("/")
+        return value
+
+    @field_validator("access_key_id_env", "secret_access_key_env", "session_token_env")
+    @classmethod
+    def _env_name(cls, value: str | None) -> str | None:
+        if value is not None and (not value or "=" in value or not value.replace("_", "").isalnum()):
+            raise ValueError(f"expected the name of an environment variable (letters, digits, _), got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _key_pair(self) -> "S3Storage":
+        if (self.access_key_id_env is None) != (self.secret_access_key_env is None):
+            raise ValueError("set access_key_id_env and secret_access_key_env together "
+                             "(or neither: the AWS default chain)")
+        return self
+
+    # ------------------------------------------------------------------ credentials
+    def credential_env(self) -> dict[str, str]:
+        """AWS variable -> the variable of this process named to hold it; {} for the default chain."""
+        return {aws: getattr(self, setting) for setting, aws in _CREDENTIALS.items() if getattr(self, setting)}
+
+    def credentials(self) -> dict[str, str]:
+        """AWS variable -> value, read here (`read_credentials`); {} for the default chain."""
+        return read_credentials(self.credential_env())
+
+    # ------------------------------------------------------------------ Spark
+    def hadoop_conf(self) -> dict[str, str]:
+        """``fs.s3a.*`` settings (no secrets): Spark takes them prefixed with ``spark.hadoop.``."""
+        conf = {"fs.s3a.path.style.access": str(self.path_style).lower()}
+        if self.endpoint:
+            conf["fs.s3a.endpoint"] = self.endpoint
+            conf["fs.s3a.connection.ssl.enabled"] = str(self.endpoint.startswith("https://")).lower()
+        if self.region:
+            conf["fs.s3a.endpoint.region"] = self.region
+        elif self.endpoint:
+            # the AWS SDK wants a region even for a server that ignores it (else it probes EC2's metadata)
+            conf["fs.s3a.endpoint.region"] = "us-east-1"
+        return conf
+
+    # ------------------------------------------------------------------ delta-rs
+    def storage_options(self) -> dict[str, str]:
+        """delta-rs (object_store) options; without credentials it follows the AWS default chain."""
+        options: dict[str, str] = {}
+        if self.endpoint:
+            options["AWS_ENDPOINT_URL"] = self.endpoint
+            options["AWS_ALLOW_HTTP"] = str(self.endpoint.startswith("http://")).lower()
+        region = self.hadoop_conf().get("fs.s3a.endpoint.region")
+        if region:
+            options["AWS_REGION"] = region
+        if self.path_style:
+            options["AWS_VIRTUAL_HOSTED_STYLE_REQUEST"] = "false"
+        options.update(self.credentials())
+        return options
+
+
+def read_credentials(sources: Mapping[str, str]) -> dict[str, str]:
+    """``{AWS variable: variable holding it}`` -> ``{AWS variable: value}``, read in this process (a
+    Spark JVM started here gets them in its environment, where the AWS SDK reads them). Raises
+    `StorageError` naming the setting of a variable that is not set."""
+    settings = {aws: setting for setting, aws in _CREDENTIALS.items()}
+    values = {}
+    for aws_name, name in sources.items():
+        value = os.environ.get(name)
+        if not value:
+            setting = f"storage.s3.{settings[aws_name]}" if aws_name in settings else aws_name
+            raise StorageError(f"lakehouse storage: environment variable {name} ({setting}) is not set in this process")
+        values[aws_name] = value
+    return values
+
+
+def is_s3(uri: str) -> bool:
+    return urlsplit(uri).scheme.lower() in ("s3", "s3a", "s3n")
+
+
+def check_lakehouse_uri(uri: str, storage: S3Storage | None) -> None:
+    """A lakehouse URI Spark and delta-rs both open, matching its storage setting."""
+    scheme = urlsplit(uri).scheme.lower()
+    if scheme in ("s3", "s3n"):
+        raise ValueError(f"lakehouse {uri!r}: write s3a://{uri.split('://', 1)[1]} (Hadoop's S3 file system, "
+                         "which Spark uses; delta-rs reads it too)")
+    if scheme == S3A and not urlsplit(uri).netloc:
+        raise ValueError(f"lakehouse {uri!r}: s3a:// needs a bucket (s3a://bucket/prefix)")
+    if storage is not None and scheme != S3A:
+        raise ValueError(f"storage.s3 is set but the lakehouse {uri!r} is not an s3a:// URI")
+
+
+def check_single_driver(uri: str, spark_mode: str, spark_conf: Mapping[str, str]) -> None:
+    """Refuse Spark in every run process (``local``) for an S3 lakehouse with Delta's single-driver
+    log store (see the module docstring)."""
+    if not is_s3(uri) or spark_mode != "local" or any(key in spark_conf for key in LOG_STORE_KEYS):
+        return
+    raise ValueError(
+        f"lakehouse {uri!r} with spark mode 'local': every run would be its own Spark driver, and Delta's S3 "
+        "log store (S3SingleDriverLogStore) keeps two commits of one table version apart only within one "
+        "driver. Use spark mode 'embedded' (one local server for all runs) or 'remote' (a cluster's Spark "
+        "Connect server), or name a log store made for many drivers in spark.conf "
+        "(spark.delta.logStore.s3a.impl, e.g. io.delta.storage.S3DynamoDBLogStore)")
+
+
+# What Hadoop's and the AWS SDK's errors mean, said with the setting to change (checked in order).
+_MEANINGS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("org.apache.hadoop.fs.s3a.S3AFileSystem", 'No FileSystem for scheme "s3a"'),
+     "the Spark that runs the load has no s3a file system (hadoop-aws and the AWS SDK): run "
+     "`feedapi-dagster setup-jars` for the embedded or local Spark; a cluster needs "
+     "org.apache.hadoop:hadoop-aws (its Hadoop's version) and the AWS SDK on its classpath"),
+    (("NoAuthWithAWSException", "No AWS Credentials", "Unable to load credentials"),
+     "no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a profile or role) where Spark "
+     "runs, or name the variables in storage.s3.access_key_id_env / secret_access_key_env"),
+    (("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403 Forbidden", "Status Code: 403"),
+     "S3 refused the credentials (access denied): check the key in storage.s3 (or the AWS default chain) "
+     "and its rights on the bucket"),
+    (("NoSuchBucket", "The specified bucket does not exist", "UnknownStoreException"),
+     "the bucket does not exist (or the endpoint in storage.s3 is not the server that has it)"),
+    (("UnknownHostException", "Connection refused", "ConnectException", "Unable to execute HTTP request"),
+     "cannot reach the S3 endpoint: check storage.s3.endpoint and that the server is up"),
+)
+
+
+def explain_storage_error(uri: str, error: BaseException) -> StorageError | None:
+    """A `StorageError` saying what a Spark error about an S3 lakehouse means, or None when it is
+    not one of those (the error then stands as it is). Only the first line of Spark's message is
+    kept: no stack trace from deep in Hadoop."""
+    if not is_s3(uri):
+        return None
+    text = f"{type(error).__name__}: {error}"
+    for needles, meaning in _MEANINGS:
+        if any(needle in text for needle in needles):
+            first = next((line for line in str(error).splitlines() if line.strip()), "")[:300]
+            return StorageError(f"lakehouse table {uri}: {meaning} (Spark said: {first})")
+    return None

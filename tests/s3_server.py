@@ -1,0 +1,134 @@
+"""A real S3-compatible server for the tests and the benchmark: moto's standalone server (its S3 API
+over HTTP, the `moto[server]` test dependency) in a process of its own on 127.0.0.1.
+
+    python -m tests.s3_server --port 9000
+
+One route is added for the tests: ``POST /_feedapi_test/age?bucket=B&prefix=P&seconds=S`` moves the
+LastModified of the objects under P back by S seconds. Delta's log cleanup decides by the log files'
+modification times, which S3 sets at upload: on local disk the tests age files with `os.utime`, on
+this server with this route. Every other request is moto's.
+
+`S3Server` starts the program and is the tests' handle on it (bucket, listing, reading, ageing).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from urllib.parse import parse_qs
+
+import requests
+
+AGE_ROUTE = "/_feedapi_test/age"
+REGION = "us-east-1"
+# moto accepts any key; the tests hand these to Spark and delta-rs through the storage setting
+TEST_CREDENTIALS = {"FEEDAPI_TEST_S3_KEY": "feedapi-test-key", "FEEDAPI_TEST_S3_SECRET": "feedapi-test-secret"}
+
+
+def _with_age_route(app: Callable) -> Callable:
+    def serve(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") != AGE_ROUTE:
+            return app(environ, start_response)
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.s3.models import s3_backends
+
+        query = {k: v[0] for k, v in parse_qs(environ.get("QUERY_STRING", "")).items()}
+        bucket = s3_backends[DEFAULT_ACCOUNT_ID]["aws"].buckets[query["bucket"]]
+        shift = dt.timedelta(seconds=float(query["seconds"]))
+        aged = 0
+        for name in list(bucket.keys.keys()):
+            if name.startswith(query.get("prefix", "")):
+                for key in bucket.keys.getlist(name):
+                    key.last_modified = key.last_modified - shift
+                aged += 1
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [str(aged).encode()]
+    return serve
+
+
+def serve(port: int) -> None:
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import make_server
+
+    app = _with_age_route(DomainDispatcherApplication(create_backend_app))
+    print(f"S3 server (moto) on http://127.0.0.1:{port}", flush=True)
+    make_server("127.0.0.1", port, app, threaded=True, request_handler=MotoRequestHandler).serve_forever()
+
+
+class S3Server:
+    """The server program in a child process (stopped by `stop`), and what the tests do on it."""
+
+    def __init__(self, port: int | None = None, log_path: Path | None = None):
+        self.port = port or _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL
+        root = Path(__file__).resolve().parents[1]
+        self._process = subprocess.Popen([sys.executable, "-m", "tests.s3_server", "--port", str(self.port)],
+                                         cwd=root, stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while not _port_open(self.port):
+            if self._process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the S3 server did not start (exit code {self._process.poll()})")
+            time.sleep(0.1)
+        self._client = None
+
+    @property
+    def client(self):
+        """A boto3 S3 client of the server (boto3 comes with moto)."""
+        if self._client is None:
+            import boto3
+
+            self._client = boto3.client("s3", endpoint_url=self.url, region_name=REGION,
+                                        aws_access_key_id="feedapi-test-key", aws_secret_access_key="feedapi-test-secret")
+        return self._client
+
+    def create_bucket(self, bucket: str) -> None:
+        self.client.create_bucket(Bucket=bucket)
+
+    def keys(self, bucket: str, prefix: str) -> list[str]:
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        return sorted(item["Key"] for page in pages for item in page.get("Contents", []))
+
+    def read(self, bucket: str, key: str) -> bytes:
+        return self.client.get_object(Bucket=bucket, Key=key)["Body"].read()
+
+    def age(self, bucket: str, prefix: str, seconds: float) -> int:
+        """Moves the LastModified of the objects under `prefix` back by `seconds`; how many."""
+        answer = requests.post(f"{self.url}{AGE_ROUTE}", params={"bucket": bucket, "prefix": prefix,
+                                                                 "seconds": seconds}, timeout=30)
+        answer.raise_for_status()
+        return int(answer.text)
+
+    def stop(self) -> None:
+        self._process.terminate()
+        try:
+            self._process.wait(10)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        if self._log is not subprocess.DEVNULL:
+            self._log.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=int(os.environ.get("FEEDAPI_TEST_S3_PORT", "9000")))
+    serve(parser.parse_args().port)
