@@ -3,10 +3,14 @@ over HTTP, the `moto[server]` test dependency) in a process of its own on 127.0.
 
     python -m tests.s3_server --port 9000
 
-One route is added for the tests: ``POST /_feedapi_test/age?bucket=B&prefix=P&seconds=S`` moves the
-LastModified of the objects under P back by S seconds. Delta's log cleanup decides by the log files'
-modification times, which S3 sets at upload: on local disk the tests age files with `os.utime`, on
-this server with this route. Every other request is moto's.
+Routes added for the tests (every other request is moto's):
+
+* ``POST /_feedapi_test/age?bucket=B&prefix=P&seconds=S`` moves the LastModified of the objects under
+  P back by S seconds. Delta's log cleanup decides by the log files' modification times, which S3
+  sets at upload: on local disk the tests age files with `os.utime`, on this server with this route.
+* ``POST /_feedapi_test/hold?part=X`` holds every upload whose path contains X until
+  ``POST /_feedapi_test/release``; ``GET /_feedapi_test/held`` says how many wait: a test kills a
+  load in the middle of its Delta write (its executors uploading data files).
 
 `S3Server` starts the program and is the tests' handle on it (bucket, listing, reading, ageing).
 """
@@ -18,6 +22,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -26,19 +31,59 @@ from urllib.parse import parse_qs
 import requests
 
 AGE_ROUTE = "/_feedapi_test/age"
+HOLD_ROUTE, RELEASE_ROUTE, HELD_ROUTE = "/_feedapi_test/hold", "/_feedapi_test/release", "/_feedapi_test/held"
 REGION = "us-east-1"
 # moto accepts any key; the tests hand these to Spark and delta-rs through the storage setting
 TEST_CREDENTIALS = {"FEEDAPI_TEST_S3_KEY": "feedapi-test-key", "FEEDAPI_TEST_S3_SECRET": "feedapi-test-secret"}
 
 
-def _with_age_route(app: Callable) -> Callable:
+class _Hold:
+    def __init__(self) -> None:
+        self.part: str | None = None
+        self.released = threading.Event()
+        self.waiting = 0
+        self.lock = threading.Lock()
+
+    def wait_if_held(self, path: str) -> None:
+        part = self.part
+        if part is None or part not in path:
+            return
+        with self.lock:
+            self.waiting += 1
+        try:
+            self.released.wait(600)
+        finally:
+            with self.lock:
+                self.waiting -= 1
+
+
+def _with_test_routes(app: Callable) -> Callable:
+    hold = _Hold()
+
+    def answer(start_response: Callable, text: str) -> Iterable[bytes]:
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [text.encode()]
+
     def serve(environ: dict, start_response: Callable) -> Iterable[bytes]:
-        if environ.get("PATH_INFO") != AGE_ROUTE:
+        path = environ.get("PATH_INFO", "")
+        query = {k: v[0] for k, v in parse_qs(environ.get("QUERY_STRING", "")).items()}
+        if path == HOLD_ROUTE:
+            hold.released.clear()
+            hold.part = query["part"]
+            return answer(start_response, "held")
+        if path == RELEASE_ROUTE:
+            hold.part = None
+            hold.released.set()
+            return answer(start_response, "released")
+        if path == HELD_ROUTE:
+            return answer(start_response, str(hold.waiting))
+        if path != AGE_ROUTE:
+            if environ.get("REQUEST_METHOD") in ("PUT", "POST"):
+                hold.wait_if_held(path)
             return app(environ, start_response)
         from moto.core import DEFAULT_ACCOUNT_ID
         from moto.s3.models import s3_backends
 
-        query = {k: v[0] for k, v in parse_qs(environ.get("QUERY_STRING", "")).items()}
         bucket = s3_backends[DEFAULT_ACCOUNT_ID]["aws"].buckets[query["bucket"]]
         shift = dt.timedelta(seconds=float(query["seconds"]))
         aged = 0
@@ -47,8 +92,7 @@ def _with_age_route(app: Callable) -> Callable:
                 for key in bucket.keys.getlist(name):
                     key.last_modified = key.last_modified - shift
                 aged += 1
-        start_response("200 OK", [("Content-Type", "text/plain")])
-        return [str(aged).encode()]
+        return answer(start_response, str(aged))
     return serve
 
 
@@ -56,7 +100,7 @@ def serve(port: int) -> None:
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
     from werkzeug.serving import make_server
 
-    app = _with_age_route(DomainDispatcherApplication(create_backend_app))
+    app = _with_test_routes(DomainDispatcherApplication(create_backend_app))
     print(f"S3 server (moto) on http://127.0.0.1:{port}", flush=True)
     make_server("127.0.0.1", port, app, threaded=True, request_handler=MotoRequestHandler).serve_forever()
 
@@ -104,6 +148,18 @@ class S3Server:
                                                                  "seconds": seconds}, timeout=30)
         answer.raise_for_status()
         return int(answer.text)
+
+    def hold_uploads(self, part: str) -> None:
+        """Hold every upload whose path contains `part` until `release_uploads`."""
+        requests.post(f"{self.url}{HOLD_ROUTE}", params={"part": part}, timeout=30).raise_for_status()
+
+    def held_uploads(self) -> int:
+        answer = requests.get(f"{self.url}{HELD_ROUTE}", timeout=30)
+        answer.raise_for_status()
+        return int(answer.text)
+
+    def release_uploads(self) -> None:
+        requests.post(f"{self.url}{RELEASE_ROUTE}", timeout=30).raise_for_status()
 
     def stop(self) -> None:
         self._process.terminate()

@@ -21,9 +21,10 @@ from typing import Annotated, Any
 
 import dagster as dg
 from dagster.components.utils.translation import TranslationFn, TranslationFnResolver
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, model_validator
 
 from feedapi_dagster.lakehouse.spark import SparkSettings
+from feedapi_dagster.lakehouse.storage import check_lakehouse_uri, check_single_driver
 
 from .config import FeedConfig, ProjectConfig, StorageConfig
 from .definitions import SPARK_RESOURCE_KEY, build_feedapi_definitions
@@ -71,6 +72,13 @@ class FeedApiAttributes(dg.Model):
     spark: SparkSettings = Field(default_factory=SparkSettings)
     spark_resource_key: str = SPARK_RESOURCE_KEY
     translation: str | dg.AssetAttributesModel | None = None
+
+    @model_validator(mode="after")
+    def _storage(self) -> "FeedApiAttributes":
+        # ProjectConfig checks the same; here `dg check defs` reports it against the defs.yaml
+        check_lakehouse_uri(self.lakehouse, self.storage.s3)
+        check_single_driver(self.lakehouse, self.spark.mode, self.spark.conf)
+        return self
 
 
 class FeedApiScaffoldParams(BaseModel):

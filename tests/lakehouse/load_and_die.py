@@ -1,11 +1,12 @@
 """Run syncs of a feed into a Delta table through a Spark Connect server, and SIGKILL this process at
 a given moment.
 
-    python load_and_die.py FEED_URL TABLE_PATH MOMENT SPARK_CONNECT_URL
+    python load_and_die.py FEED_URL TABLE_PATH MOMENT SPARK_CONNECT_URL [STORAGE_JSON]
 
 Each sync loads at most 100 events per partition. MOMENT is `read`, `before_commit` or
 `after_commit`: the process dies the second time it gets there, so that one load is committed and the
-next is not (read, before) or is (after). With MOMENT `none` it syncs once and exits.
+next is not (read, before) or is (after). With MOMENT `none` it syncs once and exits. STORAGE_JSON:
+the lakehouse's `S3Storage` (the table is on S3).
 """
 import os
 import signal
@@ -16,10 +17,12 @@ from feedapi_dagster.lakehouse.delta import FeedTable
 from feedapi_dagster.lakehouse.loader import FeedLoader, LoadSettings
 from feedapi_dagster.lakehouse.sink import DeltaSink
 from feedapi_dagster.lakehouse.spark import connect_session
+from feedapi_dagster.lakehouse.storage import S3Storage
 
 
 def main() -> None:
     url, path, moment, connect_url = sys.argv[1:5]
+    storage = S3Storage.model_validate_json(sys.argv[5]) if len(sys.argv) > 5 else None
     seen = []
 
     def die_at(name, updates):
@@ -29,7 +32,8 @@ def main() -> None:
                 sys.stdout.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    sink = DeltaSink(FeedTable(connect_session(connect_url), path))
+    options = storage.storage_options() if storage else None
+    sink = DeltaSink(FeedTable(connect_session(connect_url), path, storage_options=options))
     loader = FeedLoader(Feed(url=url, page_size_hint=50), sink,
                         LoadSettings(max_events_per_partition=100), on_moment=die_at)
     for _ in range(1 if moment == "none" else 3):

@@ -1,7 +1,10 @@
 """Loads killed at their dangerous moments, then resumed: nothing lost, nothing twice.
 
 * the run process (the Spark driver's client), SIGKILLed after Spark read the feed, right before
-  and right after the Delta commit;
+  and right after the Delta commit, on local disk and on S3;
+* the run process SIGKILLed while its Delta write uploads the data files to S3, and after they are
+  uploaded but before the commit file is (the S3 server holds the uploads): whatever the Spark
+  server then does with the dead client's write, the next load lands every event once;
 * a Python worker SIGKILLed in the middle of a read task (Spark retries the task; the feed grows
   between the two attempts, so they read different amounts);
 * the Spark Connect server SIGKILLed in the middle of a read.
@@ -25,22 +28,79 @@ from .conftest import table_rows
 SCRIPT = Path(__file__).with_name("load_and_die.py")
 
 
-@pytest.mark.parametrize("moment, generation", [("read", 1), ("before_commit", 1), ("after_commit", 2)])
-def test_sigkill_of_the_run_then_resume_loads_every_event_exactly_once(spark, connect_server, make_loader,
+def load_command(server, table_path: str, moment: str, connect_url: str, lakehouse) -> list[str]:
+    storage = [lakehouse.storage.model_dump_json()] if lakehouse.on_s3 else []
+    return [sys.executable, str(SCRIPT), server.url, table_path, moment, connect_url, *storage]
+
+
+@pytest.mark.parametrize("moment, generation, lakehouse", [
+    ("read", 1, "local"), ("before_commit", 1, "local"), ("after_commit", 2, "local"),
+    ("after_commit", 2, "s3"),  # on S3, the moments of its own uploads are the test below
+], indirect=["lakehouse"])
+def test_sigkill_of_the_run_then_resume_loads_every_event_exactly_once(spark, connect_server, make_loader, lakehouse,
                                                                        table_path, moment, generation):
     feed = DemoFeed(partitions=2, events=600, seed=21, exactly_once=False, duplicate_ratio=0.1)
     with DemoFeedServer(feed, dialect="draft") as server:
-        process = subprocess.run([sys.executable, str(SCRIPT), server.url, table_path, moment,
-                                  connect_server.client_url()], capture_output=True, text=True, timeout=300)
+        process = subprocess.run(load_command(server, table_path, moment, connect_server.client_url(), lakehouse),
+                                 capture_output=True, text=True, timeout=300)
         assert process.returncode == -signal.SIGKILL, process.stdout + process.stderr[-3000:]
-        died = read_committed_state(table_path)
+        died = read_committed_state(lakehouse.log(table_path))
         assert died.state.generation == generation
         stored = sum(state.position for state in died.state.partitions.values())
         assert 0 < stored < sum(len(feed.expected_events(p)) for p in (0, 1))
         assert spark.read.format("delta").load(table_path).count() == stored  # rows match the cursors
         feed.append(50)  # the feed moves on while the loader is down
         make_loader(server).sync()
-    assert_every_event_once(spark, table_path, feed)
+    assert_every_event_once(spark, table_path, feed, log=lakehouse.log(table_path))
+
+
+@pytest.mark.parametrize("lakehouse", ["s3"], indirect=True)
+@pytest.mark.parametrize("held", ["/partition_id=", "/_delta_log/0"], ids=["during-the-write", "before-the-commit-file"])
+def test_sigkill_of_the_run_while_its_delta_write_uploads_to_s3_lands_every_event_once(
+        spark, connect_server, s3_server, lakehouse, table_path, held):
+    feed = DemoFeed(partitions=2, events=300, seed=24)
+    connect_url = connect_server.client_url()
+    with DemoFeedServer(feed, dialect="published") as server:
+        first = subprocess.run(load_command(server, table_path, "none", connect_url, lakehouse),
+                               capture_output=True, text=True, timeout=300)
+        assert first.returncode == 0, first.stderr[-3000:]
+        before = read_committed_state(lakehouse.log(table_path))
+        feed.append(100)
+        s3_server.hold_uploads(held)  # the next write's data files, or its commit file
+        try:
+            load = subprocess.Popen(load_command(server, table_path, "none", connect_url, lakehouse),
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            deadline = time.monotonic() + 240
+            while s3_server.held_uploads() == 0:
+                assert load.poll() is None and time.monotonic() < deadline, "the write never uploaded"
+                time.sleep(0.2)
+            load.kill()  # the run dies with its write half done
+            load.communicate(timeout=60)
+            assert read_committed_state(lakehouse.log(table_path)) == before
+        finally:
+            s3_server.release_uploads()
+        # the server goes on with the dead client's write (or drops it): once it is done, the next load,
+        # through the same Spark driver, goes on from whatever landed
+        _wait_until_the_version_settles(lakehouse.log(table_path))
+        feed.append(30)
+        again = subprocess.run(load_command(server, table_path, "none", connect_url, lakehouse),
+                               capture_output=True, text=True, timeout=300)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert read_committed_state(lakehouse.log(table_path)).state.generation >= before.state.generation + 1
+    assert_every_event_once(spark, table_path, feed, exactly_once=True, log=lakehouse.log(table_path))
+
+
+def _wait_until_the_version_settles(log, quiet_seconds: float = 5, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    version, since = None, time.monotonic()
+    while time.monotonic() < deadline:
+        now = read_committed_state(log).table_version
+        if now != version:
+            version, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet_seconds:
+            return
+        time.sleep(0.5)
+    pytest.fail("the table's version kept moving")
 
 
 def test_a_python_worker_killed_mid_read_is_retried_and_its_read_lands_once(spark, make_loader, table_path):
@@ -109,10 +169,11 @@ def _wait_for_fetch(gate: Gate, process: subprocess.Popen, timeout: float = 240)
                         f"{out[-2000:]}\n{err[-6000:]}")
 
 
-def assert_every_event_once(spark, table_path, feed, exactly_once=False):
+def assert_every_event_once(spark, table_path, feed, exactly_once=False, log=None):
+    """`log`: the table's `DeltaLog` (a table on S3); `table_path` read with delta-rs by default."""
     for partition in (0, 1):
         rows = table_rows(spark, table_path, partition)
         expected = feed.published(partition) if exactly_once else feed.expected_events(partition)
         assert [r.payload for r in rows] == expected
         assert [r.position for r in rows] == list(range(len(rows)))
-        assert read_committed_state(table_path).state.get(partition).position == len(rows)
+        assert read_committed_state(log or table_path).state.get(partition).position == len(rows)

@@ -4,6 +4,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from feedapi_dagster.lakehouse.storage import StorageError
 from feedapi_dagster.protocol import FeedAPIError
 from feedapi_dagster.orchestration.component import FeedApiAttributes, FeedApiComponent
 
@@ -25,8 +26,43 @@ def test_good_attributes_resolve_the_lakehouse_against_the_project_root(tmp_path
     component = FeedApiComponent(**dict(validate(GOOD)))
     project = component.project_config(tmp_path)
     assert project.table_path(project.feeds[0]) == str(tmp_path / "lh" / "orders")
-    uri = FeedApiComponent(**dict(validate(GOOD.replace("lakehouse: lh", "lakehouse: s3a://bucket/lake"))))
+    on_s3 = GOOD.replace("lakehouse: lh", "lakehouse: s3a://bucket/lake").replace("mode: local", "mode: embedded")
+    uri = FeedApiComponent(**dict(validate(on_s3)))
     assert uri.project_config(tmp_path).lakehouse == "s3a://bucket/lake"
+
+
+S3 = GOOD.replace("lakehouse: lh", """lakehouse: s3a://lake/feeds
+storage:
+  s3:
+    endpoint: http://127.0.0.1:9000
+    path_style: true
+    access_key_id_env: LAKE_KEY
+    secret_access_key_env: LAKE_SECRET""").replace("mode: local", "mode: embedded")
+
+
+def test_one_storage_setting_becomes_spark_s3a_settings_and_delta_rs_options(tmp_path, monkeypatch):
+    project = FeedApiComponent(**dict(validate(S3))).project_config(tmp_path)
+    monkeypatch.setenv("LAKE_KEY", "AKIA-test-key")
+    monkeypatch.setenv("LAKE_SECRET", "s3cr3t-lake")
+    settings = project.spark_settings()
+    assert settings.conf == {"spark.hadoop.fs.s3a.endpoint": "http://127.0.0.1:9000",
+                             "spark.hadoop.fs.s3a.path.style.access": "true",
+                             "spark.hadoop.fs.s3a.connection.ssl.enabled": "false",
+                             "spark.hadoop.fs.s3a.endpoint.region": "us-east-1"}
+    # credentials reach the Spark JVM started here by the names of variables, never in its conf
+    assert settings.credential_env == {"AWS_ACCESS_KEY_ID": "LAKE_KEY", "AWS_SECRET_ACCESS_KEY": "LAKE_SECRET"}
+    assert "s3cr3t-lake" not in settings.model_dump_json() and "s3cr3t-lake" not in repr(project)
+    assert project.storage_options() == {
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_ALLOW_HTTP": "true", "AWS_REGION": "us-east-1",
+        "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false", "AWS_ACCESS_KEY_ID": "AKIA-test-key",
+        "AWS_SECRET_ACCESS_KEY": "s3cr3t-lake"}
+    # a cluster gets them as settings of its session (its Hadoop configuration of reads and writes)
+    remote = validate(S3.replace("mode: embedded", "mode: remote, remote: 'sc://spark:15002'"))
+    remote_conf = FeedApiComponent(**dict(remote)).project_config(tmp_path).spark_settings().conf
+    assert remote_conf["fs.s3a.endpoint"] == "http://127.0.0.1:9000"
+    monkeypatch.delenv("LAKE_SECRET")
+    with pytest.raises(StorageError, match=r"LAKE_SECRET \(storage.s3.secret_access_key_env\) is not set"):
+        project.storage_options()
 
 
 @pytest.mark.parametrize("text, location, message", [
@@ -37,6 +73,13 @@ def test_good_attributes_resolve_the_lakehouse_against_the_project_root(tmp_path
     (GOOD + "    page_size_hint: zero\n", "feeds.0.page_size_hint", "valid integer"),
     (GOOD + "    token: '{{ env.X }}'\n", "feeds.0", "set token or token_env, not both"),
     (GOOD.replace("mode: local", "mode: remote"), "spark", "sc://"),
+    (S3.replace("http://127.0.0.1:9000", "127.0.0.1:9000"), "storage.s3.endpoint", "endpoint must be an http"),
+    (S3.replace("    secret_access_key_env: LAKE_SECRET", ""), "storage.s3", "set access_key_id_env and secret"),
+    (S3.replace("path_style: true", "path_styl: true"), "storage.s3.path_styl", "Extra inputs"),
+    (S3.replace("s3a://lake", "s3://lake"), "Value error", "write s3a://lake/feeds"),
+    (S3.replace("s3a://lake/feeds", "lh"), "Value error", "storage.s3 is set but the lakehouse 'lh'"),
+    # two Spark drivers (a run process each) could commit one version of a table on S3
+    (S3.replace("mode: embedded", "mode: local"), "Value error", "keeps two commits of one table version apart"),
 ])
 def test_bad_attributes_name_the_key(text, location, message):
     with pytest.raises(ValidationError) as caught:
