@@ -113,7 +113,13 @@ class Lakehouse:
         return sorted({key[len(prefix):] for key in self.server.keys(BUCKET, prefix) if "/" not in key[len(prefix):]})
 
     def read(self, path: str) -> bytes:
-        return self.server.read(BUCKET, self._key(path)) if self.on_s3 else Path(path).read_bytes()
+        """The file's bytes; FileNotFoundError when there is none."""
+        if not self.on_s3:
+            return Path(path).read_bytes()
+        try:
+            return self.server.read(BUCKET, self._key(path))
+        except self.server.client.exceptions.NoSuchKey:
+            raise FileNotFoundError(path) from None
 
     def age(self, folder: str, names: list[str], seconds: float) -> None:
         """Moves the modification time of these files of `folder` back by `seconds`."""

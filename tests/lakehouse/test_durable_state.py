@@ -2,11 +2,9 @@
 retention (classic and v2 checkpoints), OPTIMIZE, VACUUM, RESTORE and users' own commits. Real Spark,
 real Delta, real HTTP; time passes as Delta's log cleanup sees it (the log files' modification times)."""
 import json
-import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,13 +21,13 @@ FIXTURES = Path(__file__).parent / "fixtures"
 DAY = 86400
 
 
-def log_files(path: str) -> list[str]:
-    return sorted(name for name in os.listdir(Path(path) / "_delta_log") if name[:1].isdigit())
+def log_files(lakehouse, path: str) -> list[str]:
+    return [name for name in lakehouse.names(f"{path}/_delta_log") if name[:1].isdigit()]
 
 
-def last_checkpoint(path: str) -> int:
+def last_checkpoint(lakehouse, path: str) -> int:
     try:
-        return json.loads((Path(path) / "_delta_log" / "_last_checkpoint").read_text())["version"]
+        return json.loads(lakehouse.read(f"{path}/_delta_log/_last_checkpoint"))["version"]
     except FileNotFoundError:
         return -1
 
@@ -38,25 +36,24 @@ def user_commit(spark, path: str, n: int) -> None:
     spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('team.note' = 'n{n}')").collect()
 
 
-def let_time_pass(spark, path: str, days: float, *, until_gone: int) -> int:
+def let_time_pass(spark, lakehouse, path: str, days: float, *, until_gone: int) -> int:
     """Others' commits while `days` pass, until Delta's log cleanup has removed the commit `until_gone`.
 
     Delta deletes commit files older than `delta.logRetentionDuration` when it writes a checkpoint, and
     only up to an older checkpoint: commits are made until a checkpoint lies past `until_gone`, every
-    log file before it is aged by `days`, and commits go on until the next checkpoint cleans up."""
+    log file before it is aged by `days` (its modification time, on disk or on the S3 server), and
+    commits go on until the next checkpoint cleans up."""
     n = 0
-    while last_checkpoint(path) <= until_gone:
+    while last_checkpoint(lakehouse, path) <= until_gone:
         user_commit(spark, path, n)
         n += 1
-    boundary = last_checkpoint(path)
-    aged = time.time() - days * DAY
-    for name in log_files(path):
-        if int(name[:20]) < boundary:
-            os.utime(Path(path) / "_delta_log" / name, (aged, aged))
-    while last_checkpoint(path) == boundary:
+    boundary = last_checkpoint(lakehouse, path)
+    lakehouse.age(f"{path}/_delta_log", [name for name in log_files(lakehouse, path) if int(name[:20]) < boundary],
+                  days * DAY)
+    while last_checkpoint(lakehouse, path) == boundary:
         user_commit(spark, path, n)
         n += 1
-    assert f"{until_gone:020d}.json" not in log_files(path), "Delta's log cleanup did not run"
+    assert f"{until_gone:020d}.json" not in log_files(lakehouse, path), "Delta's log cleanup did not run"
     return n
 
 
@@ -75,14 +72,15 @@ def gdpr_delete(spark, path: str, partition: int) -> str:
     return victim.payload
 
 
-# the default retention with classic checkpoints, a 1-day retention with v2 checkpoints
-@pytest.mark.parametrize("retention_days, policy", [(30, "classic"), (1, "v2")])
+# the default retention with classic checkpoints, a 1-day retention with v2 checkpoints; on S3 too
+@pytest.mark.parametrize("retention_days, policy, lakehouse", [(30, "classic", "local"), (1, "v2", "local"),
+                                                               (1, "classic", "s3")], indirect=["lakehouse"])
 def test_the_next_load_is_exactly_once_after_log_cleanup_maintenance_and_users_commits(
-        spark, make_loader, table_path, retention_days, policy):
+        spark, make_loader, lakehouse, table_path, retention_days, policy):
     feed = DemoFeed(partitions=2, events=60, seed=31)
     with DemoFeedServer(feed, dialect="published") as server:
         make_loader(server, page_size_hint=9).sync()
-        table = FeedTable(spark, table_path)
+        table = lakehouse.feed_table(spark, table_path)
         before = read_committed_state(table)
         assert before.source == "commit"
         spark.sql(f"ALTER TABLE delta.`{table_path}` SET TBLPROPERTIES ("
@@ -92,9 +90,9 @@ def test_the_next_load_is_exactly_once_after_log_cleanup_maintenance_and_users_c
         deleted = gdpr_delete(spark, table_path, 0)
         table.optimize()
         table.vacuum(0, 4)  # the files before OPTIMIZE and the DELETE go
-        let_time_pass(spark, table_path, retention_days + 2, until_gone=before.delta_version)
+        let_time_pass(spark, lakehouse, table_path, retention_days + 2, until_gone=before.delta_version)
 
-        recovered = read_committed_state(FeedTable(spark, table_path))
+        recovered = read_committed_state(lakehouse.feed_table(spark, table_path))
         assert recovered.source == "rows" and recovered.delta_version is None
         assert {pid: p.position for pid, p in recovered.state.partitions.items()} == \
             {pid: p.position for pid, p in before.state.partitions.items()}
@@ -110,9 +108,9 @@ def test_the_next_load_is_exactly_once_after_log_cleanup_maintenance_and_users_c
                 raise RuntimeError("killed before the commit")
         with pytest.raises(RuntimeError, match="killed before the commit"):
             make_loader(server, page_size_hint=9, on_moment=fail_before_commit).sync()
-        assert read_committed_state(FeedTable(spark, table_path)).source == "rows"
+        assert read_committed_state(lakehouse.feed_table(spark, table_path)).source == "rows"
         make_loader(server, page_size_hint=9).sync()
-        after = read_committed_state(FeedTable(spark, table_path))
+        after = read_committed_state(lakehouse.feed_table(spark, table_path))
         assert after.source == "commit"  # the state is in the log again
     for partition in (0, 1):
         rows = table_rows(spark, table_path, partition)
@@ -159,7 +157,8 @@ def test_after_a_restore_the_next_load_reloads_what_the_restore_took_out(spark, 
         assert [r.position for r in rows] == list(range(len(rows)))
 
 
-def test_a_table_whose_state_is_gone_and_rows_deleted_is_refused_with_what_to_do(spark, make_loader, table_path):
+def test_a_table_whose_state_is_gone_and_rows_deleted_is_refused_with_what_to_do(spark, make_loader, lakehouse,
+                                                                                 table_path):
     feed = DemoFeed(partitions=1, events=20, seed=34)
     with DemoFeedServer(feed, dialect="draft") as server:
         make_loader(server).sync()
@@ -168,7 +167,7 @@ def test_a_table_whose_state_is_gone_and_rows_deleted_is_refused_with_what_to_do
                   "'delta.logRetentionDuration' = 'interval 1 days', "
                   "'delta.deletedFileRetentionDuration' = 'interval 1 days')").collect()
         spark.sql(f"DELETE FROM delta.`{table_path}`").collect()
-        let_time_pass(spark, table_path, 3, until_gone=state_version)
+        let_time_pass(spark, lakehouse, table_path, 3, until_gone=state_version)
         with pytest.raises(StateError) as error:
             make_loader(server).sync()
     message = str(error.value)
