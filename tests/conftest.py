@@ -138,7 +138,11 @@ def lakehouse(request, tmp_path) -> Lakehouse:
     a fresh prefix of the bucket per test."""
     if getattr(request, "param", "local") == "local":
         return Lakehouse(str(tmp_path / "lakehouse"))
-    server = request.getfixturevalue("s3_server")
+    return s3_lakehouse(request)
+
+
+def s3_lakehouse(request) -> Lakehouse:
+    """A fresh prefix of the test S3 server's bucket for the test asking."""
     prefix = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:60]  # no glob characters in a path
     return Lakehouse(f"s3a://{BUCKET}/{prefix}-{uuid.uuid4().hex[:8]}",
-                     request.getfixturevalue("s3_storage"), server)
+                     request.getfixturevalue("s3_storage"), request.getfixturevalue("s3_server"))

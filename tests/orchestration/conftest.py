@@ -8,9 +8,11 @@ from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
 from feedapi_dagster.lakehouse.spark import SparkSettings
 from feedapi_dagster.orchestration import (SPARK_RESOURCE_KEY, FeedConfig, ProjectConfig, SparkResource,
                                           build_feedapi_definitions)
-from feedapi_dagster.orchestration.config import ScheduleConfig
+from feedapi_dagster.lakehouse.delta import DeltaLog
+from feedapi_dagster.orchestration.config import ScheduleConfig, StorageConfig
 from feedapi_dagster.orchestration.loads import FeedBinding, latest_metadata_by_partition
 from feedapi_dagster.protocol import RetryPolicy
+from tests.conftest import Lakehouse, s3_lakehouse
 
 
 @pytest.fixture
@@ -44,6 +46,11 @@ class Harness:
     @property
     def table(self) -> str:
         return self.project.table_path(self.feed_config)
+
+    @property
+    def log(self) -> DeltaLog:
+        """The table's log as delta-rs reads it in the run process (on local disk or on S3)."""
+        return DeltaLog(self.table, self.project.storage_options())
 
     def tick_sensor(self) -> dg.SensorResult:
         sensor = self.defs.resolve_sensor_def(f"feedapi_{self.name}_discovery")
@@ -84,9 +91,17 @@ class Harness:
         return latest_metadata_by_partition(self.instance, self.binding, [str(partition)]).get(str(partition), {})
 
 
+# A lakehouse on S3 with Spark in the test process: one Spark driver, which the project says by naming
+# Delta's single-driver log store itself (`ProjectConfig` refuses `local` Spark on S3 otherwise).
+SINGLE_DRIVER = {"spark.delta.logStore.s3a.impl": "io.delta.storage.S3SingleDriverLogStore"}
+
+
 @pytest.fixture
 def harness(spark, instance, tmp_path, request):
+    """`request.param`: the feed (partitions, events, exactly_once, duplicate_ratio, dialect), its
+    settings (rebuild_on_split, maintenance) and where its table lives (`lakehouse`: "local" or "s3")."""
     options = getattr(request, "param", {})
+    lakehouse = s3_lakehouse(request) if options.get("lakehouse") == "s3" else Lakehouse(str(tmp_path / "lakehouse"))
     feed = DemoFeed(partitions=options.get("partitions", 3), events=options.get("events", 300), seed=31,
                     exactly_once=options.get("exactly_once", True), duplicate_ratio=options.get("duplicate_ratio", 0.0))
     with DemoFeedServer(feed, dialect=options.get("dialect", "published")) as server:
@@ -94,7 +109,8 @@ def harness(spark, instance, tmp_path, request):
                                  retry=RetryPolicy(base_delay=0.001, max_delay=0.01),
                                  schedule=ScheduleConfig(rebuild_on_split=options.get("rebuild_on_split", False)),
                                  maintenance=MaintenanceSettings(**options.get("maintenance", {})))
-        project = ProjectConfig(lakehouse=str(tmp_path / "lakehouse"), spark=SparkSettings(mode="local"),
+        project = ProjectConfig(lakehouse=lakehouse.root, storage=StorageConfig(s3=lakehouse.storage),
+                                spark=SparkSettings(mode="local", conf=SINGLE_DRIVER if lakehouse.on_s3 else {}),
                                 feeds=[feed_config])
         defs = build_feedapi_definitions(project, spark=SparkResource(mode="local"))
         yield Harness(feed, server, project, defs, instance)

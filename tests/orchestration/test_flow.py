@@ -10,7 +10,7 @@ from ..lakehouse.conftest import payloads
 
 
 def assert_exactly_once(spark, harness, partitions=None):
-    state = read_committed_state(harness.table).state
+    state = read_committed_state(harness.log).state
     for partition in partitions or sorted(state.partitions):
         rows = payloads(spark, harness.table, partition)
         assert rows == harness.feed.expected_events(partition), f"partition {partition}"
@@ -64,6 +64,50 @@ def test_discovery_appends_close_and_schedule(spark, harness):
                for e in run.get_asset_check_evaluations() if "partitions_checked" in e.metadata]
     assert checked and set(checked) == {1}
     assert_exactly_once(spark, harness, [0, 1, 2])
+
+
+ON_S3 = {"lakehouse": "s3", "maintenance": {"optimize_every_commits": 2, "vacuum_every_commits": 2,
+                                            "time_travel_hours": 0, "cron": "0 3 * * *"}}
+
+
+@pytest.mark.parametrize("harness", [ON_S3], indirect=True)
+def test_the_flow_with_the_lakehouse_on_s3(spark, harness):
+    """Discovery, loads, a method-2 split, a backfill rebuild and maintenance, the table on the S3
+    server: the run process reads the log with delta-rs through the storage setting, Spark writes
+    through s3a."""
+    assert harness.table.startswith("s3a://")
+    assert harness.launch(harness.tick_sensor().run_requests[0]).success
+    assert_exactly_once(spark, harness, [0, 1, 2])
+    table = harness.binding.table_for(spark)
+    table.ensure_table()
+    assert table.delta_log is not None  # the run reads the log with delta-rs, not through Spark
+    parent_rows = payloads(spark, harness.table, 2)
+
+    harness.feed.append(40, partition=2)
+    children = harness.feed.split_method2(2, children=2)
+    harness.feed.close(1)
+    harness.feed.append(30)
+    for request in harness.tick_sensor().run_requests:
+        assert harness.launch(request).success
+    harness.feed.append(25)
+    run = harness.launch(harness.tick_schedule().run_requests[0])
+    assert run.success and all(check.passed for check in run.get_asset_check_evaluations())
+    maintenance = harness.defs.resolve_job_def("feedapi_orders_maintenance").execute_in_process(
+        instance=harness.instance, resources={})
+    assert maintenance.success
+    (seen,) = harness.instance.fetch_observations(dg.AssetKey(["feedapi", "orders"]), limit=1).records
+    seen = {k: v.value for k, v in seen.asset_observation.metadata.items()}
+    assert seen["maintenance"] == "OPTIMIZE, VACUUM" and seen["files_removed"] > 0  # deleted from S3
+
+    before = read_committed_state(harness.log).delta_version
+    assert harness.materialize_partition(1, tags={"dagster/backfill": "bf-s3"}).success
+    assert harness.metadata(1)["rebuilt"] is True
+    assert read_committed_state(harness.log).delta_version > before
+    assert_exactly_once(spark, harness, [0, 1])
+    assert payloads(spark, harness.table, 2) == parent_rows
+    for child in children:  # the children went on from the parent's cursor
+        assert payloads(spark, harness.table, child) == [e for e in harness.feed.published(child)
+                                                         if e not in set(parent_rows)]
 
 
 def test_method1_split_children_after_parent_is_drained(spark, harness):
