@@ -2,7 +2,10 @@
 a Spark cluster reached over Spark Connect (`spark.mode: remote`). Runs in its own process: a Connect
 client cannot share a process with the tests' classic Spark session.
 
-    python cluster_flow.py FEED_URL LAKEHOUSE SPARK_CONNECT_URL DAGSTER_HOME
+    python cluster_flow.py FEED_URL LAKEHOUSE SPARK_CONNECT_URL DAGSTER_HOME [STORAGE_JSON]
+
+STORAGE_JSON: the `S3Storage` of an s3a:// LAKEHOUSE; its s3a settings reach the cluster as settings
+of the run's Spark session (`ProjectConfig.spark_settings`), its credentials are the cluster's own.
 
 The feed server is driven through its admin API; prints one JSON line of what happened.
 """
@@ -13,19 +16,22 @@ import dagster as dg
 import requests
 
 from feedapi_dagster.lakehouse.spark import SparkSettings
+from feedapi_dagster.lakehouse.storage import S3Storage
 from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, SparkResource, build_feedapi_definitions
+from feedapi_dagster.orchestration.config import StorageConfig
 from feedapi_dagster.protocol import RetryPolicy
 from tests.orchestration.conftest import Harness
 
 
 def main() -> None:
     url, lakehouse, remote, home = sys.argv[1:5]
+    s3 = S3Storage.model_validate_json(sys.argv[5]) if len(sys.argv) > 5 else None
     admin = url.rsplit("/feed", 1)[0] + "/admin"
     feed = FeedConfig(name="orders", url=url, page_size_hint=50, token_env="CLUSTER_FEED_TOKEN",
                       retry=RetryPolicy(base_delay=0.01, max_delay=0.1))
     spark = SparkSettings(mode="remote", remote=remote)
-    project = ProjectConfig(lakehouse=lakehouse, spark=spark, feeds=[feed])
-    defs = build_feedapi_definitions(project, spark=SparkResource.from_settings(spark))
+    project = ProjectConfig(lakehouse=lakehouse, storage=StorageConfig(s3=s3), spark=spark, feeds=[feed])
+    defs = build_feedapi_definitions(project, spark=SparkResource.from_settings(project.spark_settings()))
     outcome: dict = {"runs": []}
     with dg.instance_for_test(temp_dir=home) as instance:
         harness = Harness(None, None, project, defs, instance)

@@ -1,8 +1,9 @@
 """A Spark standalone cluster on 127.0.0.1, from pyspark's own classes: a master, two 1-core workers
-and a Spark Connect server in front of them with the cached Delta jars, speculation on. The project
-runs against it with `spark.mode: remote`: discovery, a sync, a method-2 split and a backfill through
-Dagster. Tasks run on both workers, every event lands once, and the feed's bearer token is in no file
-the cluster, Spark's event log or Dagster wrote. Then the executors die in the middle of a read and
+and a Spark Connect server in front of them with the cached Delta and s3a jars, speculation on. The
+project runs against it with `spark.mode: remote` and its lakehouse on the S3 server: discovery, a
+sync, a method-2 split and a backfill through Dagster; the executors write the files. Tasks run on
+both workers, every event lands once, and the feed's bearer token is in no file the cluster, Spark's
+event log or Dagster wrote, nor in any object of the lakehouse. Then the executors die in the middle of a read and
 after it was kept, and a slow read task gets a speculative copy: every event still lands once."""
 import json
 import os
@@ -21,6 +22,7 @@ from feedapi_dagster.lakehouse.jars import pyspark_home
 from feedapi_dagster.lakehouse.spark import LOOPBACK, SparkConnectServer, find_free_port, port_open, read_token
 from feedapi_dagster.lakehouse.state import read_committed_state
 
+from ..conftest import BUCKET
 from ..lakehouse.conftest import payloads
 from ..orchestration.test_secrets import files_containing
 
@@ -29,14 +31,16 @@ TOKEN = "tok-cluster-5e4d-secret"
 
 
 class StandaloneCluster:
-    def __init__(self, work: Path):
+    def __init__(self, work: Path, env: dict[str, str]):
+        """`env`: what the cluster's machines have in their environment (its S3 credentials)."""
         self.work = work
+        self.env = env
         self.port = find_free_port()
         self.master = f"spark://{LOOPBACK}:{self.port}"
         self.processes: list[subprocess.Popen] = []
 
     def _start(self, name: str, *args: str) -> None:
-        env = {**os.environ, "SPARK_HOME": str(pyspark_home()), "SPARK_LOCAL_IP": LOOPBACK,
+        env = {**os.environ, **self.env, "SPARK_HOME": str(pyspark_home()), "SPARK_LOCAL_IP": LOOPBACK,
                "SPARK_LOG_DIR": str(self.work / "logs")}
         log = open(self.work / f"{name}.log", "wb")
         self.processes.append(subprocess.Popen(
@@ -89,9 +93,12 @@ class StandaloneCluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(tmp_path_factory, s3_storage):
     work = tmp_path_factory.mktemp("standalone")
-    cluster = StandaloneCluster(work).start()
+    # the cluster's own credentials for the S3 server (an instance role, on a real one); its s3a
+    # settings come with each session (the project's storage setting)
+    credentials = s3_storage.credentials()
+    cluster = StandaloneCluster(work, credentials).start()
     events = work / "event-log"
     events.mkdir()
     server = SparkConnectServer(find_free_port(), work_dir=work / "connect", conf={
@@ -100,23 +107,25 @@ def cluster(tmp_path_factory):
         # a task running 1.5x as long as the median of its finished peers gets a copy on another host
         "spark.speculation": "true", "spark.speculation.interval": "200ms", "spark.speculation.quantile": "0.5",
         "spark.speculation.multiplier": "1.5", "spark.speculation.minTaskRuntime": "1s",
-    })
+    }, env=credentials)
     server.start()
     yield cluster, server
     server.stop()
     cluster.stop()
 
 
-def test_the_project_on_a_standalone_cluster(spark, cluster, tmp_path):
+@pytest.mark.parametrize("lakehouse", ["s3"], indirect=True)
+def test_the_project_on_a_standalone_cluster(spark, cluster, lakehouse, s3_server, tmp_path):
     cluster, server = cluster
     feed = DemoFeed(partitions=3, events=900, seed=61)
-    lakehouse, home = tmp_path / "lakehouse", tmp_path / "dagster_home"
+    home = tmp_path / "dagster_home"
     home.mkdir()
     env = {**os.environ, "CLUSTER_FEED_TOKEN": TOKEN, "SPARK_CONNECT_AUTHENTICATE_TOKEN": read_token(server.port),
            "PYTHONPATH": str(ROOT)}
     with DemoFeedServer(feed, dialect="published", token=TOKEN) as feed_server:
         flow = subprocess.run([sys.executable, str(Path(__file__).with_name("cluster_flow.py")), feed_server.url,
-                               str(lakehouse), f"sc://localhost:{server.port}", str(home)],
+                               lakehouse.root, f"sc://localhost:{server.port}", str(home),
+                               lakehouse.storage.model_dump_json()],
                               capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
         assert flow.returncode == 0, flow.stdout[-2000:] + flow.stderr[-5000:]
         outcome = json.loads(flow.stdout.strip().splitlines()[-1])
@@ -124,8 +133,8 @@ def test_the_project_on_a_standalone_cluster(spark, cluster, tmp_path):
     assert {step for step, _ in outcome["runs"]} == {"discovery", "split", "schedule", "backfill"}
     assert outcome["backfill"]["rebuilt"] is True and outcome["backfill"]["drained"] is True
 
-    table = str(lakehouse / "orders")
-    state = read_committed_state(table).state
+    table = lakehouse.table("orders")
+    state = read_committed_state(lakehouse.log(table)).state
     assert sorted(state.partitions) == sorted([0, 1, 2, *outcome["children"]])
     parent_rows = set(payloads(spark, table, 0))
     every = []
@@ -140,8 +149,11 @@ def test_the_project_on_a_standalone_cluster(spark, cluster, tmp_path):
     assert len(every) == len(set(every)) == len({e for p in state.partitions for e in feed.published(p)})
     for n in (1, 2):  # both workers ran read tasks
         assert "Running task" in cluster.executor_logs(n), f"no task ran on worker {n}"
-    for root in (cluster.work, home, lakehouse):
+    for root in (cluster.work, home):
         assert files_containing(root, TOKEN.encode()) == [], f"the token is in a file under {root}"
+    objects = s3_server.keys(BUCKET, lakehouse.root.split(f"s3a://{BUCKET}/", 1)[1])
+    assert any("/partition_id=" in key for key in objects), "the executors wrote no data file to S3"
+    assert [key for key in objects if TOKEN.encode() in s3_server.read(BUCKET, key)] == []
     assert any((cluster.work / "event-log").iterdir()), "Spark wrote no event log: the search proves nothing"
 
 
