@@ -165,7 +165,7 @@ def check_single_driver(uri: str, spark_mode: str, spark_conf: Mapping[str, str]
 
 # What Hadoop's and the AWS SDK's errors mean, said with the setting to change (checked in order).
 _MEANINGS: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("org.apache.hadoop.fs.s3a.S3AFileSystem", 'No FileSystem for scheme "s3a"'),
+    (("Class org.apache.hadoop.fs.s3a.S3AFileSystem", 'No FileSystem for scheme "s3a"'),
      "the Spark that runs the load has no s3a file system (hadoop-aws and the AWS SDK): run "
      "`feedapi-dagster setup-jars` for the embedded or local Spark; a cluster needs "
      "org.apache.hadoop:hadoop-aws (its Hadoop's version) and the AWS SDK on its classpath"),
@@ -182,6 +182,9 @@ _MEANINGS: tuple[tuple[tuple[str, ...], str], ...] = (
 )
 
 
+_PY4J_PREAMBLE = "An error occurred while calling"  # classic pyspark's first line, before Java's message
+
+
 def explain_storage_error(uri: str, error: BaseException) -> StorageError | None:
     """A `StorageError` saying what a Spark error about an S3 lakehouse means, or None when it is
     not one of those (the error then stands as it is). Only the first line of Spark's message is
@@ -191,6 +194,7 @@ def explain_storage_error(uri: str, error: BaseException) -> StorageError | None
     text = f"{type(error).__name__}: {error}"
     for needles, meaning in _MEANINGS:
         if any(needle in text for needle in needles):
-            first = next((line for line in str(error).splitlines() if line.strip()), "")[:300]
+            first = next((line.lstrip(": ") for line in str(error).splitlines()
+                          if line.strip() and not line.startswith(_PY4J_PREAMBLE)), "")[:300]
             return StorageError(f"lakehouse table {uri}: {meaning} (Spark said: {first})")
     return None
