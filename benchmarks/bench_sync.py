@@ -6,6 +6,7 @@ through Dagster on the embedded Spark Connect server, cold and warm.
     .venv/bin/python benchmarks/bench_sync.py --events 40000         # quick
     .venv/bin/python benchmarks/bench_sync.py --repeat 3 --keep      # 3 warm runs, keep the temp folder
     .venv/bin/python benchmarks/bench_sync.py --partitions 2000 --events 20000 --page-size 100 --incremental 10
+    .venv/bin/python benchmarks/bench_sync.py --lakehouse s3         # the tables on an S3 server
 
 Needs the `bench` extra (dlt) and the Delta jars (`make setup`); benchmarks/README.md says what each
 line measures. In order: the bundled demo feed in its own process (generated once, read by all); raw
@@ -20,7 +21,9 @@ new server is cold, the others warm. Each run is checked (rows, materializations
 from its events and log lines (`run_hooks/sitecustomize.py`), its start-up (process start to
 STEP_START) in parts. With `--incremental N`, N partitions then get 10 new events each and the last
 deployment syncs again (the schedule asks for every open partition; N of them have something new).
-Peak memory of every process. Everything started here is stopped at the end.
+Peak memory of every process. With `--lakehouse s3`, dlt's table and the project's lakehouse are on
+the tests' S3-compatible server (`tests/s3_server.py`, moto's, in its own process on 127.0.0.1).
+Everything started here is stopped at the end.
 Exit status 0 when the median warm sync runs at >= 1.5x dlt's events/s, 2 when not, 1 on errors.
 """
 from __future__ import annotations
@@ -131,12 +134,14 @@ def raw_read(url: str, page_size: int, threads: int) -> int:
 
 
 # ----------------------------------------------------------------------------- 3. dlt
-def run_dlt(url: str, page_size: int, work: Path, events: int, workers: int) -> Line:
+def run_dlt(url: str, page_size: int, work: Path, events: int, workers: int, s3: "S3Lake | None") -> Line:
+    where = ["--bucket-url", f"s3://{s3.bucket}/dlt", "--endpoint", s3.server.url] if s3 else []
+    env = {**os.environ, **s3.aws_env()} if s3 else None
     with open(work.parent / "dlt.log", "ab") as log:
         started = time.perf_counter()
         proc = subprocess.Popen([sys.executable, "-W", "ignore", str(HERE / "dlt_load.py"), url, str(page_size),
-                                 str(work), str(events), "--workers", str(workers)],
-                                stdout=subprocess.PIPE, stderr=log, cwd=ROOT)
+                                 str(work), str(events), "--workers", str(workers), *where],
+                                stdout=subprocess.PIPE, stderr=log, cwd=ROOT, env=env)
         out = proc.stdout.read().decode()
         code, rss, cpu = wait_with_usage(proc)
         wall = time.perf_counter() - started
@@ -161,6 +166,35 @@ defs = build_feedapi_definitions(ProjectConfig.model_validate_json(Path(__file__
 
 
 @dataclass
+class S3Lake:
+    """`--lakehouse s3`: the tests' S3-compatible server and a bucket on it."""
+
+    server: object
+    bucket: str = "bench"
+
+    def storage(self):
+        from feedapi_dagster.lakehouse.storage import S3Storage
+
+        return S3Storage(endpoint=self.server.url, path_style=True, access_key_id_env="FEEDAPI_TEST_S3_KEY",
+                         secret_access_key_env="FEEDAPI_TEST_S3_SECRET")
+
+    def aws_env(self) -> dict[str, str]:
+        return self.storage().credentials()
+
+
+def project_config(base: Path, url: str, page_size: int, spark_port: int, s3: S3Lake | None):
+    """The deployment's feeds configuration: one feed `bench`, the lakehouse in `base` or on S3."""
+    from feedapi_dagster.lakehouse.spark import SparkSettings
+    from feedapi_dagster.orchestration import FeedConfig, ProjectConfig
+    from feedapi_dagster.orchestration.config import StorageConfig
+
+    lakehouse = f"s3a://{s3.bucket}/{base.name}" if s3 else str(base / "lakehouse")
+    return ProjectConfig(lakehouse=lakehouse, storage=StorageConfig(s3=s3.storage() if s3 else None),
+                         spark=SparkSettings(mode="embedded", port=spark_port),
+                         feeds=[FeedConfig(name="bench", url=url, dialect="published", page_size_hint=page_size)])
+
+
+@dataclass
 class Setup:
     base: Path
     env: dict[str, str]
@@ -171,7 +205,7 @@ class Setup:
     instance: object
 
 
-def prepare(base: Path, url: str, page_size: int, spark_port: int) -> Setup:
+def prepare(base: Path, url: str, page_size: int, spark_port: int, s3: S3Lake | None) -> Setup:
     """A fresh deployment: the code location (definitions.py + project.json), DAGSTER_HOME with the
     instance settings feedapi-dagster ships, the feed's partitions registered as the discovery sensor
     registers them (untimed)."""
@@ -179,16 +213,14 @@ def prepare(base: Path, url: str, page_size: int, spark_port: int) -> Setup:
 
     import dagster as dg
 
-    from feedapi_dagster.lakehouse.spark import SparkSettings
-    from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, build_feedapi_definitions, feed_bindings
+    from feedapi_dagster.orchestration import build_feedapi_definitions, feed_bindings
     from feedapi_dagster.orchestration.automation import register_discovered_partitions
 
     home = base / "dagster_home"
     home.mkdir(parents=True)
     # Dagster's default run launcher and coordinator, the `concurrency` block (pools) of a deployment
     (home / "dagster.yaml").write_text((files("feedapi_dagster.demo") / "dagster.yaml").read_text())
-    project = ProjectConfig(lakehouse=str(base / "lakehouse"), spark=SparkSettings(mode="embedded", port=spark_port),
-                            feeds=[FeedConfig(name="bench", url=url, dialect="published", page_size_hint=page_size)])
+    project = project_config(base, url, page_size, spark_port, s3)
     location = base / "location"
     location.mkdir()
     (location / "project.json").write_text(project.model_dump_json(exclude_defaults=True, indent=2))
@@ -269,12 +301,12 @@ def verify(setup: Setup, run_id: str, events: int, changed: int | None) -> None:
     removed, the run tagged with every partition."""
     from deltalake import DeltaTable
 
-    path = Path(setup.binding.table_path)
-    rows = DeltaTable(str(path)).to_pyarrow_dataset().count_rows()
+    path = setup.binding.table_path
+    rows = DeltaTable(path, storage_options=setup.project.storage_options() or None).to_pyarrow_dataset().count_rows()
     partitions = setup.instance.get_dynamic_partitions(setup.binding.partitions_name)
     materialized = [e for e in setup.instance.all_logs(run_id)
                     if e.dagster_event is not None and e.dagster_event.event_type_value == "ASSET_MATERIALIZATION"]
-    left = list((path / "_feedapi_progress").glob("load-*"))
+    left = list((Path(path) / "_feedapi_progress").glob("load-*")) if "://" not in path else []
     listed = setup.instance.get_run_by_id(run_id).tags.get("feedapi/partitions", "")
     materializations = len(partitions) if changed is None else changed
     if rows != events or len(materialized) != materializations or left or set(listed.split(",")) != set(partitions):
@@ -345,12 +377,16 @@ def stages(instance, run_id: str, log_path: Path, tick: float, started: float,
     return result, startup
 
 
-def start_spark(port: int, work: Path):
+def start_spark(port: int, work: Path, s3: S3Lake | None):
+    """The embedded server as a deployment's first run would start it (with the lakehouse's s3a settings
+    and credentials)."""
     from feedapi_dagster.lakehouse.spark import ensure_embedded_server, port_open
+    from feedapi_dagster.lakehouse.storage import read_credentials
 
     if port_open(port):
         raise RuntimeError(f"port {port} is taken")
-    return ensure_embedded_server(port, work_dir=work)
+    settings = project_config(work, "http://127.0.0.1/feed", 1, port, s3).spark_settings()
+    return ensure_embedded_server(port, work_dir=work, conf=settings.conf, env=read_credentials(settings.credential_env))
 
 
 def report(args: argparse.Namespace, lines: list[Line], runs: list[Run], incremental: list[Run],
@@ -363,7 +399,7 @@ def report(args: argparse.Namespace, lines: list[Line], runs: list[Run], increme
     print()
     print(f"{args.partitions} partitions, {args.events} events, page size hint {args.page_size}; "
           f"{os.cpu_count()} cores, load average {load_average()}; {time.strftime('%Y-%m-%d %H:%M')}; "
-          f"{PLANNED_SUBSET_ENV}={os.environ.get(PLANNED_SUBSET_ENV)}")
+          f"{PLANNED_SUBSET_ENV}={os.environ.get(PLANNED_SUBSET_ENV)}; lakehouse on {args.lakehouse}")
     print(f"{'':<58} {'seconds':>8} {'events/s':>10} {'/ dlt':>6} {'/ raw':>6} {'max RSS MB':>10}")
     for line in [*lines, *(run.line for run in runs + incremental)]:
         rate = "" if line.rate is None else f"{line.rate:10,.0f} {line.rate / dlt_line.rate:6.2f} " \
@@ -426,6 +462,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=8, help="threads of the second raw read, and dlt's workers")
     parser.add_argument("--repeat", type=int, default=2, help="warm runs (each into a fresh table)")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (tables, logs, DAGSTER_HOMEs)")
+    parser.add_argument("--lakehouse", choices=("local", "s3"), default="local",
+                        help="the tables (dlt's and the project's) on local disk or on an S3 server")
     parser.add_argument("--incremental", type=int, default=0, metavar="N",
                         help="then append 10 events to each of N partitions and sync the last deployment again")
     args = parser.parse_args(argv)
@@ -439,13 +477,22 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-sync-"))
     say(f"work dir {work}; {os.cpu_count()} cores; load average {load_average()}")
     watch = MemoryWatch()
-    feed = spark = None
+    feed = spark = s3 = None
     spark_port = find_free_port()
     lines: list[Line] = []
     runs: list[Run] = []
     incremental: list[Run] = []
     spark_peaks: dict[str, float] = {}
     try:
+        if args.lakehouse == "s3":
+            sys.path.insert(0, str(ROOT))
+            from tests.s3_server import TEST_CREDENTIALS, S3Server
+
+            os.environ.update(TEST_CREDENTIALS)  # the names the storage setting gives
+            s3 = S3Lake(S3Server(log_path=work / "s3-server.log"))
+            s3.server.create_bucket(s3.bucket)
+            watch.watch("S3 server", s3.server.pid)
+            say(f"S3 server (moto) {s3.server.url}, bucket {s3.bucket}")
         started = time.perf_counter()
         feed, url = start_feed_server(args.partitions, args.events, work / "feed-server.log")
         watch.watch("feed server", feed.pid)
@@ -462,13 +509,13 @@ def main(argv: list[str] | None = None) -> int:
 
         say(f"dlt; load average {load_average()}")
         (work / "dlt").mkdir()
-        dlt_line = run_dlt(url, args.page_size, work / "dlt", args.events, args.threads)
+        dlt_line = run_dlt(url, args.page_size, work / "dlt", args.events, args.threads, s3)
         lines.append(dlt_line)
         say(f"  {dlt_line.seconds:.2f} s: {dlt_line.rate:,.0f} events/s")
 
         say(f"starting the Spark Connect server on port {spark_port}; load average {load_average()}")
         started = time.perf_counter()
-        spark = start_spark(spark_port, work / "spark")
+        spark = start_spark(spark_port, work / "spark", s3)
         lines.append(Line("Spark Connect server start (until it listens)", time.perf_counter() - started))
         watch.watch("Spark server", spark.pid)
         spark_peaks["after start"] = status_mb(spark.pid) or 0.0
@@ -477,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
         for index in range(args.repeat + 1):
             name = "Dagster scheduled sync, cold (1st run on the new server)" if index == 0 else \
                 f"Dagster scheduled sync, warm #{index}"
-            setup = prepare(work / f"run-{index}", url, args.page_size, spark_port)
+            setup = prepare(work / f"run-{index}", url, args.page_size, spark_port, s3)
             say(f"{name}; load average {load_average()}")
             run = run_sync(setup, name, args.events, spark.pid)
             if not (args.incremental and index == args.repeat):  # the incremental sync goes on with it
@@ -504,6 +551,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         watch.stop()
         stop_process(feed)
+        if s3 is not None:
+            s3.server.stop()
         if spark is not None:
             spark.stop()
         strays = stop_strays(spark_port)

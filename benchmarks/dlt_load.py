@@ -2,11 +2,13 @@
 """The feed through a dlt pipeline into a Delta table, in a process of its own (`bench_sync.py` starts it).
 
     .venv/bin/python benchmarks/dlt_load.py URL PAGE_SIZE WORK_DIR EXPECTED_EVENTS [--workers 8]
+        [--bucket-url s3://bench/dlt --endpoint http://127.0.0.1:9000]   # the Delta table on S3
 
 What a dlt user would write (needs the `bench` extra, `dlt[deltalake]`): one `parallelized=True`
 resource per feed partition (per group of partitions past 16), paging through it from `_first` and yielding one `pyarrow.Table` per page
 (partition_id, position, cursor, payload = the raw JSON text of `data`, cut out by msgspec);
-`write_disposition="append"` into the `filesystem` destination with `table_format="delta"`.
+`write_disposition="append"` into the `filesystem` destination with `table_format="delta"`, on local
+disk or on S3 (credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY).
 `pipeline.run` is timed; the table must hold EXPECTED_EVENTS rows. Prints one JSON line.
 """
 from __future__ import annotations
@@ -84,6 +86,8 @@ def main() -> int:
     parser.add_argument("work", type=Path)
     parser.add_argument("expected", type=int)
     parser.add_argument("--workers", type=int, default=8, help="dlt extract workers (threads)")
+    parser.add_argument("--bucket-url", default=None, help="an s3:// folder for the table (default: WORK/dlt_lake)")
+    parser.add_argument("--endpoint", default=None, help="the S3-compatible server of --bucket-url")
     args = parser.parse_args()
     os.environ["DLT_DATA_DIR"] = str(args.work / "dlt_data")
     os.environ.setdefault("RUNTIME__DLTHUB_TELEMETRY", "false")
@@ -99,9 +103,17 @@ def main() -> int:
                      table_format="delta", parallelized=True)(args.url, token, group, args.page_size)
         for index, group in enumerate(groups)
     ]
+    if args.bucket_url:
+        from dlt.common.configuration.specs import AwsCredentials
+
+        credentials = AwsCredentials(aws_access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
+                                     aws_secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"],
+                                     region_name="us-east-1", endpoint_url=args.endpoint)
+        destination = dlt.destinations.filesystem(bucket_url=args.bucket_url, credentials=credentials)
+    else:
+        destination = dlt.destinations.filesystem(bucket_url=(args.work / "dlt_lake").as_uri())
     pipeline = dlt.pipeline(pipeline_name="bench_feed", pipelines_dir=str(args.work / "dlt_pipelines"),
-                            destination=dlt.destinations.filesystem(bucket_url=(args.work / "dlt_lake").as_uri()),
-                            dataset_name="feed", progress=None)
+                            destination=destination, dataset_name="feed", progress=None)
     started = time.perf_counter()
     pipeline.run(resources)
     seconds = time.perf_counter() - started

@@ -123,6 +123,10 @@ class S3Server:
         self._client = None
 
     @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
     def client(self):
         """A boto3 S3 client of the server (boto3 comes with moto)."""
         if self._client is None:
