@@ -7,6 +7,8 @@ import pytest
 from feedapi_dagster.lakehouse.state import read_committed_state, read_history
 
 from ..lakehouse.conftest import payloads
+from ..s3_server import TEST_CREDENTIALS
+from .test_secrets import files_containing
 
 
 def assert_exactly_once(spark, harness, partitions=None):
@@ -71,7 +73,7 @@ ON_S3 = {"lakehouse": "s3", "maintenance": {"optimize_every_commits": 2, "vacuum
 
 
 @pytest.mark.parametrize("harness", [ON_S3], indirect=True)
-def test_the_flow_with_the_lakehouse_on_s3(spark, harness):
+def test_the_flow_with_the_lakehouse_on_s3(spark, spark_work_dir, harness, tmp_path):
     """Discovery, loads, a method-2 split, a backfill rebuild and maintenance, the table on the S3
     server: the run process reads the log with delta-rs through the storage setting, Spark writes
     through s3a."""
@@ -108,6 +110,8 @@ def test_the_flow_with_the_lakehouse_on_s3(spark, harness):
     for child in children:  # the children went on from the parent's cursor
         assert payloads(spark, harness.table, child) == [e for e in harness.feed.published(child)
                                                          if e not in set(parent_rows)]
+    secret = TEST_CREDENTIALS["FEEDAPI_TEST_S3_SECRET"].encode()  # in no run record, event or Spark file
+    assert files_containing(tmp_path, secret) == [] and files_containing(spark_work_dir, secret) == []
 
 
 def test_method1_split_children_after_parent_is_drained(spark, harness):
