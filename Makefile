@@ -31,8 +31,11 @@ browser:
 	test -x /usr/bin/chromedriver || { SUDO=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
 		$$SUDO apt-get update && $$SUDO apt-get install -y --no-install-recommends chromium chromium-driver; }
 
+# Two pytest workers (pytest-xdist), a test file each at a time: much of the suite waits on other
+# processes (Spark servers, the cluster, Dagster runs), and a file's module-scoped servers stay in one
+# worker. Measured here: 17:17 instead of 22:52 for the whole suite (2026-11-25).
 test: setup browser
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 clean:
 	rm -rf $(VENV) .cache

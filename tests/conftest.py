@@ -1,4 +1,5 @@
-"""Shared Spark fixtures: ONE classic local Spark session (with Delta) for the whole test run.
+"""Shared fixtures: ONE classic local Spark session (with Delta) per pytest worker, the embedded Spark
+Connect server, and the S3-compatible server with the lakehouses of the tests on S3.
 
 A JVM start costs ~10-15 s, so every test that needs Spark should take the `spark` fixture instead
 of building its own session. Do not create Spark Connect sessions in the test process (pyspark
