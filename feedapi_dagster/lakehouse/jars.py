@@ -175,8 +175,9 @@ def ensure_delta_jars(echo=print) -> list[Path]:
     `feedapi-dagster demo` and `dev` call, so that installing the wheel is the whole set-up."""
     try:
         return delta_jars()
-    except DeltaJarsNotSetUp as missing:
-        echo(f"{missing}; resolving them now from Maven Central into {jars_dir()} (once, ~1 minute) ...")
+    except DeltaJarsNotSetUp:
+        echo(f"The Delta and s3a jars are not set up in {jars_dir()}: resolving them from Maven Central, "
+             "once (about a minute) ...")
         return setup_delta_jars()
 
 
