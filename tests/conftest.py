@@ -47,17 +47,13 @@ def s3_storage(s3_server: S3Server) -> S3Storage:
                      secret_access_key_env="FEEDAPI_TEST_S3_SECRET")
 
 
-def spark_storage_conf(storage: S3Storage) -> dict[str, str]:
-    return {f"spark.hadoop.{key}": value for key, value in storage.hadoop_conf().items()}
-
-
 @pytest.fixture(scope="session")
 def spark(spark_work_dir: Path, s3_storage: S3Storage):
     """The shared classic `local[*]` SparkSession with Delta (cached jars, no network) and the test S3
     server's `s3a` settings."""
     from feedapi_dagster.lakehouse.spark import local_spark_session
 
-    session = local_spark_session(spark_storage_conf(s3_storage), work_dir=spark_work_dir,
+    session = local_spark_session(s3_storage.spark_conf(), work_dir=spark_work_dir,
                                   env=s3_storage.credentials())
     yield session
     session.stop()
@@ -71,7 +67,7 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory, s3_storage: S3Stora
     from feedapi_dagster.lakehouse.spark import find_free_port, start_embedded_server
 
     server = start_embedded_server(find_free_port(), work_dir=tmp_path_factory.mktemp("connect-server"),
-                                   conf=spark_storage_conf(s3_storage), env=s3_storage.credentials())
+                                   conf=s3_storage.spark_conf(), env=s3_storage.credentials())
     yield server
     server.stop()
 

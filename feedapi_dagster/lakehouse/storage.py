@@ -90,8 +90,15 @@ class S3Storage(BaseModel):
         return read_credentials(self.credential_env())
 
     # ------------------------------------------------------------------ Spark
+    def spark_conf(self, *, session: bool = False) -> dict[str, str]:
+        """The ``fs.s3a.*`` settings as Spark configuration of a server or local session
+        (``spark.hadoop.fs.s3a.*``), or, `session`, as settings of a (cluster's) session, which Spark
+        copies into the Hadoop configuration of the session's reads and writes."""
+        prefix = "" if session else "spark.hadoop."
+        return {f"{prefix}{key}": value for key, value in self.hadoop_conf().items()}
+
     def hadoop_conf(self) -> dict[str, str]:
-        """``fs.s3a.*`` settings (no secrets): Spark takes them prefixed with ``spark.hadoop.``."""
+        """``fs.s3a.*`` settings (no secrets)."""
         conf = {"fs.s3a.path.style.access": str(self.path_style).lower()}
         if self.endpoint:
             conf["fs.s3a.endpoint"] = self.endpoint
@@ -136,6 +143,13 @@ def read_credentials(sources: Mapping[str, str]) -> dict[str, str]:
 
 def is_s3(uri: str) -> bool:
     return urlsplit(uri).scheme.lower() in ("s3", "s3a", "s3n")
+
+
+def check_storage(uri: str, storage: S3Storage | None, spark_mode: str, spark_conf: Mapping[str, str]) -> None:
+    """What the feeds configuration (`ProjectConfig`, a defs.yaml) checks of the lakehouse: its URI,
+    its storage setting and, on S3, one Spark driver (`check_single_driver`)."""
+    check_lakehouse_uri(uri, storage)
+    check_single_driver(uri, spark_mode, spark_conf)
 
 
 def check_lakehouse_uri(uri: str, storage: S3Storage | None) -> None:

@@ -24,7 +24,7 @@ from dagster.components.utils.translation import TranslationFn, TranslationFnRes
 from pydantic import BaseModel, Field, SecretStr, model_validator
 
 from feedapi_dagster.lakehouse.spark import SparkSettings
-from feedapi_dagster.lakehouse.storage import check_lakehouse_uri, check_single_driver
+from feedapi_dagster.lakehouse.storage import check_storage
 
 from .config import FeedConfig, ProjectConfig, StorageConfig
 from .definitions import SPARK_RESOURCE_KEY, build_feedapi_definitions
@@ -76,8 +76,7 @@ class FeedApiAttributes(dg.Model):
     @model_validator(mode="after")
     def _storage(self) -> "FeedApiAttributes":
         # ProjectConfig checks the same; here `dg check defs` reports it against the defs.yaml
-        check_lakehouse_uri(self.lakehouse, self.storage.s3)
-        check_single_driver(self.lakehouse, self.spark.mode, self.spark.conf)
+        check_storage(self.lakehouse, self.storage.s3, self.spark.mode, self.spark.conf)
         return self
 
 

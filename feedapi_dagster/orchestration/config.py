@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from feedapi_dagster.lakehouse.loader import LoadSettings
 from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
 from feedapi_dagster.lakehouse.spark import SparkSettings
-from feedapi_dagster.lakehouse.storage import S3Storage, check_lakehouse_uri, check_single_driver, is_s3
+from feedapi_dagster.lakehouse.storage import S3Storage, check_storage, is_s3
 from feedapi_dagster.lakehouse.table import check_id_field
 from feedapi_dagster.protocol import Feed, FeedClient
 
@@ -81,8 +81,7 @@ class ProjectConfig(_Strict):
 
     @model_validator(mode="after")
     def _storage(self) -> "ProjectConfig":
-        check_lakehouse_uri(self.lakehouse, self.storage.s3)
-        check_single_driver(self.lakehouse, self.spark.mode, self.spark.conf)
+        check_storage(self.lakehouse, self.storage.s3, self.spark.mode, self.spark.conf)
         return self
 
     @property
@@ -91,15 +90,12 @@ class ProjectConfig(_Strict):
         return (self.storage.s3 or S3Storage()) if is_s3(self.lakehouse) else None
 
     def spark_settings(self) -> SparkSettings:
-        """The `spark` settings with the lakehouse's storage in them: the ``fs.s3a.*`` settings as the
-        embedded server's or local session's Hadoop configuration (``spark.hadoop.``), or as runtime
-        settings of a cluster's session (Spark copies a session's settings into the Hadoop
-        configuration of its reads and writes); the settings in `spark.conf` win. Credentials go to
+        """The `spark` settings with the lakehouse's storage in them (`S3Storage.spark_conf`: server
+        settings, or a cluster's session settings); the settings in `spark.conf` win. Credentials go to
         the JVM started here by variable names (`SparkSettings.credential_env`), never into `conf`."""
         if self.s3 is None:
             return self.spark
-        prefix = "" if self.spark.mode == "remote" else "spark.hadoop."
-        conf = {f"{prefix}{key}": value for key, value in self.s3.hadoop_conf().items()}
+        conf = self.s3.spark_conf(session=self.spark.mode == "remote")
         return self.spark.model_copy(update={"conf": {**conf, **self.spark.conf},
                                              "credential_env": {**self.s3.credential_env(), **self.spark.credential_env}})
 
