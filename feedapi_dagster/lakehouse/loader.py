@@ -25,13 +25,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from feedapi_dagster.planning import (DEFAULT_TASKS, PartitionPlan, PartitionState, PlanStatus, plan_feed,
                                       plan_rebuilds)
 from feedapi_dagster.protocol import Feed, FeedClient, FeedInfo
+from feedapi_dagster.protocol.models import FIRST
 
 from .datasource import EVENT_DDL, SOURCE_NAME, FeedSourceOptions
 from .reads import END_COLUMN, ReadEnd
@@ -61,6 +62,11 @@ class LoadSettings(BaseModel):
     max_events_per_partition: int | None = Field(default=None, ge=1)
     # Spark tasks a load's read is spread over (partitions grouped by expected size); None: up to 16.
     read_tasks: int | None = Field(default=None, ge=1)
+    # When the server's retention dropped events after a partition's cursor before they were read
+    # (Nakadi): `stop` leaves the partition where it is, fails the load and its retention check, until
+    # someone decides; `skip` accepts the loss and reads on from the oldest event still there (the
+    # check fails for that load and names what was lost).
+    retention_gap: Literal["stop", "skip"] = "stop"
 
 
 @dataclass
@@ -82,6 +88,8 @@ class PartitionReport:
     delta_version: int | None = None
     bounded: bool = False  # the read stopped at `max_events_per_partition`: there may be more
     read_seconds: float = 0.0  # time the read tasks of this partition spent reading
+    gap: str | None = None  # events the server's retention dropped after the cursor, unread
+
 
     def then(self, later: "PartitionReport") -> "PartitionReport":
         """This report followed by a later load of the same partition in the same sync."""
@@ -90,6 +98,7 @@ class PartitionReport:
         later.pages += self.pages
         later.duplicates += self.duplicates
         later.read_seconds += self.read_seconds
+        later.gap = later.gap or self.gap
         return later
 
 
@@ -168,16 +177,45 @@ class FeedLoader:
         while True:
             plans = [p for p in plan_feed(info, self.sink.state)
                      if (wanted is None or p.partition_id in wanted) and p.partition_id not in loaded]
-            due = [p for p in plans if p.due]
+            due, gaps = self._past_retention_gaps(info, [p for p in plans if p.due])
             reports.update({p.partition_id: _idle_report(p) for p in plans
                             if not p.due and p.partition_id not in reports})
+            for pid, gap in gaps.items():
+                if pid not in {p.partition_id for p in due}:  # stopped there
+                    reports[pid] = reports[pid].then(gap) if pid in reports else gap
+                    loaded.add(pid)
             if not due:
                 self._reassert_state()
                 return dict(sorted(reports.items()))
             results = self._load(info, due, rebuild=False)
+            for pid, gap in gaps.items():
+                if pid in results:
+                    results[pid].gap = gap.gap
             for pid, report in results.items():
                 reports[pid] = reports[pid].then(report) if pid in reports else report
             loaded.update(pid for pid, report in results.items() if not report.bounded)
+
+    def _past_retention_gaps(self, info: FeedInfo, due: list[PartitionPlan]) -> tuple[list[PartitionPlan],
+                                                                                       dict[int, PartitionReport]]:
+        """The plans to read, and a report for each partition whose events after its cursor the
+        server's retention dropped unread: `retention_gap: skip` reads it on from the oldest event left,
+        `stop` leaves it (a failed report)."""
+        kept, gaps = [], {}
+        for plan in due:
+            gap = self.client.protocol.retention_gap(info.partition(plan.partition_id), plan.cursor)
+            if gap is None:
+                kept.append(plan)
+                continue
+            report = PartitionReport(plan.partition_id, "failed", plan.cursor, plan.position, plan.cursor, gap=gap,
+                                     error=f"{gap}; the partition stays at its cursor until the loss is accepted "
+                                           "(load.retention_gap: skip) or the events are restored")
+            if self.settings.retention_gap == "skip":
+                self.log.warning("%s; reading on from the oldest available event (load.retention_gap: skip)", gap)
+                kept.append(plan.model_copy(update={"cursor": FIRST}))
+            else:
+                self.log.error("%s", report.error)
+            gaps[plan.partition_id] = report
+        return kept, gaps
 
     def rebuild(self, partition_ids: Iterable[int], drop: Iterable[int] = ()) -> dict[int, PartitionReport]:
         """Reload partitions from `_first` and replace their rows (and the rows of `drop`, e.g. the

@@ -18,7 +18,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import chain
-from operator import attrgetter, mul, sub
+from operator import mul, sub
 
 import msgspec
 import pyarrow as pa
@@ -40,12 +40,13 @@ _SPARK_TYPES = {pa.int32(): "INT", pa.int64(): "BIGINT", pa.string(): "STRING", 
 def spark_ddl(schema: pa.Schema) -> str:
     """The schema as Spark's column DDL (`partition_id INT, position BIGINT, ...`)."""
     return ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in schema)
-_ID_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ID_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 def check_id_field(event_id_field: str) -> str:
     if not _ID_FIELD.fullmatch(event_id_field):
-        raise ValueError(f"event_id_field must be a plain field name ([A-Za-z_][A-Za-z0-9_]*), got {event_id_field!r}")
+        raise ValueError("event_id_field must be a field name ([A-Za-z_][A-Za-z0-9_]*), or names joined by dots "
+                         f"for a nested field (metadata.eid), got {event_id_field!r}")
     return event_id_field
 
 
@@ -173,13 +174,14 @@ def _data(binary: pa.BinaryArray) -> memoryview:
 # ----------------------------------------------------------------------------------------- event ids
 
 def _ids(payloads: pa.BinaryArray, objects: pa.BooleanArray, event_id_field: str) -> pa.BinaryArray:
-    """The first top-level `event_id_field` of each object payload: a string id as its value, any other
-    JSON value as its text; null when absent or not an object.
+    """The first top-level `event_id_field` of each object payload (of the objects on its path when
+    dotted: `metadata.eid`): a string id as its value, any other JSON value as its text; null when
+    absent or not an object.
 
-    An id that is its object's first field, with a string or scalar value (what feeds send), is read by
-    an anchored regular expression over all payloads at once; the other objects' ids are found by one
-    msgspec decode of them all, and by a walk over the top-level fields of those where msgspec (which
-    keeps the last of duplicate keys) could differ from the first one."""
+    An id that is its object's first field (on every level), with a string or scalar value (what feeds
+    send), is read by an anchored regular expression over all payloads at once; the other objects' ids
+    are found by one msgspec decode of them all, and by a walk over the fields of those where msgspec
+    (which keeps the last of duplicate keys) could differ from the first one."""
     fields = pc.struct_field(pc.extract_regex(payloads, _first_field_pattern(event_id_field)), [0])
     others = pc.and_(objects, pc.is_null(fields))
     if others.true_count:
@@ -194,22 +196,35 @@ def _ids(payloads: pa.BinaryArray, objects: pa.BooleanArray, event_id_field: str
 @functools.lru_cache(maxsize=16)
 def _first_field_pattern(event_id_field: str) -> str:
     blank = r"[ \t\n\r]*"
-    return (rf'^\{{{blank}"{re.escape(event_id_field)}"{blank}:{blank}'
-            r'(?P<id>"[^"\\]*(?:\\.[^"\\]*)*"|[-+.0-9eE]+|true|false|null)')
+    path = "".join(rf'\{{{blank}"{re.escape(name)}"{blank}:{blank}' for name in event_id_field.split("."))
+    return rf'^{path}(?P<id>"[^"\\]*(?:\\.[^"\\]*)*"|[-+.0-9eE]+|true|false|null)'
 
 
 @functools.lru_cache(maxsize=16)
 def _id_decoder(event_id_field: str) -> msgspec.json.Decoder:
-    holder = msgspec.defstruct("IdHolder", [("id", msgspec.Raw, msgspec.Raw())], rename={"id": event_id_field},
-                               gc=False)
+    """Decodes an object into holders, one a level of the path, the last holding the id's raw JSON."""
+    *outer, last = event_id_field.split(".")
+    holder = msgspec.defstruct("IdHolder", [("id", msgspec.Raw, msgspec.Raw())], rename={"id": last}, gc=False)
+    for name in reversed(outer):
+        holder = msgspec.defstruct("PathHolder", [("id", holder | None, None)], rename={"id": name}, gc=False)
     return msgspec.json.Decoder(holder)
+
+
+def _id_of(holder) -> msgspec.Raw:  # noqa: ANN001 - a holder of `_id_decoder`
+    """The id a holder holds, whatever the field's name (an empty Raw: no such field)."""
+    while holder is not None and not isinstance(holder, msgspec.Raw):
+        holder = holder.id
+    return holder if holder is not None else _NO_ID
+
+
+_NO_ID = msgspec.Raw()
 
 
 @functools.lru_cache(maxsize=16)
 def _duplicate_pattern(event_id_field: str) -> str:
-    # the field twice, or a key escaped as \u00XX (what a field's letters, digits and _ escape to)
-    name = re.escape(f'"{event_id_field}"')
-    return rf"(?s){name}.*{name}|\\u00[3-7]"
+    # a field of the path twice, or a key escaped as \u00XX (what a field's letters, digits and _ escape to)
+    names = "|".join(rf"{name}.*{name}" for name in (re.escape(f'"{part}"') for part in event_id_field.split(".")))
+    return rf"(?s){names}|\\u00[3-7]"
 
 
 def _other_ids(objects: pa.BinaryArray, event_id_field: str) -> pa.BinaryArray:
@@ -220,15 +235,13 @@ def _other_ids(objects: pa.BinaryArray, event_id_field: str) -> pa.BinaryArray:
         holders = None  # surrogates escaped alone (the page reader lets them through), or not JSON
     if holders is None or len(holders) != len(objects):
         return _nullable(_binary([_walked(raw, event_id_field) for raw in objects.to_pylist()])[0])
-    ids = _nullable(_binary(list(map(_ID, holders)))[0])  # an empty Raw: no id field
+    ids = _nullable(_binary(list(map(_id_of, holders)))[0])  # an empty Raw: no id field
     doubtful = pc.match_substring_regex(objects, _duplicate_pattern(event_id_field))
     if doubtful.true_count:
         walked = [_walked(raw, event_id_field) for raw in pc.filter(objects, doubtful).to_pylist()]
         ids = pc.replace_with_mask(ids, doubtful, _nullable(_binary(walked)[0]))
     return ids
 
-
-_ID = attrgetter("id")  # the holder's field, whatever its name in the payloads
 
 
 def _nullable(binary: pa.BinaryArray) -> pa.BinaryArray:
@@ -244,12 +257,16 @@ def _walked(raw: bytes, name: str) -> bytes:
         raise ValueError(f"payload is not valid JSON: {raw[:80]!r}") from None
 
 
-def _first_field(raw: bytes, name: str) -> bytes | None:
-    """The raw value of the first top-level field `name` of the JSON object `raw` (valid JSON)."""
+def _first_field(raw: bytes, path: str) -> bytes | None:
+    """The raw value of the first field `path` (dotted: of the first object on the way) of the JSON
+    object `raw` (valid JSON)."""
+    name, _, rest = path.partition(".")
     key = f'"{name}"'.encode()
     for quoted, start, end in json_fields(raw):
         if quoted == key or b"\\" in quoted and msgspec.json.decode(quoted) == name:
-            return raw[start:end]
+            if not rest:
+                return raw[start:end]
+            return _first_field(raw[start:end], rest) if raw[start:start + 1] == b"{" else None
     return None
 
 

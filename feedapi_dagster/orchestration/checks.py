@@ -4,7 +4,10 @@ What exactly-once means, verified on the data the load just committed: positions
 partition are 0..n-1 with n its committed position (from the Delta log's file statistics, no scan),
 no event id is stored twice in it (a scan of the id column of those partitions only), and the cursor
 in every partition's latest materialization is the one in Delta (the log, and Dagster's event log as
-the load found it plus what it logged).
+the load found it plus what it logged). And no events were lost to the server's retention before
+they were read (Nakadi deletes old events whether they were read or not): the check names each
+partition and the offsets between which events are gone (`load.retention_gap` says what the load
+does then).
 The first two block: a violation means wrong rows.
 """
 from __future__ import annotations
@@ -20,6 +23,7 @@ from feedapi_dagster.lakehouse.stats import duplicate_event_ids, partition_stats
 NO_DUPLICATES = "no_duplicate_event_ids"
 CONTIGUOUS = "positions_contiguous"
 CURSOR_MIRRORED = "cursor_metadata_matches_delta"
+NO_RETENTION_GAP = "no_events_expired_unread"
 _SHOWN = 20
 
 
@@ -32,6 +36,9 @@ def feed_check_specs(key: dg.AssetKey) -> list[dg.AssetCheckSpec]:
                           description="No event id is stored twice in a loaded partition."),
         dg.AssetCheckSpec(CURSOR_MIRRORED, asset=key,
                           description="The cursor in each partition's latest materialization is the one in Delta."),
+        dg.AssetCheckSpec(NO_RETENTION_GAP, asset=key,
+                          description="No events of a loaded partition expired on the server (its retention) "
+                                      "after the partition's cursor before they were read."),
     ]
 
 
@@ -62,3 +69,8 @@ def feed_check_results(outcome: LoadOutcome, loaded: Sequence[int],
                   if str(pid) in latest and latest[str(pid)].get("cursor") != committed.cursor]
     yield dg.AssetCheckResult(check_name=CURSOR_MIRRORED, passed=not mismatched,
                               metadata={"problems": mismatched[:_SHOWN]})
+
+    gaps = [report.gap for report in outcome.reports.values() if report.gap]
+    yield dg.AssetCheckResult(check_name=NO_RETENTION_GAP, passed=not gaps,
+                              severity=dg.AssetCheckSeverity.ERROR,
+                              metadata={"partitions_checked": len(outcome.reports), "gaps": gaps[:_SHOWN]})

@@ -1,15 +1,16 @@
 """The three FeedAPI dialects as small request builders.
 
 A dialect knows how to turn (partition, cursor, page size, filters) into a fetch request and which
-key holds an event on the wire; everything else (retries, paging, parsing) is shared.
+key holds an event on the wire; everything else (discovery, paging, parsing) is FeedAPI's
+(`feedapi.py`), and retries are every protocol's (`client.py`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from .base import FetchRequest
 from .models import Dialect
 
 if TYPE_CHECKING:
@@ -41,12 +42,6 @@ class EventFilter(BaseModel):
         if self.event_types:
             return event_type in self.event_types
         return event_type not in self.skip_event_types
-
-
-@dataclass(frozen=True)
-class FetchRequest:
-    url: str
-    params: dict[str, str]
 
 
 class DialectSpec:

@@ -10,11 +10,12 @@ import os
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from .dialects import EventFilter
 from .errors import FeedAPIError
 from .models import Dialect
+from .registry import PROTOCOLS, ProtocolName, protocol_of
 from .retry import RetryPolicy
 
 
@@ -23,27 +24,37 @@ class Feed(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     url: str
-    dialect: Literal["auto"] | Dialect = "auto"
+    protocol: ProtocolName = "feedapi"
+    dialect: Literal["auto"] | Dialect = Field(default="auto", description="FeedAPI's dialect")
+    event_type: str | None = Field(default=None, description="Nakadi: the event type (`url` is Nakadi's base URL)")
     partition_count: int | None = Field(default=None, ge=1, le=32768, description="v1 only: it has no discovery")
     page_size_hint: int = Field(default=1000, ge=1)
     token_env: str | None = Field(default=None, description="environment variable holding the bearer token")
     token: SecretStr | None = Field(default=None, description='the bearer token itself: "{{ env.X }}" in a defs.yaml')
     ca_bundle: str | None = Field(default=None, description="CA bundle file for TLS verification")
     verify: bool = Field(default=True, description="false turns TLS verification off (never do this in production)")
-    event_id_field: str = Field(default="id", description="the payload field stored as event_id")
+    event_id_field: str = Field(default=None, validate_default=True,  # type: ignore[assignment]
+                                description="the payload field stored as event_id, dotted when nested "
+                                            "(default: the protocol's: FeedAPI `id`, Nakadi `metadata.eid`)")
     filters: EventFilter | None = None
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
 
+    @field_validator("event_id_field", mode="before")
+    @classmethod
+    def _default_id_field(cls, value: str | None, info: ValidationInfo) -> str:
+        if value is not None:
+            return value
+        return PROTOCOLS[info.data.get("protocol", "feedapi")].event_id_field
+
     @model_validator(mode="after")
     def _consistent(self) -> "Feed":
-        if self.dialect == "v1" and self.partition_count is None:
-            raise ValueError("dialect v1 needs partition_count (v1 has no discovery)")
+        protocol_of(self).check(self)
         if self.token is not None and self.token_env is not None:
             raise ValueError("set token or token_env, not both")
         return self
 
     def __repr__(self) -> str:  # the URL may carry credentials; the token is a SecretStr anyway
-        return f"{type(self).__name__}({redact_url(self.url)!r}, dialect={self.dialect!r})"
+        return f"{type(self).__name__}({redact_url(self.url)!r}, protocol={self.protocol!r})"
 
     def bearer_token(self) -> str | None:
         """The token: given, or read from `token_env` in this process (the run's, or an executor's)."""

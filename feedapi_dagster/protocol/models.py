@@ -1,4 +1,5 @@
-"""Typed views of what a FeedAPI server says: the discovery document, events and pages."""
+"""Typed views of what a feed server says, the same for every protocol: its partitions (a FeedAPI
+discovery document, Nakadi's partition list), events and pages."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
@@ -48,6 +49,9 @@ class Partition(BaseModel):
     last_cursor: str | None = Field(default=None, validation_alias=AliasChoices("lastCursor", "last_cursor"))
     # True when `starts_after` was not sent but inferred (see FeedInfo parsing for the Go server quirk).
     starts_after_inferred: bool = False
+    # The oldest event the server still holds (Nakadi's `oldest_available_offset`): retention drops
+    # older ones, read or not. None: the protocol keeps everything.
+    oldest_available: str | None = None
 
     @field_validator("id", mode="before")
     @classmethod
@@ -79,7 +83,7 @@ class FeedInfo(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    dialect: Dialect
+    dialect: Dialect | Literal["nakadi"]  # what the server speaks: a FeedAPI dialect, or another protocol
     exactly_once: bool
     partitions: list[Partition]
     token: str | None = None
