@@ -14,6 +14,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "feedapi_dagster.orchestration.demo",
     "feedapi_dagster.lakehouse.cli",
     "feedapi_dagster.demo.cli",
+    "feedapi_dagster.demo.nakadi",
 )
 
 

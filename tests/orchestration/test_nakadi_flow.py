@@ -1,0 +1,138 @@
+"""A Nakadi event type through the whole Dagster flow: the discovery sensor (a repartitioning adds
+dynamic partitions), the schedule, a backfill run, over a wire with faults and Nakadi's at-least-once
+duplicates, against the bundled Nakadi server with a bearer token, a real Dagster instance, real
+Spark and Delta. After each step every event is in the table exactly once, in offset order. And
+what the load does when Nakadi's retention drops events before they were read."""
+from pathlib import Path
+
+import dagster as dg
+import msgspec
+import pytest
+
+from feedapi_dagster.demo import Faults
+from feedapi_dagster.demo.nakadi import NakadiDemoServer, NakadiEventType
+from feedapi_dagster.lakehouse.loader import LoadSettings
+from feedapi_dagster.lakehouse.spark import SparkSettings
+from feedapi_dagster.lakehouse.state import read_committed_state
+from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, SparkResource, build_feedapi_definitions
+from feedapi_dagster.orchestration.checks import NO_DUPLICATES, NO_RETENTION_GAP
+from feedapi_dagster.protocol import RetryPolicy
+
+from ..lakehouse.conftest import payloads
+from .conftest import Harness
+from .test_secrets import files_containing
+
+TOKEN_ENV, TOKEN = "NAKADI_FLOW_TOKEN", "nakadi-flow-secret-7f3a"
+
+
+def expected(event_type: NakadiEventType, partition: int, stored: list[str] = ()) -> list[str]:
+    """The partition's events in offset order, each eid once (after those in `stored`)."""
+    seen = {msgspec.json.decode(raw)["metadata"]["eid"] for raw in stored}
+    events = []
+    for _, raw in event_type.read(partition, "BEGIN", 10**9):
+        eid = msgspec.json.decode(raw)["metadata"]["eid"]
+        if eid not in seen:
+            seen.add(eid)
+            events.append(raw.decode())
+    return [*stored, *events]
+
+
+def assert_exactly_once(spark, harness: Harness, partitions=None):
+    state = read_committed_state(harness.log).state
+    for partition in partitions or sorted(state.partitions):
+        rows = payloads(spark, harness.table, partition)
+        assert rows == expected(harness.feed, partition), f"partition {partition}"
+        assert harness.metadata(partition)["cursor"] == state.get(partition).cursor
+        assert state.get(partition).position == len(rows)
+
+
+def build(harness_parts, load: LoadSettings) -> Harness:
+    event_type, server, instance, lakehouse = harness_parts
+    feed = FeedConfig(name="orders", protocol="nakadi", url=server.url, event_type=event_type.name,
+                      page_size_hint=30, token_env=TOKEN_ENV, load=load,
+                      retry=RetryPolicy(max_attempts=30, base_delay=0.001, max_delay=0.01))
+    project = ProjectConfig(lakehouse=lakehouse, spark=SparkSettings(mode="local"), feeds=[feed])
+    return Harness(event_type, server, project, build_feedapi_definitions(project, spark=SparkResource(mode="local")),
+                   instance)
+
+
+@pytest.fixture
+def nakadi_parts(spark, instance, tmp_path, monkeypatch):
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    event_type = NakadiEventType(partitions=3, events=300, seed=41, duplicate_ratio=0.1)
+    with NakadiDemoServer(event_type, token=TOKEN) as server:
+        yield event_type, server, instance, str(tmp_path / "lakehouse")
+
+
+def test_the_flow_on_a_nakadi_event_type_with_faults_and_duplicates(spark, spark_work_dir, nakadi_parts):
+    harness = build(nakadi_parts, LoadSettings())
+    harness.server.faults = Faults(0.3, seed=4, retry_after=0)
+    (request,) = harness.tick_sensor().run_requests
+    assert sorted(harness.instance.get_dynamic_partitions("feedapi_orders"), key=int) == ["0", "1", "2"]
+    run = harness.launch(request)
+    assert run.success
+    assert_exactly_once(spark, harness, [0, 1, 2])
+    assert harness.metadata(0)["dialect"] == "nakadi"
+    assert sum(harness.metadata(p)["duplicates_skipped"] for p in (0, 1, 2)) > 0  # Nakadi's repeats, dropped
+    assert all(e.passed for e in run.get_asset_check_evaluations())
+
+    harness.feed.append(120)
+    (request,) = harness.tick_schedule().run_requests
+    assert harness.launch(request).success
+    assert_exactly_once(spark, harness, [0, 1, 2])
+
+    # a repartitioning: the sensor adds the new partitions, and their run reads them from BEGIN
+    assert harness.feed.repartition(5) == [3, 4]
+    harness.feed.append(150)
+    (request,) = harness.tick_sensor().run_requests
+    assert request.tags["feedapi/partitions"] == "3,4"
+    assert sorted(harness.instance.get_dynamic_partitions("feedapi_orders"), key=int) == ["0", "1", "2", "3", "4"]
+    assert harness.launch(request).success
+    (request,) = harness.tick_schedule().run_requests
+    assert harness.launch(request).success
+    assert_exactly_once(spark, harness, [0, 1, 2, 3, 4])
+
+    # a backfill of a partition: Nakadi partitions never close, so it loads on from the cursor of record
+    harness.feed.append(40)
+    result = harness.materialize_partition(2, tags={"dagster/backfill": "nakadi-backfill"})
+    assert result.success
+    assert_exactly_once(spark, harness, [2])
+    assert sum(harness.server.fault_counts.values()) > 0
+    checks = [e for run in harness.runs for e in run.get_asset_check_evaluations()]
+    assert checks and all(e.passed for e in checks if e.check_name == NO_DUPLICATES)
+    assert not files_containing(Path(harness.instance.root_directory), TOKEN.encode())
+    assert not files_containing(spark_work_dir, TOKEN.encode())
+
+
+def test_events_expired_unread_stop_the_partition_until_the_loss_is_accepted(spark, nakadi_parts):
+    harness = build(nakadi_parts, LoadSettings())
+    event_type = harness.feed
+    (request,) = harness.tick_sensor().run_requests
+    assert harness.launch(request).success
+    loaded = payloads(spark, harness.table, 0)
+    cursor = harness.metadata(0)["cursor"]
+
+    event_type.append(300)
+    event_type.expire(0, keep_last=5)  # retention: partition 0's new events but 5 are gone, unread
+    oldest = next(p["oldest_available_offset"] for p in event_type.partitions() if p["partition"] == "0")
+    (request,) = harness.tick_schedule().run_requests
+    run = harness.launch(request, raise_on_error=False)
+    assert not run.success  # the run says so, and the check names the partition and the offsets
+    (gap,) = [e for e in run.get_asset_check_evaluations() if e.check_name == NO_RETENTION_GAP]
+    assert not gap.passed
+    (named,) = gap.metadata["gaps"].value
+    assert "partition 0" in named and cursor in named and oldest in named
+    assert payloads(spark, harness.table, 0) == loaded and harness.metadata(0)["cursor"] == cursor  # it stays
+    assert_exactly_once(spark, harness, [1, 2])  # the others loaded
+
+    # the loss accepted: the partition reads on from the oldest event left; the check fails this once
+    harness = build(nakadi_parts, LoadSettings(retention_gap="skip"))
+    run = harness.launch(request)
+    (gap,) = [e for e in run.get_asset_check_evaluations() if e.check_name == NO_RETENTION_GAP]
+    assert not gap.passed and gap.severity == dg.AssetCheckSeverity.ERROR
+    assert payloads(spark, harness.table, 0) == expected(event_type, 0, loaded)
+    event_type.append(30)
+    (request,) = harness.tick_schedule().run_requests
+    run = harness.launch(request)
+    assert all(e.passed for e in run.get_asset_check_evaluations())
+    assert payloads(spark, harness.table, 0) == expected(event_type, 0, loaded)
