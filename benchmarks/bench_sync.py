@@ -7,6 +7,7 @@ through Dagster on the embedded Spark Connect server, cold and warm.
     .venv/bin/python benchmarks/bench_sync.py --repeat 3 --keep      # 3 warm runs, keep the temp folder
     .venv/bin/python benchmarks/bench_sync.py --partitions 2000 --events 20000 --page-size 100 --incremental 10
     .venv/bin/python benchmarks/bench_sync.py --lakehouse s3         # the tables on an S3 server
+    .venv/bin/python benchmarks/bench_sync.py --protocol nakadi      # a Nakadi event type instead of a feed
 
 Needs the `bench` extra (dlt) and the Delta jars (`make setup`); benchmarks/README.md says what each
 line measures. In order: the bundled demo feed in its own process (generated once, read by all); raw
@@ -23,6 +24,9 @@ STEP_START) in parts. With `--incremental N`, N partitions then get 10 new event
 deployment syncs again (the schedule asks for every open partition; N of them have something new).
 Peak memory of every process. With `--lakehouse s3`, dlt's table and the project's lakehouse are on
 the tests' S3-compatible server (`tests/s3_server.py`, moto's, in its own process on 127.0.0.1).
+With `--protocol nakadi` the feed is a Nakadi event type on the bundled Nakadi server (the same
+number of events and partitions, no repeated events, so that the rows are the events), read raw and
+by dlt through its low-level event stream, and loaded by the project with `protocol: nakadi`.
 Everything started here is stopped at the end.
 Exit status 0 when the median warm sync runs at >= 1.5x dlt's events/s, 2 when not, 1 on errors.
 """
@@ -55,6 +59,7 @@ ROOT = HERE.parent
 BIN = Path(sys.executable).parent
 TARGET = 1.5  # warm sync / dlt, events per second
 INCREMENT = 10  # new events per partition of an incremental sync
+NAKADI_EVENT_TYPE = "bench.orders"
 
 
 def say(message: str) -> None:
@@ -82,8 +87,10 @@ class Line:
 
 
 # ----------------------------------------------------------------------------- 1. feed server
-def start_feed_server(partitions: int, events: int, log_path: Path) -> tuple[subprocess.Popen, str]:
-    command = [str(BIN / "feedapi-dagster"), "demo-server", "--dialect", "published", "--partitions", str(partitions),
+def start_feed_server(protocol: str, partitions: int, events: int, log_path: Path) -> tuple[subprocess.Popen, str]:
+    server = ["nakadi-server", "--event-type", NAKADI_EVENT_TYPE, "--duplicate-ratio", "0"] if protocol == "nakadi" \
+        else ["demo-server", "--dialect", "published"]
+    command = [str(BIN / "feedapi-dagster"), *server, "--partitions", str(partitions),
                "--events", str(events), "--host", "127.0.0.1", "--port", "0"]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, cwd=ROOT,
@@ -96,7 +103,47 @@ def start_feed_server(partitions: int, events: int, log_path: Path) -> tuple[sub
 
 
 # ----------------------------------------------------------------------------- 2. raw HTTP
-def raw_read(url: str, page_size: int, threads: int) -> int:
+def raw_read(protocol: str, url: str, page_size: int, threads: int) -> int:
+    return (raw_read_nakadi if protocol == "nakadi" else raw_read_feedapi)(url, page_size, threads)
+
+
+def raw_read_nakadi(url: str, page_size: int, threads: int) -> int:
+    """Every partition's event stream from BEGIN to the newest offset the listing gave, each batch
+    only searched for its cursor; batches."""
+    base = f"{url}/event-types/{NAKADI_EVENT_TYPE}"
+    listing = requests.get(f"{base}/partitions", timeout=30).json()
+    todo: queue.SimpleQueue[dict] = queue.SimpleQueue()
+    for partition in listing:
+        todo.put(partition)
+    batches = [0]
+
+    def reader() -> None:
+        with requests.Session() as session:
+            while True:
+                try:
+                    partition = todo.get_nowait()
+                except queue.Empty:
+                    return
+                newest = partition["newest_available_offset"].encode()
+                cursors = json.dumps([{"partition": partition["partition"], "offset": "BEGIN"}])
+                with session.get(f"{base}/events", headers={"X-Nakadi-Cursors": cursors}, stream=True, timeout=60,
+                                 params={"batch_limit": page_size, "batch_flush_timeout": 1,
+                                         "stream_timeout": 60}) as response:
+                    response.raise_for_status()
+                    for line in response.iter_lines(256 * 1024):
+                        batches[0] += 1
+                        if newest in line[:120]:  # the batch's cursor leads its line
+                            break
+
+    pool = [threading.Thread(target=reader) for _ in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    return batches[0]
+
+
+def raw_read_feedapi(url: str, page_size: int, threads: int) -> int:
     """Every page of every partition from `_first`, each body only searched for its last cursor; pages."""
     document = requests.get(url, timeout=30).json()
     todo: queue.SimpleQueue[int] = queue.SimpleQueue()
@@ -134,8 +181,10 @@ def raw_read(url: str, page_size: int, threads: int) -> int:
 
 
 # ----------------------------------------------------------------------------- 3. dlt
-def run_dlt(url: str, page_size: int, work: Path, events: int, workers: int, s3: "S3Lake | None") -> Line:
+def run_dlt(protocol: str, url: str, page_size: int, work: Path, events: int, workers: int,
+            s3: "S3Lake | None") -> Line:
     where = ["--bucket-url", f"s3://{s3.bucket}/dlt", "--endpoint", s3.server.url] if s3 else []
+    where += ["--nakadi-event-type", NAKADI_EVENT_TYPE] if protocol == "nakadi" else []
     env = {**os.environ, **s3.aws_env()} if s3 else None
     with open(work.parent / "dlt.log", "ab") as log:
         started = time.perf_counter()
@@ -182,16 +231,18 @@ class S3Lake:
         return self.storage().credentials()
 
 
-def project_config(base: Path, url: str, page_size: int, spark_port: int, s3: S3Lake | None):
+def project_config(base: Path, protocol: str, url: str, page_size: int, spark_port: int, s3: S3Lake | None):
     """The deployment's feeds configuration: one feed `bench`, the lakehouse in `base` or on S3."""
     from feedapi_dagster.lakehouse.spark import SparkSettings
     from feedapi_dagster.orchestration import FeedConfig, ProjectConfig
     from feedapi_dagster.orchestration.config import StorageConfig
 
     lakehouse = f"s3a://{s3.bucket}/{base.name}" if s3 else str(base / "lakehouse")
+    feed = {"protocol": "nakadi", "url": url, "event_type": NAKADI_EVENT_TYPE} if protocol == "nakadi" \
+        else {"url": url, "dialect": "published"}
     return ProjectConfig(lakehouse=lakehouse, storage=StorageConfig(s3=s3.storage() if s3 else None),
                          spark=SparkSettings(mode="embedded", port=spark_port),
-                         feeds=[FeedConfig(name="bench", url=url, dialect="published", page_size_hint=page_size)])
+                         feeds=[FeedConfig(name="bench", page_size_hint=page_size, **feed)])
 
 
 @dataclass
@@ -205,7 +256,7 @@ class Setup:
     instance: object
 
 
-def prepare(base: Path, url: str, page_size: int, spark_port: int, s3: S3Lake | None) -> Setup:
+def prepare(base: Path, protocol: str, url: str, page_size: int, spark_port: int, s3: S3Lake | None) -> Setup:
     """A fresh deployment: the code location (definitions.py + project.json), DAGSTER_HOME with the
     instance settings feedapi-dagster ships, the feed's partitions registered as the discovery sensor
     registers them (untimed)."""
@@ -220,7 +271,7 @@ def prepare(base: Path, url: str, page_size: int, spark_port: int, s3: S3Lake | 
     home.mkdir(parents=True)
     # Dagster's default run launcher and coordinator, the `concurrency` block (pools) of a deployment
     (home / "dagster.yaml").write_text((files("feedapi_dagster.demo") / "dagster.yaml").read_text())
-    project = project_config(base, url, page_size, spark_port, s3)
+    project = project_config(base, protocol, url, page_size, spark_port, s3)
     location = base / "location"
     location.mkdir()
     (location / "project.json").write_text(project.model_dump_json(exclude_defaults=True, indent=2))
@@ -399,7 +450,8 @@ def report(args: argparse.Namespace, lines: list[Line], runs: list[Run], increme
     print()
     print(f"{args.partitions} partitions, {args.events} events, page size hint {args.page_size}; "
           f"{os.cpu_count()} cores, load average {load_average()}; {time.strftime('%Y-%m-%d %H:%M')}; "
-          f"{PLANNED_SUBSET_ENV}={os.environ.get(PLANNED_SUBSET_ENV)}; lakehouse on {args.lakehouse}")
+          f"{PLANNED_SUBSET_ENV}={os.environ.get(PLANNED_SUBSET_ENV)}; lakehouse on {args.lakehouse}; "
+          f"protocol {args.protocol}")
     print(f"{'':<58} {'seconds':>8} {'events/s':>10} {'/ dlt':>6} {'/ raw':>6} {'max RSS MB':>10}")
     for line in [*lines, *(run.line for run in runs + incremental)]:
         rate = "" if line.rate is None else f"{line.rate:10,.0f} {line.rate / dlt_line.rate:6.2f} " \
@@ -464,9 +516,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (tables, logs, DAGSTER_HOMEs)")
     parser.add_argument("--lakehouse", choices=("local", "s3"), default="local",
                         help="the tables (dlt's and the project's) on local disk or on an S3 server")
+    parser.add_argument("--protocol", choices=("feedapi", "nakadi"), default="feedapi",
+                        help="the feed: a FeedAPI feed (published dialect) or a Nakadi event type")
     parser.add_argument("--incremental", type=int, default=0, metavar="N",
                         help="then append 10 events to each of N partitions and sync the last deployment again")
     args = parser.parse_args(argv)
+    if args.incremental and args.protocol != "feedapi":
+        parser.error("--incremental appends to given partitions: FeedAPI's demo server only")
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
     # what README "Thousands of partitions" tells a deployment to set where runs are created (daemon,
@@ -494,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
             watch.watch("S3 server", s3.server.pid)
             say(f"S3 server (moto) {s3.server.url}, bucket {s3.bucket}")
         started = time.perf_counter()
-        feed, url = start_feed_server(args.partitions, args.events, work / "feed-server.log")
+        feed, url = start_feed_server(args.protocol, args.partitions, args.events, work / "feed-server.log")
         watch.watch("feed server", feed.pid)
         say(f"feed server {url}: {args.partitions} partitions, {args.events} events, ready after "
             f"{time.perf_counter() - started:.1f} s")
@@ -502,14 +558,14 @@ def main(argv: list[str] | None = None) -> int:
         for threads, name in ((1, "raw HTTP read, a plain loop"), (args.threads, f"raw HTTP read, {args.threads} threads")):
             say(f"{name}; load average {load_average()}")
             feed_cpu, started = proc_cpu(feed.pid), time.perf_counter()
-            pages = raw_read(url, args.page_size, threads)
+            pages = raw_read(args.protocol, url, args.page_size, threads)
             lines.append(Line(name, time.perf_counter() - started, args.events,
                               notes=f"{pages} pages; feed server CPU {proc_cpu(feed.pid) - feed_cpu:.1f} s"))
             say(f"  {lines[-1].seconds:.2f} s: {lines[-1].rate:,.0f} events/s")
 
         say(f"dlt; load average {load_average()}")
         (work / "dlt").mkdir()
-        dlt_line = run_dlt(url, args.page_size, work / "dlt", args.events, args.threads, s3)
+        dlt_line = run_dlt(args.protocol, url, args.page_size, work / "dlt", args.events, args.threads, s3)
         lines.append(dlt_line)
         say(f"  {dlt_line.seconds:.2f} s: {dlt_line.rate:,.0f} events/s")
 
@@ -524,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
         for index in range(args.repeat + 1):
             name = "Dagster scheduled sync, cold (1st run on the new server)" if index == 0 else \
                 f"Dagster scheduled sync, warm #{index}"
-            setup = prepare(work / f"run-{index}", url, args.page_size, spark_port, s3)
+            setup = prepare(work / f"run-{index}", args.protocol, url, args.page_size, spark_port, s3)
             say(f"{name}; load average {load_average()}")
             run = run_sync(setup, name, args.events, spark.pid)
             if not (args.incremental and index == args.repeat):  # the incremental sync goes on with it

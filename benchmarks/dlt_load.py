@@ -3,13 +3,15 @@
 
     .venv/bin/python benchmarks/dlt_load.py URL PAGE_SIZE WORK_DIR EXPECTED_EVENTS [--workers 8]
         [--bucket-url s3://bench/dlt --endpoint http://127.0.0.1:9000]   # the Delta table on S3
+        [--nakadi-event-type bench.orders]         # URL is a Nakadi base URL: read that event type
 
 What a dlt user would write (needs the `bench` extra, `dlt[deltalake]`): one `parallelized=True`
 resource per feed partition (per group of partitions past 16), paging through it from `_first` and yielding one `pyarrow.Table` per page
 (partition_id, position, cursor, payload = the raw JSON text of `data`, cut out by msgspec);
 `write_disposition="append"` into the `filesystem` destination with `table_format="delta"`, on local
 disk or on S3 (credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY).
-`pipeline.run` is timed; the table must hold EXPECTED_EVENTS rows. Prints one JSON line.
+A Nakadi event type is read the same way, a partition's low-level event stream from BEGIN to the
+newest offset its listing gave, one `pyarrow.Table` per batch. `pipeline.run` is timed; the table must hold EXPECTED_EVENTS rows. Prints one JSON line.
 """
 from __future__ import annotations
 
@@ -68,11 +70,48 @@ def partition_pages(url: str, token: str, partition_id: int, page_size: int):
             cursor = following
 
 
-def group_pages(url: str, token: str, partition_ids: list[int], page_size: int):
+class _Batch(msgspec.Struct):
+    """A Nakadi EventStreamBatch: the events kept as raw JSON text, the cursor of the last one."""
+
+    cursor: dict
+    events: list[msgspec.Raw] = []
+
+
+def nakadi_pages(url: str, partition: dict, page_size: int):
+    """A Nakadi partition's batches from BEGIN up to its listed newest offset; one Arrow table each."""
+    import pyarrow as pa
+
+    decoder = msgspec.json.Decoder(_Batch)
+    partition_id, newest, position = int(partition["partition"]), partition["newest_available_offset"], 0
+    if newest == "BEGIN":
+        return
+    cursors = json.dumps([{"partition": partition["partition"], "offset": "BEGIN"}])
+    with requests.get(f"{url}/events", headers={"X-Nakadi-Cursors": cursors}, stream=True, timeout=60,
+                      params={"batch_limit": page_size, "batch_flush_timeout": 1, "stream_timeout": 60}) as response:
+        response.raise_for_status()
+        for line in response.iter_lines(256 * 1024):
+            batch = decoder.decode(line)
+            if batch.events:
+                count = len(batch.events)
+                yield pa.table({
+                    "partition_id": pa.array([partition_id] * count, pa.int32()),
+                    "position": pa.array(range(position, position + count), pa.int64()),
+                    "cursor": pa.array([batch.cursor["offset"]] * count, pa.string()),
+                    "payload": pa.array([bytes(event).decode() for event in batch.events], pa.string()),
+                })
+                position += count
+            if batch.cursor["offset"] == newest or not batch.events:
+                return
+
+
+def group_pages(url: str, token: str | None, partitions: list, page_size: int):
     """The pages of several partitions, one after the other: one resource for many small partitions
-    (dlt fails with a RecursionError in extract on 2,000 resources)."""
-    for partition_id in partition_ids:
-        yield from partition_pages(url, token, partition_id, page_size)
+    (dlt fails with a RecursionError in extract on 2,000 resources). `token` None: Nakadi's."""
+    for partition in partitions:
+        if token is None:
+            yield from nakadi_pages(url, partition, page_size)
+        else:
+            yield from partition_pages(url, token, partition, page_size)
 
 
 # resources of a pipeline at most: one per partition up to this, then partitions share them
@@ -88,6 +127,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=8, help="dlt extract workers (threads)")
     parser.add_argument("--bucket-url", default=None, help="an s3:// folder for the table (default: WORK/dlt_lake)")
     parser.add_argument("--endpoint", default=None, help="the S3-compatible server of --bucket-url")
+    parser.add_argument("--nakadi-event-type", default=None, help="URL is Nakadi's: read this event type")
     args = parser.parse_args()
     os.environ["DLT_DATA_DIR"] = str(args.work / "dlt_data")
     os.environ.setdefault("RUNTIME__DLTHUB_TELEMETRY", "false")
@@ -95,12 +135,16 @@ def main() -> int:
     import dlt
     from dlt.common.libs.deltalake import get_delta_tables
 
-    document = requests.get(args.url, timeout=30).json()
-    token, partition_ids = document["token"], [int(p["id"]) for p in document["partitions"]]
-    groups = [partition_ids[i::MAX_RESOURCES] for i in range(min(MAX_RESOURCES, len(partition_ids)))]
+    if args.nakadi_event_type:
+        url = f"{args.url}/event-types/{args.nakadi_event_type}"
+        token, partitions = None, requests.get(f"{url}/partitions", timeout=30).json()
+    else:
+        url, document = args.url, requests.get(args.url, timeout=30).json()
+        token, partitions = document["token"], [int(p["id"]) for p in document["partitions"]]
+    groups = [partitions[i::MAX_RESOURCES] for i in range(min(MAX_RESOURCES, len(partitions)))]
     resources = [
         dlt.resource(group_pages, name=f"feed_partitions_{index}", table_name="events", write_disposition="append",
-                     table_format="delta", parallelized=True)(args.url, token, group, args.page_size)
+                     table_format="delta", parallelized=True)(url, token, group, args.page_size)
         for index, group in enumerate(groups)
     ]
     if args.bucket_url:

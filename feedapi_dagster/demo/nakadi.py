@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http import HTTPStatus
@@ -236,6 +236,19 @@ class NakadiEventType:
             if partition is None:
                 return set(self._all)
             return set(self._partition(partition).eids)
+
+    def expected_events(self, partition: int, held: Sequence[str] = ()) -> list[str]:
+        """What a consumer that drops repeated eids holds of `partition` once it read it from BEGIN,
+        after the events `held` it held before: each available event's JSON once, in offset order."""
+        with self._lock:
+            p = self._partition(partition)
+            seen = {json.loads(event)["metadata"]["eid"] for event in held}
+            events = list(held)
+            for eid, data in zip(p.eids[p.first:], p.events):
+                if eid not in seen:
+                    seen.add(eid)
+                    events.append(data.decode())
+            return events
 
     def published_count(self) -> int:
         """Publications, duplicates and expired events included."""

@@ -1,7 +1,8 @@
 """`feedapi-dagster demo` (the main job on the embedded default) and `feedapi-dagster dev`.
 
 Both work from any directory with nothing but the installed package: they start what the demo needs
-- the bundled FeedAPI server and the embedded Spark Connect server, each on 127.0.0.1 - keep the
+- a bundled feed server (FeedAPI, or Nakadi with `--protocol nakadi`) and the embedded Spark
+Connect server, each on 127.0.0.1 - keep the
 lakehouse and DAGSTER_HOME in the current directory, and stop what they started. `dev` serves the
 `dg` project or workspace of the current directory when it has one (this repository's
 `dagster_project`), otherwise the demo code location of this module (`defs`).
@@ -23,13 +24,14 @@ from urllib.parse import urlsplit
 import dagster as dg
 
 import feedapi_dagster.demo
-from feedapi_dagster.demo import DemoFeed, DemoFeedServer
+from feedapi_dagster.demo import demo_feed_settings, demo_server
 from feedapi_dagster.lakehouse.delta import FeedTable
 from feedapi_dagster.lakehouse.jars import ensure_delta_jars
 from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
 from feedapi_dagster.lakehouse.spark import DEFAULT_PORT, SparkSettings, ensure_embedded_server
 from feedapi_dagster.lakehouse.state import read_committed_state
 from feedapi_dagster.lakehouse.storage import read_credentials
+from feedapi_dagster.protocol.registry import PROTOCOLS
 
 from .automation import load_request, register_discovered_partitions
 from .config import FeedConfig, ProjectConfig, ScheduleConfig
@@ -41,16 +43,18 @@ INSTANCE_TEMPLATE = Path(feedapi_dagster.demo.__file__).with_name("dagster.yaml"
 DEMO_FEED_PORT = 8765
 # how `feedapi-dagster dev` tells the demo code location (a process `dagster dev` starts) its ports
 FEED_PORT_ENV, SPARK_PORT_ENV = "FEEDAPI_DAGSTER_DEMO_FEED_PORT", "FEEDAPI_DAGSTER_DEMO_SPARK_PORT"
+PROTOCOL_ENV = "FEEDAPI_DAGSTER_DEMO_PROTOCOL"
 # Dagster's setting for where runs are created: one ASSET_MATERIALIZATION_PLANNED event for a run over
 # many partition keys instead of one per key (2,000 keys: 30 s of SQLite writes before a sync starts).
 # What it costs: a failed run does not mark its partitions failed (README "Thousands of partitions").
 PLANNED_SUBSET_ENV = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
 
 
-def demo_project(root: Path, feed_port: int = DEMO_FEED_PORT, spark_port: int = DEFAULT_PORT) -> ProjectConfig:
-    """The demo: one feed `demo` on the bundled server, the embedded Spark, the lakehouse in `root`
-    (the same settings as this repository's `dagster_project/defs/demo_feed/defs.yaml`)."""
-    feed = FeedConfig(name="demo", url=f"http://127.0.0.1:{feed_port}/feed", page_size_hint=1000,
+def demo_project(root: Path, feed_port: int = DEMO_FEED_PORT, spark_port: int = DEFAULT_PORT,
+                 protocol: str = "feedapi") -> ProjectConfig:
+    """The demo: one feed `demo` on the bundled server of `protocol`, the embedded Spark, the lakehouse
+    in `root` (the same settings as this repository's `dagster_project/defs/demo_feed/defs.yaml`)."""
+    feed = FeedConfig(name="demo", **demo_feed_settings(protocol, feed_port), page_size_hint=1000,
                       schedule=ScheduleConfig(cron="* * * * *", enabled=True, discovery_enabled=True,
                                               discovery_interval_seconds=30),
                       maintenance=MaintenanceSettings(cron="0 3 * * *", time_travel_hours=168))
@@ -62,7 +66,8 @@ def demo_project(root: Path, feed_port: int = DEMO_FEED_PORT, spark_port: int = 
 def defs() -> dg.Definitions:
     """The demo code location `feedapi-dagster dev` serves where the directory has no project."""
     return build_feedapi_definitions(demo_project(
-        Path.cwd(), int(os.environ.get(FEED_PORT_ENV, DEMO_FEED_PORT)), int(os.environ.get(SPARK_PORT_ENV, DEFAULT_PORT))))
+        Path.cwd(), int(os.environ.get(FEED_PORT_ENV, DEMO_FEED_PORT)), int(os.environ.get(SPARK_PORT_ENV, DEFAULT_PORT)),
+        os.environ.get(PROTOCOL_ENV, "feedapi")))
 
 
 def register(subparsers: Any) -> None:
@@ -78,6 +83,8 @@ def register(subparsers: Any) -> None:
                              help=f"port of the demo FeedAPI server (default {DEMO_FEED_PORT})")
         command.add_argument("--spark-port", type=int, default=None,
                              help=f"port of the embedded Spark server (default {DEFAULT_PORT})")
+        command.add_argument("--protocol", choices=sorted(PROTOCOLS), default="feedapi",
+                             help="the demo feed's protocol: a FeedAPI feed or a Nakadi event type")
     dev.add_argument("dagster_args", nargs=argparse.REMAINDER, help="passed on to `dagster dev`")
     dev.set_defaults(func=run_dev)
 
@@ -103,9 +110,8 @@ def demo_services(project: ProjectConfig, events: int, partitions: int) -> Itera
     first when the cache is empty: installing the wheel is the whole set-up)."""
     feed = project.feeds[0]
     ensure_delta_jars(echo=lambda line: print(line, flush=True))
-    with DemoFeedServer(DemoFeed(partitions=partitions, events=events), dialect="published",
-                        host="127.0.0.1", port=urlsplit(feed.url).port or DEMO_FEED_PORT) as server:
-        print(f"demo FeedAPI server: {server.url}", flush=True)
+    with demo_server(feed.protocol, urlsplit(feed.url).port or DEMO_FEED_PORT, events, partitions) as server:
+        print(f"demo {feed.protocol} server: {server.url}", flush=True)
         settings = project.spark_settings()
         spark = ensure_embedded_server(settings.port, conf=settings.conf, detach=True,
                                        env=read_credentials(settings.credential_env))
@@ -120,7 +126,7 @@ def demo_services(project: ProjectConfig, events: int, partitions: int) -> Itera
 def run_demo(args: argparse.Namespace) -> int:
     root = Path.cwd()
     home = dagster_home(root)
-    project = demo_project(root, *_ports(args))
+    project = demo_project(root, *_ports(args), args.protocol)
     binding = next(feed_bindings(project))[0]
     os.environ.setdefault(PLANNED_SUBSET_ENV, "true")
     with demo_services(project, args.events, args.partitions), dg.DagsterInstance.get() as instance:
@@ -168,15 +174,15 @@ def run_dev(args: argparse.Namespace) -> int:
     feed_port, spark_port = _ports(args)
     env = {PLANNED_SUBSET_ENV: "true", **os.environ}
     if (root / "workspace.yaml").exists():
-        if args.feed_port or args.spark_port:
-            print("--feed-port and --spark-port serve the demo; this directory's workspace.yaml sets the ports of "
+        if args.feed_port or args.spark_port or args.protocol != "feedapi":
+            print("--feed-port, --spark-port and --protocol serve the demo; this directory's workspace.yaml sets "
                   "its own feeds (in their defs.yaml)", file=sys.stderr)
             return 2
         target = ["-w", str(root / "workspace.yaml")]
     else:
         target = ["-m", __name__]
-        env.update({FEED_PORT_ENV: str(feed_port), SPARK_PORT_ENV: str(spark_port)})
-    with demo_services(demo_project(root, feed_port, spark_port), args.events, args.partitions):
+        env.update({FEED_PORT_ENV: str(feed_port), SPARK_PORT_ENV: str(spark_port), PROTOCOL_ENV: args.protocol})
+    with demo_services(demo_project(root, feed_port, spark_port, args.protocol), args.events, args.partitions):
         command = [str(Path(sys.executable).with_name("dagster")), "dev", *target, *extra]
         print("running:", " ".join(command), flush=True)
         # its own process group: stopped as a whole (webserver, daemon, code servers), as `timeout` would

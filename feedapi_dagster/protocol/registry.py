@@ -10,9 +10,11 @@ from .nakadi import Nakadi
 if TYPE_CHECKING:
     from .feed import Feed
 
-ProtocolName = Literal["feedapi", "nakadi"]  # the keys of PROTOCOLS, for the configuration's schema
-
 PROTOCOLS: dict[str, FeedProtocol] = {protocol.name: protocol for protocol in (FeedApi(), Nakadi())}
+
+# `Feed.protocol`'s type: the registered names, so that a configuration's schema (and `dg check defs`)
+# lists them and names a misspelt one
+ProtocolName = Literal[tuple(PROTOCOLS)]  # type: ignore[valid-type]
 
 
 def protocol_of(feed: "Feed") -> FeedProtocol:

@@ -1,4 +1,4 @@
-"""Long chaos run: python -m tests.chaos --minutes 30 [--seed N] [--work-dir DIR]"""
+"""Long chaos run: python -m tests.chaos --minutes 30 [--seed N] [--work-dir DIR] [--protocol nakadi]"""
 import argparse
 import random
 import tempfile
@@ -11,6 +11,8 @@ parser = argparse.ArgumentParser(prog="python -m tests.chaos")
 parser.add_argument("--minutes", type=float, default=30)
 parser.add_argument("--seed", type=int, default=None)
 parser.add_argument("--work-dir", type=Path, default=None)
+parser.add_argument("--protocol", choices=("feedapi", "nakadi"), default="feedapi",
+                    help="the feed: a FeedAPI feed, or a Nakadi event type")
 args = parser.parse_args()
 seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1_000_000)
 print(f"seed {seed} (reproduce with --seed {seed})", flush=True)
@@ -18,7 +20,7 @@ work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="feedapi-chaos-"))
 if work_dir.exists() and any(work_dir.iterdir()):
     parser.error(f"--work-dir {work_dir} is not empty: a chaos run needs a fresh lakehouse and DAGSTER_HOME")
 started = time.monotonic()
-chaos = ChaosRun(seed, work_dir)
+chaos = ChaosRun(seed, work_dir, protocol=args.protocol)
 try:
     chaos.run(minutes=args.minutes)
     result = "PASSED"

@@ -1,6 +1,8 @@
 """The chaos suite: a seeded random sequence of publisher actions, Dagster runs (in their own
 processes, some SIGKILLed) and wire faults, with the exactly-once invariant checked after every step
-against the demo server's own log, read back with an independent Delta reader (`deltalake`)."""
+against the demo server's own log, read back with an independent Delta reader (`deltalake`). The
+feed is a FeedAPI feed (published dialect), or a Nakadi event type (`protocol="nakadi"`: appends with
+Nakadi's repeated events and repartitionings; its partitions never close, split or change tokens)."""
 from __future__ import annotations
 
 import json
@@ -20,7 +22,7 @@ from dagster._core.instance.ref import InstanceRef
 from deltalake import DeltaTable
 
 import feedapi_dagster.demo
-from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults
+from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults, NakadiDemoServer, NakadiEventType
 from feedapi_dagster.lakehouse.delta import FILE_MAINTENANCE
 from feedapi_dagster.lakehouse.loader import LoadSettings
 from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
@@ -42,6 +44,7 @@ PROJECT_ENV = "CHAOS_PROJECT_JSON"
 MAX_PARTITIONS = 10
 # Each step is one publisher action, then one consumer action. action: weight
 PUBLISHER_ACTIONS = {"append": 5, "close": 1, "split_method1": 1, "split_method2": 1, "rotate_token": 1}
+NAKADI_PUBLISHER_ACTIONS = {"append": 5, "repartition": 1}
 CONSUMER_ACTIONS = {"sensor": 3, "schedule": 4, "backfill": 1, "rebuild": 1, "same_partition_twice": 1,
                     "maintenance": 1}
 
@@ -61,7 +64,7 @@ class Tally:
 
 class ChaosRun:
     def __init__(self, seed: int, work_dir: Path, fault_rate: float = 0.2, kill_rate: float = 0.3,
-                 spark_port: int | None = None):
+                 spark_port: int | None = None, protocol: str = "feedapi"):
         self.seed = seed
         self.rng = random.Random(seed)
         self.work_dir = work_dir
@@ -69,11 +72,19 @@ class ChaosRun:
         self.kill_rate = kill_rate
         self.tally = Tally()
         self.ancestors: dict[int, list[int]] = {}  # method-2 ancestry seen in discovery (ids are never reused)
-        at_least_once = seed % 2 == 1
-        self.feed = DemoFeed(partitions=3, events=300, seed=seed, exactly_once=not at_least_once,
-                             duplicate_ratio=0.1 if at_least_once else 0.0)
-        self.server = DemoFeedServer(self.feed, dialect="published",
-                                     faults=Faults(fault_rate, seed=seed, retry_after=0)).start()
+        faults = Faults(fault_rate, seed=seed, retry_after=0)
+        if protocol == "nakadi":
+            self.feed = NakadiEventType(partitions=3, events=300, seed=seed, duplicate_ratio=0.1)
+            self.server = NakadiDemoServer(self.feed, faults=faults).start()
+            self.feed_settings = {"protocol": "nakadi", "url": self.server.url, "event_type": self.feed.name}
+            self.publisher_actions = NAKADI_PUBLISHER_ACTIONS
+        else:
+            at_least_once = seed % 2 == 1
+            self.feed = DemoFeed(partitions=3, events=300, seed=seed, exactly_once=not at_least_once,
+                                 duplicate_ratio=0.1 if at_least_once else 0.0)
+            self.server = DemoFeedServer(self.feed, dialect="published", faults=faults).start()
+            self.feed_settings = {"url": self.server.url}
+            self.publisher_actions = PUBLISHER_ACTIONS
         self.spark = ensure_embedded_server(spark_port or find_free_port(), work_dir=work_dir / "spark")
         home = work_dir / "dagster_home"
         home.mkdir(parents=True, exist_ok=True)
@@ -81,7 +92,7 @@ class ChaosRun:
         self.config = ProjectConfig(
             lakehouse=str(work_dir / "lakehouse"),
             spark=SparkSettings(mode="embedded", port=self.spark.port),
-            feeds=[FeedConfig(name="chaos", url=self.server.url, page_size_hint=50,
+            feeds=[FeedConfig(name="chaos", **self.feed_settings, page_size_hint=50,
                               retry=RetryPolicy(max_attempts=30, base_delay=0.01, max_delay=0.2),
                               load=LoadSettings(max_events_per_partition=150),
                               # OPTIMIZE and VACUUM often, with no time-travel window: only the
@@ -116,7 +127,7 @@ class ChaosRun:
         step = 0
         while (steps is None or step < steps) and (deadline is None or time.monotonic() < deadline):
             step += 1
-            for actions in (PUBLISHER_ACTIONS, CONSUMER_ACTIONS):
+            for actions in (self.publisher_actions, CONSUMER_ACTIONS):
                 action = self.rng.choices(list(actions), weights=list(actions.values()))[0]
                 getattr(self, f"_{action}")()
                 self.tally.steps[action] += 1
@@ -129,8 +140,11 @@ class ChaosRun:
 
     def summary(self) -> str:
         t = self.tally
-        return (f"chaos seed={self.seed} feed={'at-least-once' if not self.feed.exactly_once else 'exactly-once'} "
-                f"published_events={sum(len(self.feed.published(p)) for p in self._all_partitions())} "
+        kind = "nakadi" if isinstance(self.feed, NakadiEventType) else \
+            "at-least-once" if not self.feed.exactly_once else "exactly-once"
+        published = self.feed.published_count() if isinstance(self.feed, NakadiEventType) else \
+            sum(len(self.feed.published(p)) for p in self._all_partitions())
+        return (f"chaos seed={self.seed} feed={kind} published_events={published} "
                 f"steps={dict(t.steps)} runs={dict(t.runs)} (under chaos: {getattr(self, 'chaos_runs', '?')}) "
                 f"kills={dict(t.kills)} maintenance_commits={self._maintenance_commits()} "
                 f"faults={dict(self.server.fault_counts)} invariant_checks={t.checks}")
@@ -146,7 +160,7 @@ class ChaosRun:
         return [p.id for p in self._discovery().partitions if not p.closed]
 
     def _discovery(self):
-        return FeedClient(Feed(url=self.server.url)).discover()
+        return FeedClient(Feed(**self.feed_settings)).discover()
 
     def _append(self) -> None:
         self.feed.append(self.rng.randint(1, 150))
@@ -177,6 +191,12 @@ class ChaosRun:
 
     def _rotate_token(self) -> None:
         self.server.rotate_token()
+
+    def _repartition(self) -> None:
+        count = len(self._discovery().partitions)
+        if count < MAX_PARTITIONS:
+            self.feed.repartition(count + self.rng.randint(1, 2))
+            self.feed.append(self.rng.randint(1, 60))
 
     # ------------------------------------------------------------------ consumer actions
     def _sensor(self) -> None:

@@ -1,4 +1,5 @@
-"""The short chaos run (CI). The long form: `python -m tests.chaos --minutes 30 --seed N`."""
+"""The short chaos runs (CI): a FeedAPI feed and a Nakadi event type. The long form:
+`python -m tests.chaos --minutes 30 --seed N [--protocol nakadi]`."""
 from .harness import ChaosRun
 
 
@@ -11,4 +12,15 @@ def test_short_chaos_run_keeps_exactly_once(tmp_path, connect_server):
         chaos.close()
     # the run was not empty: runs under faults, kills, and a check after every step
     assert tally.checks == 9
+    assert chaos.chaos_runs >= 3 and chaos.chaos_faults > 0 and sum(tally.kills.values()) > 0
+
+
+def test_short_chaos_run_on_a_nakadi_event_type_keeps_exactly_once(tmp_path, connect_server):
+    chaos = ChaosRun(seed=11, work_dir=tmp_path, spark_port=connect_server.port, protocol="nakadi")
+    try:
+        tally = chaos.run(steps=6)
+    finally:
+        print(chaos.summary())
+        chaos.close()
+    assert tally.checks == 7
     assert chaos.chaos_runs >= 3 and chaos.chaos_faults > 0 and sum(tally.kills.values()) > 0

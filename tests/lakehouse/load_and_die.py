@@ -1,7 +1,9 @@
 """Run syncs of a feed into a Delta table through a Spark Connect server, and SIGKILL this process at
 a given moment.
 
-    python load_and_die.py FEED_URL TABLE_PATH MOMENT SPARK_CONNECT_URL [STORAGE_JSON]
+    python load_and_die.py FEED TABLE_PATH MOMENT SPARK_CONNECT_URL [STORAGE_JSON]
+
+FEED: a FeedAPI feed's URL, or a `Feed` as JSON (a Nakadi event type).
 
 Each sync loads at most 100 events per partition. MOMENT is `read`, `before_commit` or
 `after_commit`: the process dies the second time it gets there, so that one load is committed and the
@@ -21,7 +23,7 @@ from feedapi_dagster.lakehouse.storage import S3Storage
 
 
 def main() -> None:
-    url, path, moment, connect_url = sys.argv[1:5]
+    feed, path, moment, connect_url = sys.argv[1:5]
     storage = S3Storage.model_validate_json(sys.argv[5]) if len(sys.argv) > 5 else None
     seen = []
 
@@ -34,7 +36,8 @@ def main() -> None:
 
     options = storage.storage_options() if storage else None
     sink = DeltaSink(FeedTable(connect_session(connect_url), path, storage_options=options))
-    loader = FeedLoader(Feed(url=url, page_size_hint=50), sink,
+    settings = Feed.model_validate_json(feed).model_dump() if feed.startswith("{") else {"url": feed}
+    loader = FeedLoader(Feed(**{**settings, "page_size_hint": 50}), sink,
                         LoadSettings(max_events_per_partition=100), on_moment=die_at)
     for _ in range(1 if moment == "none" else 3):
         loader.sync()

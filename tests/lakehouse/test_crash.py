@@ -1,7 +1,8 @@
 """Loads killed at their dangerous moments, then resumed: nothing lost, nothing twice.
 
 * the run process (the Spark driver's client), SIGKILLed after Spark read the feed, right before
-  and right after the Delta commit, on local disk and on S3;
+  and right after the Delta commit, on local disk and on S3, reading a FeedAPI feed or a Nakadi
+  event type (over wire faults, with Nakadi's repeated events);
 * the run process SIGKILLed while its Delta write uploads the data files to S3, and after they are
   uploaded but before the commit file is (the S3 server holds the uploads): whatever the Spark
   server then does with the dead client's write, the next load lands every event once;
@@ -19,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Gate
+from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults, Gate, NakadiDemoServer, NakadiEventType
+from feedapi_dagster.lakehouse.loader import FeedLoader
+from feedapi_dagster.protocol import Feed, RetryPolicy
 from feedapi_dagster.lakehouse.state import read_committed_state
 
 from ..spark_processes import kill, python_workers
@@ -30,7 +33,13 @@ SCRIPT = Path(__file__).with_name("load_and_die.py")
 
 def load_command(server, table_path: str, moment: str, connect_url: str, lakehouse) -> list[str]:
     storage = [lakehouse.storage.model_dump_json()] if lakehouse.on_s3 else []
-    return [sys.executable, str(SCRIPT), server.url, table_path, moment, connect_url, *storage]
+    feed = server.url if isinstance(server, DemoFeedServer) else nakadi_feed(server).model_dump_json()
+    return [sys.executable, str(SCRIPT), feed, table_path, moment, connect_url, *storage]
+
+
+def nakadi_feed(server: NakadiDemoServer) -> Feed:
+    return Feed(url=server.url, protocol="nakadi", event_type=server.event_type.name,
+                retry=RetryPolicy(max_attempts=30, base_delay=0.001, max_delay=0.01))
 
 
 @pytest.mark.parametrize("moment, generation, lakehouse", [
@@ -52,6 +61,31 @@ def test_sigkill_of_the_run_then_resume_loads_every_event_exactly_once(spark, co
         feed.append(50)  # the feed moves on while the loader is down
         make_loader(server).sync()
     assert_every_event_once(spark, table_path, feed, log=lakehouse.log(table_path))
+
+
+@pytest.mark.parametrize("moment, generation", [("before_commit", 1), ("after_commit", 2)])
+def test_a_nakadi_load_sigkilled_at_its_commit_then_resumed_lands_every_event_once(
+        spark, connect_server, make_sink, lakehouse, table_path, moment, generation):
+    """A Nakadi event type (at least once: repeated eids) over faults; the load is killed right before
+    or right after a commit, then the feed moves on and a resume loads the rest."""
+    event_type = NakadiEventType(partitions=2, events=600, seed=22, duplicate_ratio=0.1)
+    with NakadiDemoServer(event_type, faults=Faults(0.2, seed=2, retry_after=0)) as server:
+        process = subprocess.run(load_command(server, table_path, moment, connect_server.client_url(), lakehouse),
+                                 capture_output=True, text=True, timeout=300)
+        assert process.returncode == -signal.SIGKILL, process.stdout + process.stderr[-3000:]
+        died = read_committed_state(lakehouse.log(table_path))
+        assert died.state.generation == generation
+        stored = sum(state.position for state in died.state.partitions.values())
+        assert 0 < stored < sum(len(event_type.expected_events(p)) for p in (0, 1))
+        assert spark.read.format("delta").load(table_path).count() == stored
+        event_type.append(50)
+        FeedLoader(nakadi_feed(server), make_sink()).sync()
+        assert server.fault_counts
+    for partition in (0, 1):
+        rows = table_rows(spark, table_path, partition)
+        assert [r.payload for r in rows] == event_type.expected_events(partition)
+        assert [r.position for r in rows] == list(range(len(rows)))
+        assert read_committed_state(table_path).state.get(partition).position == len(rows)
 
 
 @pytest.mark.parametrize("lakehouse", ["s3"], indirect=True)

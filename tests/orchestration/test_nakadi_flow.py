@@ -1,59 +1,51 @@
 """A Nakadi event type through the whole Dagster flow: the discovery sensor (a repartitioning adds
 dynamic partitions), the schedule, a backfill run, over a wire with faults and Nakadi's at-least-once
 duplicates, against the bundled Nakadi server with a bearer token, a real Dagster instance, real
-Spark and Delta. After each step every event is in the table exactly once, in offset order. And
+Spark and Delta, the feed configured in a defs.yaml. After each step every event is in the table exactly once, in offset order. And
 what the load does when Nakadi's retention drops events before they were read."""
 from pathlib import Path
 
 import dagster as dg
-import msgspec
 import pytest
 
 from feedapi_dagster.demo import Faults
 from feedapi_dagster.demo.nakadi import NakadiDemoServer, NakadiEventType
-from feedapi_dagster.lakehouse.loader import LoadSettings
 from feedapi_dagster.lakehouse.spark import SparkSettings
 from feedapi_dagster.lakehouse.state import read_committed_state
-from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, SparkResource, build_feedapi_definitions
+from feedapi_dagster.orchestration import FeedConfig, ProjectConfig
 from feedapi_dagster.orchestration.checks import NO_DUPLICATES, NO_RETENTION_GAP
-from feedapi_dagster.protocol import RetryPolicy
 
 from ..lakehouse.conftest import payloads
+from ..user_project import importable, write_user_project
 from .conftest import Harness
 from .test_secrets import files_containing
 
 TOKEN_ENV, TOKEN = "NAKADI_FLOW_TOKEN", "nakadi-flow-secret-7f3a"
 
 
-def expected(event_type: NakadiEventType, partition: int, stored: list[str] = ()) -> list[str]:
-    """The partition's events in offset order, each eid once (after those in `stored`)."""
-    seen = {msgspec.json.decode(raw)["metadata"]["eid"] for raw in stored}
-    events = []
-    for _, raw in event_type.read(partition, "BEGIN", 10**9):
-        eid = msgspec.json.decode(raw)["metadata"]["eid"]
-        if eid not in seen:
-            seen.add(eid)
-            events.append(raw.decode())
-    return [*stored, *events]
-
-
 def assert_exactly_once(spark, harness: Harness, partitions=None):
     state = read_committed_state(harness.log).state
     for partition in partitions or sorted(state.partitions):
         rows = payloads(spark, harness.table, partition)
-        assert rows == expected(harness.feed, partition), f"partition {partition}"
+        assert rows == harness.feed.expected_events(partition), f"partition {partition}"
         assert harness.metadata(partition)["cursor"] == state.get(partition).cursor
         assert state.get(partition).position == len(rows)
 
 
-def build(harness_parts, load: LoadSettings) -> Harness:
-    event_type, server, instance, lakehouse = harness_parts
-    feed = FeedConfig(name="orders", protocol="nakadi", url=server.url, event_type=event_type.name,
-                      page_size_hint=30, token_env=TOKEN_ENV, load=load,
-                      retry=RetryPolicy(max_attempts=30, base_delay=0.001, max_delay=0.01))
-    project = ProjectConfig(lakehouse=lakehouse, spark=SparkSettings(mode="local"), feeds=[feed])
-    return Harness(event_type, server, project, build_feedapi_definitions(project, spark=SparkResource(mode="local")),
-                   instance)
+def build(parts, load: dict) -> Harness:
+    """The feed as a user configures it: a defs.yaml of their `dg` project (`protocol: nakadi`), its
+    Definitions loaded as their code location loads them."""
+    event_type, server, instance, root = parts
+    feed = {"protocol": "nakadi", "url": server.url, "event_type": event_type.name, "dialect": "auto",
+            "page_size_hint": 30, "token": f"{{{{ env.{TOKEN_ENV} }}}}", "load": load,
+            "retry": {"max_attempts": 30, "base_delay": 0.001, "max_delay": 0.01}}
+    write_user_project(root / "project", server.url, {"mode": "local"}, lakehouse=root / "lakehouse", feed=feed)
+    with importable(root / "project"):
+        defs = dg.load_from_defs_folder(path_within_project=root / "project")
+    # the same feed, for the harness's paths and the table's log
+    project = ProjectConfig(lakehouse=str(root / "lakehouse"), spark=SparkSettings(mode="local"), feeds=[
+        FeedConfig(name="orders", protocol="nakadi", url=server.url, event_type=event_type.name, token_env=TOKEN_ENV)])
+    return Harness(event_type, server, project, defs, instance)
 
 
 @pytest.fixture
@@ -61,11 +53,11 @@ def nakadi_parts(spark, instance, tmp_path, monkeypatch):
     monkeypatch.setenv(TOKEN_ENV, TOKEN)
     event_type = NakadiEventType(partitions=3, events=300, seed=41, duplicate_ratio=0.1)
     with NakadiDemoServer(event_type, token=TOKEN) as server:
-        yield event_type, server, instance, str(tmp_path / "lakehouse")
+        yield event_type, server, instance, tmp_path
 
 
 def test_the_flow_on_a_nakadi_event_type_with_faults_and_duplicates(spark, spark_work_dir, nakadi_parts):
-    harness = build(nakadi_parts, LoadSettings())
+    harness = build(nakadi_parts, {})
     harness.server.faults = Faults(0.3, seed=4, retry_after=0)
     (request,) = harness.tick_sensor().run_requests
     assert sorted(harness.instance.get_dynamic_partitions("feedapi_orders"), key=int) == ["0", "1", "2"]
@@ -105,7 +97,7 @@ def test_the_flow_on_a_nakadi_event_type_with_faults_and_duplicates(spark, spark
 
 
 def test_events_expired_unread_stop_the_partition_until_the_loss_is_accepted(spark, nakadi_parts):
-    harness = build(nakadi_parts, LoadSettings())
+    harness = build(nakadi_parts, {})
     event_type = harness.feed
     (request,) = harness.tick_sensor().run_requests
     assert harness.launch(request).success
@@ -126,13 +118,13 @@ def test_events_expired_unread_stop_the_partition_until_the_loss_is_accepted(spa
     assert_exactly_once(spark, harness, [1, 2])  # the others loaded
 
     # the loss accepted: the partition reads on from the oldest event left; the check fails this once
-    harness = build(nakadi_parts, LoadSettings(retention_gap="skip"))
+    harness = build(nakadi_parts, {"retention_gap": "skip"})
     run = harness.launch(request)
     (gap,) = [e for e in run.get_asset_check_evaluations() if e.check_name == NO_RETENTION_GAP]
     assert not gap.passed and gap.severity == dg.AssetCheckSeverity.ERROR
-    assert payloads(spark, harness.table, 0) == expected(event_type, 0, loaded)
+    assert payloads(spark, harness.table, 0) == event_type.expected_events(0, loaded)
     event_type.append(30)
     (request,) = harness.tick_schedule().run_requests
     run = harness.launch(request)
     assert all(e.passed for e in run.get_asset_check_evaluations())
-    assert payloads(spark, harness.table, 0) == expected(event_type, 0, loaded)
+    assert payloads(spark, harness.table, 0) == event_type.expected_events(0, loaded)
