@@ -248,7 +248,7 @@ def test_the_asset_page_shows_partitions_automations_checks_and_table_metadata(
         lines = body.splitlines()
         for check in ("no_duplicate_event_ids", "positions_contiguous"):  # the blocking ones, passed
             assert lines[lines.index(check) + 1] == "Succeeded", body[:3000]
-        assert "Checks (3)" in lines and "Passed" in lines, body[:3000]
+        assert "Checks (4)" in lines and "Passed" in lines, body[:3000]
         print(f"webserver up after {served - started:.1f} s, pages checked after {time.monotonic() - served:.1f} s")
     finally:
         if driver is not None:
