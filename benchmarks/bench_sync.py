@@ -436,7 +436,7 @@ def start_spark(port: int, work: Path, s3: S3Lake | None):
 
     if port_open(port):
         raise RuntimeError(f"port {port} is taken")
-    settings = project_config(work, "http://127.0.0.1/feed", 1, port, s3).spark_settings()
+    settings = project_config(work, "feedapi", "http://127.0.0.1/feed", 1, port, s3).spark_settings()
     return ensure_embedded_server(port, work_dir=work, conf=settings.conf, env=read_credentials(settings.credential_env))
 
 

@@ -69,7 +69,7 @@ class FeedProtocol:
     def status_error(self, client: "FeedClient", response: requests.Response, partition: int | None,
                      what: str) -> FeedAPIError:
         """The error for a response that is neither a success nor transient (never quoting the token)."""
-        return client.status_error(response, partition, what, client.redact(response.text[:500].strip()))
+        return client.status_error(response, partition, what, response.text[:500].strip())
 
     def retention_gap(self, partition: Partition | None, cursor: str) -> str | None:
         """What was lost when the server no longer holds the events right after `cursor` (its

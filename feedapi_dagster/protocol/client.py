@@ -142,9 +142,8 @@ class FeedClient:
         while True:
             attempt += 1
             request = self.protocol.fetch(self.feed, info, partition_id, cursor)
-            response = self.get(request.url, request.params, headers=request.headers, partition=partition_id,
-                                what="fetch", first_attempt=attempt)
-            attempt = self._attempts
+            response, attempt = self._request(request.url, request.params, request.headers, partition=partition_id,
+                                              what="fetch", first_attempt=attempt)
             with response:
                 if response.status_code != 200:
                     raise self.protocol.status_error(self, response, partition_id, "fetch")
@@ -159,13 +158,16 @@ class FeedClient:
                     self._wait_or_raise(max(attempt, 1), partition_id, _describe(error), None, error)
 
     # ---------------------------------------------------------------- HTTP with retries
-    def get(self, url: str, params: dict[str, str], *, partition: int | None, what: str,
-            headers: dict[str, str] | None = None, first_attempt: int = 1) -> requests.Response:
+    def get(self, url: str, params: dict[str, str], *, partition: int | None, what: str) -> requests.Response:
         """GET with retries on transport errors and transient statuses: the first other response (a
-        streamed one: close it). `_attempts`: the attempts spent so far."""
+        streamed one: close it)."""
+        return self._request(url, params, None, partition=partition, what=what)[0]
+
+    def _request(self, url: str, params: dict[str, str], headers: dict[str, str] | None, *, partition: int | None,
+                 what: str, first_attempt: int = 1) -> tuple[requests.Response, int]:
+        """`get`, and the attempts spent so far (a fetch that failed mid-body goes on counting)."""
         attempt = first_attempt
         while True:
-            self._attempts = attempt
             try:
                 response = self._session.get(url, params=params, headers=headers, stream=True, timeout=self.timeout)
             except _TRANSPORT_ERRORS as error:
@@ -173,7 +175,7 @@ class FeedClient:
                 attempt += 1
                 continue
             if response.status_code not in TRANSIENT_STATUSES:
-                return response
+                return response, attempt
             retry_after = response.headers.get("Retry-After")
             response.close()
             self._wait_or_raise(attempt, partition, f"{what}: HTTP {response.status_code}", retry_after, None)
@@ -191,9 +193,9 @@ class FeedClient:
 
     def status_error(self, response: requests.Response, partition: int | None, what: str,
                      explanation: str) -> FeedAPIError:
-        """The error of a refused request, with the server's `explanation` (redacted by the caller)."""
+        """The error of a refused request, quoting the server's `explanation` (without the token)."""
         status = response.status_code
-        body = explanation
+        body = self._redact(explanation)
         where = f"feed {self.safe_url}" + (f" partition {partition}" if partition is not None else "")
         if status in (401, 403):
             hint = "the token was refused" if self._token else "the server wants a bearer token"
@@ -201,7 +203,7 @@ class FeedClient:
                                 status=status, partition=partition)
         return FeedAPIError(f"{where}: {what} failed (HTTP {status}): {body}", status=status, partition=partition)
 
-    def redact(self, text: str) -> str:
+    def _redact(self, text: str) -> str:
         return text.replace(self._token, "***") if self._token else text
 
     @property

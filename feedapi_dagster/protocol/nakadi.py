@@ -102,7 +102,7 @@ class Nakadi(FeedProtocol):
         if not isinstance(problem, dict) or not (problem.get("title") or problem.get("detail")):
             return super().status_error(client, response, partition, what)
         said = ": ".join(str(problem[key])[:300] for key in ("title", "detail") if problem.get(key))
-        return client.status_error(response, partition, what, client.redact(said))
+        return client.status_error(response, partition, what, said)
 
     def retention_gap(self, partition: Partition | None, cursor: str) -> str | None:
         if partition is None or partition.oldest_available is None or cursor == FIRST:
