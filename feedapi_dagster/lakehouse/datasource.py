@@ -1,7 +1,9 @@
-"""`FeedDataSource`: a FeedAPI feed as a PySpark data source named `feedapi`.
+"""`FeedDataSource`: a feed, in any protocol, as a PySpark data source named `feedapi`.
 
     spark.dataSource.register(FeedDataSource)
     spark.read.format("feedapi").option("url", url).load()   # every partition, `_first` to its end
+    spark.read.format("feedapi").option("protocol", "nakadi").option("url", nakadi_url)
+         .option("eventType", "shop.order-placed").load()   # a Nakadi event type, from BEGIN
 
 Discovery runs once, where Spark plans the read (or not at all: a caller hands its own in
 `discovery`). The feed partitions are spread over the read tasks by expected size
@@ -10,8 +12,9 @@ Discovery runs once, where Spark plans the read (or not at all: a caller hands i
 of about `GROUP_EVENTS` events (`reads.py`): an executor holds one batch, not a partition. Options are
 camelCase, as Spark's own sources:
 
-* `url` (required), `dialect` (auto|v1|draft|published), `partitionCount` (v1), `pageSizeHint`,
-  `eventIdField` (the payload field stored as `event_id`), `filters` and `retry` (JSON of
+* `url` (required), `protocol` (feedapi|nakadi), `eventType` (Nakadi), `dialect`
+  (auto|v1|draft|published), `partitionCount` (v1), `pageSizeHint`, `eventIdField` (the payload
+  field stored as `event_id`, dotted when nested), `filters` and `retry` (JSON of
   `EventFilter` / `RetryPolicy`), `caBundle`, `verify` (false turns TLS verification off);
 * the bearer token: `tokenEnv`, an environment variable of the executors, or `token`. Spark redacts
   options whose key contains "token" from plans and its UI; the value is also kept out of this
@@ -152,7 +155,7 @@ class FeedPartitionGroup(InputPartition):
 
 
 class FeedDataSource(DataSource):
-    """FeedAPI as a Spark data source: `spark.read.format("feedapi")`. See the module docstring."""
+    """A feed as a Spark data source: `spark.read.format("feedapi")`. See the module docstring."""
 
     @classmethod
     def name(cls) -> str:

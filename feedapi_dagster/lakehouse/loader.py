@@ -251,10 +251,14 @@ class FeedLoader:
             rows = read.where(f"{END_COLUMN} IS NULL").drop(END_COLUMN)
             kept: dict[int, int] | None = None
             if not info.exactly_once:
-                # a rebuild starts its partitions (and the dropped ones) afresh; ancestors' rows stay
+                # a rebuild starts its partitions (and the dropped ones) afresh; ancestors' rows stay.
+                # Partitions without rows (their committed position is 0: rows and positions commit
+                # together) hold no id to repeat: a first load skips the join against the table.
                 replaced = {*starts, *drop} if rebuild else set()
-                groups = {pid: [p for p in _dedup_group(info, pid) if p not in replaced] for pid in starts}
-                rows, kept = _without_stored(rows, table.frame(base.rows_version), groups, starts)
+                stored = {p for p, state in base.state.partitions.items() if state.position and p not in replaced}
+                groups = {pid: [p for p in _dedup_group(info, pid) if p in stored] for pid in starts}
+                if any(groups.values()):
+                    rows, kept = _without_stored(rows, table.frame(base.rows_version), groups, starts)
             reports = {pid: _report(plan, starts[plan.partition_id], ends.get(plan.partition_id), kept, rebuild)
                        for plan in plans for pid in [plan.partition_id]}
             seconds = time.monotonic() - started

@@ -11,12 +11,13 @@ from pathlib import Path
 import dagster as dg
 
 from feedapi_dagster.lakehouse.table import TABLE_SCHEMA
+from feedapi_dagster.protocol.feed import redact_url
 
 from .config import FeedConfig
 
 _DAGSTER_TYPES = {"int32": "int", "int64": "bigint", "string": "string", "timestamp[us, tz=UTC]": "timestamp"}
 _COLUMN_DESCRIPTIONS = {
-    "partition_id": "FeedAPI partition (the Delta partition column, and the asset's partition key)",
+    "partition_id": "the feed's partition (the Delta partition column, and the asset's partition key)",
     "position": "0-based position of the event in its partition",
     "cursor": "cursor of the page that delivered the event",
     "payload": "the event as the feed sent it (JSON object bytes or the string)",
@@ -56,8 +57,9 @@ class FeedApiTranslator:
             key=dg.AssetKey(["feedapi", feed.name]),
             group_name="feedapi",
             kinds={"delta", "spark"},
-            description=f"FeedAPI feed `{feed.name}` ({feed.url}) in the Delta table `{data.table_path}`, "
-                        "partitioned by FeedAPI partition.",
+            description=f"Feed `{feed.name}` ({feed.protocol}, {redact_url(feed.url)}"
+                        f"{f', event type {feed.event_type}' if feed.event_type else ''}) in the Delta table "
+                        f"`{data.table_path}`, partitioned by the feed's partition.",
             metadata={
                 "dagster/table_name": data.table_path,
                 "dagster/column_schema": table_column_schema(),
