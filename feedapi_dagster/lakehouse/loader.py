@@ -271,6 +271,8 @@ class FeedLoader:
                                   report.cursor)
             self.log.info("read %d events in %d pages from %d partitions in %.1f s (%.0f events/s)", events,
                           sum(r.pages for r in reports.values()), len(reports), seconds, events / max(seconds, 1e-9))
+            if rebuild:
+                _check_nothing_expired(info, reports, base.state)
             committing = time.monotonic()
             self._commit(reports, starts, base.state, rows, rebuild, drop)
             self.log.info("commit took %.1f s", time.monotonic() - committing)
@@ -342,6 +344,19 @@ class FeedLoader:
         for pid in updates:
             reports[pid].delta_version = result.delta_version
         self.log.info("committed partitions %s (Delta version %s)", sorted(updates), result.delta_version)
+
+
+def _check_nothing_expired(info: FeedInfo, reports: dict[int, PartitionReport], committed) -> None:
+    """A rebuild re-reads what the server holds now: where its retention dropped events (Nakadi), that
+    is fewer than the table holds, and replacing the rows would lose the others."""
+    shrunk = [f"partition {pid}: {report.position} events read, the table holds {state.position}"
+              for pid, report in reports.items()
+              if (partition := info.partition(pid)) is not None and partition.oldest_available is not None
+              and (state := committed.get(pid)) is not None and report.position < state.position]
+    if shrunk:
+        raise RuntimeError(f"rebuild of partitions {sorted(reports)} abandoned, nothing replaced: the server no "
+                           "longer holds every event the table has (its retention dropped some): "
+                           + "; ".join(shrunk))
 
 
 def _read_ends(read: "DataFrame") -> dict[int, tuple[str, int, ReadEnd]]:

@@ -112,6 +112,10 @@ class ChaosRun:
         self.defs = build_feedapi_definitions(self.config)
         self.binding, spec = next(feed_bindings(self.config))
         self.pool = self.defs.get_assets_def(spec.key).op.pool  # one load of the feed at a time
+        # the pool exists before the first runs, as after `dagster instance concurrency set`: two runs
+        # whose steps both create it on first use (Dagster 1.13, SQLite storage) can leave one of them
+        # pending for ever, its slot free (seen when a chaos run's first action started two at once)
+        self.instance.event_log_storage.initialize_concurrency_limit_to_default(self.pool)
         self.sensor_cursor: str | None = None
         self.log = (work_dir / "runs.log").open("ab")
 

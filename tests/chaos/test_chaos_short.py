@@ -1,5 +1,4 @@
-"""The short chaos runs (CI): a FeedAPI feed and a Nakadi event type. The long form:
-`python -m tests.chaos --minutes 30 --seed N [--protocol nakadi]`."""
+"""The short chaos run (CI). The long form: `python -m tests.chaos --minutes 30 --seed N`."""
 from .harness import ChaosRun
 
 
@@ -14,13 +13,3 @@ def test_short_chaos_run_keeps_exactly_once(tmp_path, connect_server):
     assert tally.checks == 9
     assert chaos.chaos_runs >= 3 and chaos.chaos_faults > 0 and sum(tally.kills.values()) > 0
 
-
-def test_short_chaos_run_on_a_nakadi_event_type_keeps_exactly_once(tmp_path, connect_server):
-    chaos = ChaosRun(seed=11, work_dir=tmp_path, spark_port=connect_server.port, protocol="nakadi")
-    try:
-        tally = chaos.run(steps=6)
-    finally:
-        print(chaos.summary())
-        chaos.close()
-    assert tally.checks == 7
-    assert chaos.chaos_runs >= 3 and chaos.chaos_faults > 0 and sum(tally.kills.values()) > 0

@@ -13,6 +13,7 @@ from feedapi_dagster.demo.nakadi import NakadiDemoServer, NakadiEventType
 from feedapi_dagster.lakehouse.spark import SparkSettings
 from feedapi_dagster.lakehouse.state import read_committed_state
 from feedapi_dagster.orchestration import FeedConfig, ProjectConfig
+from feedapi_dagster.orchestration.automation import load_request
 from feedapi_dagster.orchestration.checks import NO_DUPLICATES, NO_RETENTION_GAP
 
 from ..lakehouse.conftest import payloads
@@ -127,4 +128,13 @@ def test_events_expired_unread_stop_the_partition_until_the_loss_is_accepted(spa
     (request,) = harness.tick_schedule().run_requests
     run = harness.launch(request)
     assert all(e.passed for e in run.get_asset_check_evaluations())
-    assert payloads(spark, harness.table, 0) == event_type.expected_events(0, loaded)
+    held = payloads(spark, harness.table, 0)
+    assert held == event_type.expected_events(0, loaded)
+
+    # a rebuild would replace the rows with the few Nakadi still holds: it is refused, nothing replaced
+    rebuild = load_request(harness.binding, [0], "rebuild", ["0", "1", "2"], rebuild=[0])
+    run = harness.launch(rebuild, raise_on_error=False)
+    assert not run.success
+    assert "the server no longer holds every event the table has" in str(run.get_step_failure_events()[0]
+                                                                       .step_failure_data.error)
+    assert payloads(spark, harness.table, 0) == held
