@@ -135,11 +135,7 @@ def raw_read_nakadi(url: str, page_size: int, threads: int) -> int:
                         if newest in line[:120]:  # the batch's cursor leads its line
                             break
 
-    pool = [threading.Thread(target=reader) for _ in range(threads)]
-    for thread in pool:
-        thread.start()
-    for thread in pool:
-        thread.join()
+    in_threads(reader, threads)
     return batches[0]
 
 
@@ -172,12 +168,16 @@ def raw_read_feedapi(url: str, page_size: int, threads: int) -> int:
                         break  # caught up: a checkpoint-only page that does not advance
                     cursor = following
 
+    in_threads(reader, threads)
+    return pages[0]
+
+
+def in_threads(reader, threads: int) -> None:
     pool = [threading.Thread(target=reader) for _ in range(threads)]
     for thread in pool:
         thread.start()
     for thread in pool:
         thread.join()
-    return pages[0]
 
 
 # ----------------------------------------------------------------------------- 3. dlt

@@ -2,13 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import threading
 from typing import Any
 
 from feedapi_dagster.demo.faults import Faults
 from feedapi_dagster.demo.feed import DemoFeed
+from feedapi_dagster.demo.http import serve_until_signalled, token_from
 from feedapi_dagster.demo.server import DIALECTS, DemoFeedServer
 
 # an at-least-once demo feed without duplicates would not show what at-least-once means
@@ -30,11 +28,6 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    token = None
-    if args.token_env:
-        token = os.environ.get(args.token_env)
-        if not token:
-            raise SystemExit(f"environment variable {args.token_env} is not set")
     feed = DemoFeed(
         partitions=args.partitions,
         events=args.events,
@@ -43,10 +36,5 @@ def run(args: argparse.Namespace) -> int:
         duplicate_ratio=AT_LEAST_ONCE_DUPLICATE_RATIO if args.at_least_once else 0.0,
     )
     faults = Faults(args.fault_rate, seed=args.seed) if args.fault_rate else None
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    with DemoFeedServer(feed, dialect=args.dialect, host=args.host, port=args.port, token=token, faults=faults) as server:
-        print(server.url, flush=True)
-        stop.wait()
-    return 0
+    return serve_until_signalled(DemoFeedServer(feed, dialect=args.dialect, host=args.host, port=args.port,
+                                                token=token_from(args.token_env), faults=faults))

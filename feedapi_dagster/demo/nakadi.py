@@ -13,11 +13,8 @@ from __future__ import annotations
 import argparse
 import hmac
 import json
-import os
 import random
 import re
-import signal
-import socket
 import threading
 import time
 import uuid
@@ -26,12 +23,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
-from typing import Any, Self
+from http.server import BaseHTTPRequestHandler
+from typing import Any
 from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
 
 from feedapi_dagster.demo.faults import KINDS, Faults, send_fault
+from feedapi_dagster.demo.http import (
+    DemoHandler,
+    DemoHTTPServer,
+    ServedInThread,
+    serve_until_signalled,
+    token_from,
+)
 
 BEGIN = "BEGIN"
 DEFAULT_PORT = 8766
@@ -350,7 +353,7 @@ class _StreamRequest:
     keep_alive_limit: int  # 0: unlimited
 
 
-class NakadiDemoServer:
+class NakadiDemoServer(ServedInThread):
     """Serves `event_type` on http://host:port (the Nakadi base URL) until stopped; use as a context manager."""
 
     def __init__(
@@ -368,73 +371,7 @@ class NakadiDemoServer:
         self.gate: NakadiGate | None = None  # swappable at runtime
         # a demo shortcut: a caught-up partition gets its keep-alive after min(batch_flush_timeout, this)
         self.keep_alive_wait = keep_alive_wait
-        self.fault_counts: dict[str, int] = {}
-        self._lock = threading.Lock()
-        self._closing = threading.Event()
-        self._httpd = _HTTPServer((host, port), self)
-        self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def record_fault(self, kind: str) -> None:
-        with self._lock:
-            self.fault_counts[kind] = self.fault_counts.get(kind, 0) + 1
-
-    def start(self) -> NakadiDemoServer:
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, name="nakadi-demo-server", daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._closing.set()  # open streams end within _POLL
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._httpd.close_connections()
-        if self._thread is not None:
-            self._thread.join()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, address: tuple[str, int], demo: NakadiDemoServer) -> None:
-        self.demo = demo
-        # open connections (streams and keep-alive), shut down on stop so that a stopped server really stops
-        self._connections: set[socket.socket] = set()
-        self._connections_lock = threading.Lock()
-        super().__init__(address, _Handler)
-
-    def process_request(self, request, client_address):  # type: ignore[no-untyped-def]
-        with self._connections_lock:
-            self._connections.add(request)
-        super().process_request(request, client_address)
-
-    def shutdown_request(self, request):  # type: ignore[no-untyped-def]
-        with self._connections_lock:
-            self._connections.discard(request)
-        super().shutdown_request(request)
-
-    def close_connections(self) -> None:
-        with self._connections_lock:
-            connections = list(self._connections)
-        for connection in connections:
-            try:
-                connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass  # already gone
+        super().__init__(host, port, _Handler)
 
 
 class _Cut(Exception):
@@ -499,13 +436,8 @@ def _batch_line(partition: int, offset: str, events: list[bytes] | None) -> byte
     return cursor + b',"events":[' + b",".join(events) + b"]}\n"
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive; streams use chunked transfer encoding
-    disable_nagle_algorithm = True  # batches are small writes: don't let Nagle delay them
-    server: _HTTPServer
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+class _Handler(DemoHandler):
+    server: DemoHTTPServer
 
     def do_GET(self) -> None:
         url = urlsplit(self.path)
@@ -635,7 +567,7 @@ class _Handler(BaseHTTPRequestHandler):
         idle = dict.fromkeys(order, 0)  # keep-alives in a row
         sent = 0
         try:
-            while not demo._closing.is_set():
+            while not demo.closing.is_set():
                 version = event_type.version
                 now = time.monotonic()
                 lines: list[bytes] = []
@@ -744,17 +676,6 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.dumps(problem(e.status, e.detail)).encode()
         self._send(e.status, body, "application/problem+json", e.headers)
 
-    def _send_json(self, status: int, value: object) -> None:
-        self._send(status, json.dumps(value, ensure_ascii=False).encode(), "application/json")
-
-    def _send(self, status: int, body: bytes, content_type: str, headers: tuple[tuple[str, str], ...] = ()) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for name, value in headers:
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(body)
 
 
 def _number(params: dict[str, str], name: str, default: float, *, integer: bool = False) -> float:
@@ -812,20 +733,10 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    token = None
-    if args.token_env:
-        token = os.environ.get(args.token_env)
-        if not token:
-            raise SystemExit(f"environment variable {args.token_env} is not set")
     event_type = NakadiEventType(
         args.event_type, partitions=args.partitions, events=args.events, seed=args.seed,
         duplicate_ratio=args.duplicate_ratio,
     )
     faults = Faults(args.fault_rate, seed=args.seed) if args.fault_rate else None
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    with NakadiDemoServer(event_type, host=args.host, port=args.port, token=token, faults=faults) as server:
-        print(server.url, flush=True)
-        stop.wait()
-    return 0
+    return serve_until_signalled(NakadiDemoServer(event_type, host=args.host, port=args.port,
+                                                  token=token_from(args.token_env), faults=faults))

@@ -9,15 +9,13 @@ import hmac
 import json
 import re
 import secrets
-import socket
 import threading
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from urllib.parse import SplitResult, parse_qs, parse_qsl, urlsplit
 
 from feedapi_dagster.demo.faults import KINDS, Faults, send_fault
 from feedapi_dagster.demo.feed import DemoFeed, Event
+from feedapi_dagster.demo.http import DemoHandler, DemoHTTPServer, ServedInThread
 
 DIALECTS = ("v1", "draft", "published")
 DEFAULT_PAGE_SIZE = 100
@@ -70,7 +68,7 @@ class Gate:
         self.opened.wait(120)
 
 
-class DemoFeedServer:
+class DemoFeedServer(ServedInThread):
     """Serves `feed` on http://host:port/feed until stopped; use as a context manager."""
 
     def __init__(
@@ -98,17 +96,13 @@ class DemoFeedServer:
         self.ignore_filters = ignore_filters
         self.empty_when_caught_up = empty_when_caught_up
         self.quirks = quirks
-        self.fault_counts: dict[str, int] = {}
-        self._lock = threading.Lock()
         self._token_nonce = secrets.token_hex(4)
         self._token_epoch = 0
-        self._httpd = _HTTPServer((host, port), self)
-        self._thread: threading.Thread | None = None
+        super().__init__(host, port, _Handler)
 
     @property
     def url(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}/feed"
+        return f"{super().url}/feed"
 
     @property
     def discovery_token(self) -> str:
@@ -119,31 +113,6 @@ class DemoFeedServer:
         with self._lock:
             self._token_epoch += 1
         return self.discovery_token
-
-    def record_fault(self, kind: str) -> None:
-        with self._lock:
-            self.fault_counts[kind] = self.fault_counts.get(kind, 0) + 1
-
-    def start(self) -> DemoFeedServer:
-        # a short poll interval: `stop` waits for it, and tests start and stop many servers
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, name="demo-feed-server", daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._httpd.close_connections()
-        if self._thread is not None:
-            self._thread.join()
-
-    def __enter__(self) -> DemoFeedServer:
-        return self.start()
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        self.stop()
 
     # ---- pages ---------------------------------------------------------------------------------
 
@@ -294,43 +263,8 @@ def _quirky(lines: list[bytes]) -> list[bytes]:
     return out
 
 
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, address: tuple[str, int], demo: DemoFeedServer) -> None:
-        self.demo = demo
-        # open keep-alive connections, closed on stop so that a stopped server really stops answering
-        self._connections: set[socket.socket] = set()
-        self._connections_lock = threading.Lock()
-        super().__init__(address, _Handler)
-
-    def process_request(self, request, client_address):  # type: ignore[no-untyped-def]
-        with self._connections_lock:
-            self._connections.add(request)
-        super().process_request(request, client_address)
-
-    def shutdown_request(self, request):  # type: ignore[no-untyped-def]
-        with self._connections_lock:
-            self._connections.discard(request)
-        super().shutdown_request(request)
-
-    def close_connections(self) -> None:
-        with self._connections_lock:
-            connections = list(self._connections)
-        for connection in connections:
-            try:
-                connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass  # already gone
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive: every response carries Content-Length
-    disable_nagle_algorithm = True  # headers and body are two writes: don't let Nagle delay the second
-    server: _HTTPServer
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass  # one line per request would cost more than the request at benchmark rates
+class _Handler(DemoHandler):
+    server: DemoHTTPServer
 
     def do_GET(self) -> None:
         url = urlsplit(self.path)
@@ -416,15 +350,3 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(400, {"error": str(e)})
         else:
             self._send_json(200, result)
-
-    def _send_json(self, status: int, value: object) -> None:
-        self._send(status, json.dumps(value, ensure_ascii=False).encode(), "application/json")
-
-    def _send(self, status: int, body: bytes, content_type: str, headers: tuple[tuple[str, str], ...] = ()) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for name, value in headers:
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(body)

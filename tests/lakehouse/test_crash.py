@@ -22,8 +22,8 @@ import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults, Gate, NakadiDemoServer, NakadiEventType
 from feedapi_dagster.lakehouse.loader import FeedLoader
-from feedapi_dagster.protocol import Feed, RetryPolicy
 from feedapi_dagster.lakehouse.state import read_committed_state
+from feedapi_dagster.protocol import Feed, RetryPolicy
 
 from ..spark_processes import kill, python_workers
 from .conftest import table_rows
@@ -35,6 +35,19 @@ def load_command(server, table_path: str, moment: str, connect_url: str, lakehou
     storage = [lakehouse.storage.model_dump_json()] if lakehouse.on_s3 else []
     feed = server.url if isinstance(server, DemoFeedServer) else nakadi_feed(server).model_dump_json()
     return [sys.executable, str(SCRIPT), feed, table_path, moment, connect_url, *storage]
+
+
+def kill_a_load(spark, server, feed, table_path: str, moment: str, generation: int, connect_server, lakehouse) -> None:
+    """Syncs in `load_and_die.py`, SIGKILLed the second time they reach `moment`: the table then holds
+    the state of commit `generation` and exactly the rows its cursors cover, some of the feed's events."""
+    process = subprocess.run(load_command(server, table_path, moment, connect_server.client_url(), lakehouse),
+                             capture_output=True, text=True, timeout=300)
+    assert process.returncode == -signal.SIGKILL, process.stdout + process.stderr[-3000:]
+    died = read_committed_state(lakehouse.log(table_path))
+    assert died.state.generation == generation
+    stored = sum(state.position for state in died.state.partitions.values())
+    assert 0 < stored < sum(len(feed.expected_events(p)) for p in (0, 1))
+    assert spark.read.format("delta").load(table_path).count() == stored  # rows match the cursors
 
 
 def nakadi_feed(server: NakadiDemoServer) -> Feed:
@@ -50,14 +63,7 @@ def test_sigkill_of_the_run_then_resume_loads_every_event_exactly_once(spark, co
                                                                        table_path, moment, generation):
     feed = DemoFeed(partitions=2, events=600, seed=21, exactly_once=False, duplicate_ratio=0.1)
     with DemoFeedServer(feed, dialect="draft") as server:
-        process = subprocess.run(load_command(server, table_path, moment, connect_server.client_url(), lakehouse),
-                                 capture_output=True, text=True, timeout=300)
-        assert process.returncode == -signal.SIGKILL, process.stdout + process.stderr[-3000:]
-        died = read_committed_state(lakehouse.log(table_path))
-        assert died.state.generation == generation
-        stored = sum(state.position for state in died.state.partitions.values())
-        assert 0 < stored < sum(len(feed.expected_events(p)) for p in (0, 1))
-        assert spark.read.format("delta").load(table_path).count() == stored  # rows match the cursors
+        kill_a_load(spark, server, feed, table_path, moment, generation, connect_server, lakehouse)
         feed.append(50)  # the feed moves on while the loader is down
         make_loader(server).sync()
     assert_every_event_once(spark, table_path, feed, log=lakehouse.log(table_path))
@@ -70,22 +76,11 @@ def test_a_nakadi_load_sigkilled_at_its_commit_then_resumed_lands_every_event_on
     or right after a commit, then the feed moves on and a resume loads the rest."""
     event_type = NakadiEventType(partitions=2, events=600, seed=22, duplicate_ratio=0.1)
     with NakadiDemoServer(event_type, faults=Faults(0.2, seed=2, retry_after=0)) as server:
-        process = subprocess.run(load_command(server, table_path, moment, connect_server.client_url(), lakehouse),
-                                 capture_output=True, text=True, timeout=300)
-        assert process.returncode == -signal.SIGKILL, process.stdout + process.stderr[-3000:]
-        died = read_committed_state(lakehouse.log(table_path))
-        assert died.state.generation == generation
-        stored = sum(state.position for state in died.state.partitions.values())
-        assert 0 < stored < sum(len(event_type.expected_events(p)) for p in (0, 1))
-        assert spark.read.format("delta").load(table_path).count() == stored
+        kill_a_load(spark, server, event_type, table_path, moment, generation, connect_server, lakehouse)
         event_type.append(50)
         FeedLoader(nakadi_feed(server), make_sink()).sync()
         assert server.fault_counts
-    for partition in (0, 1):
-        rows = table_rows(spark, table_path, partition)
-        assert [r.payload for r in rows] == event_type.expected_events(partition)
-        assert [r.position for r in rows] == list(range(len(rows)))
-        assert read_committed_state(table_path).state.get(partition).position == len(rows)
+    assert_every_event_once(spark, table_path, event_type, log=lakehouse.log(table_path))
 
 
 @pytest.mark.parametrize("lakehouse", ["s3"], indirect=True)
