@@ -90,7 +90,6 @@ class PartitionReport:
     read_seconds: float = 0.0  # time the read tasks of this partition spent reading
     gap: str | None = None  # events the server's retention dropped after the cursor, unread
 
-
     def then(self, later: "PartitionReport") -> "PartitionReport":
         """This report followed by a later load of the same partition in the same sync."""
         later.start_cursor = self.start_cursor
@@ -177,45 +176,43 @@ class FeedLoader:
         while True:
             plans = [p for p in plan_feed(info, self.sink.state)
                      if (wanted is None or p.partition_id in wanted) and p.partition_id not in loaded]
-            due, gaps = self._past_retention_gaps(info, [p for p in plans if p.due])
+            due, stopped, skipped = self._past_retention_gaps(info, [p for p in plans if p.due])
             reports.update({p.partition_id: _idle_report(p) for p in plans
                             if not p.due and p.partition_id not in reports})
-            for pid, gap in gaps.items():
-                if pid not in {p.partition_id for p in due}:  # stopped there
-                    reports[pid] = reports[pid].then(gap) if pid in reports else gap
-                    loaded.add(pid)
+            for pid, report in stopped.items():
+                reports[pid] = reports[pid].then(report) if pid in reports else report
+                loaded.add(pid)
             if not due:
                 self._reassert_state()
                 return dict(sorted(reports.items()))
             results = self._load(info, due, rebuild=False)
-            for pid, gap in gaps.items():
-                if pid in results:
-                    results[pid].gap = gap.gap
+            for pid, gap in skipped.items():
+                results[pid].gap = gap
             for pid, report in results.items():
                 reports[pid] = reports[pid].then(report) if pid in reports else report
             loaded.update(pid for pid, report in results.items() if not report.bounded)
 
-    def _past_retention_gaps(self, info: FeedInfo, due: list[PartitionPlan]) -> tuple[list[PartitionPlan],
-                                                                                       dict[int, PartitionReport]]:
-        """The plans to read, and a report for each partition whose events after its cursor the
-        server's retention dropped unread: `retention_gap: skip` reads it on from the oldest event left,
-        `stop` leaves it (a failed report)."""
-        kept, gaps = [], {}
+    def _past_retention_gaps(self, info: FeedInfo, due: list[PartitionPlan]
+                             ) -> tuple[list[PartitionPlan], dict[int, PartitionReport], dict[int, str]]:
+        """Where the server's retention dropped events after a partition's cursor, unread: the plans to
+        read, a failed report for each partition left at its cursor (`retention_gap: stop`), and what
+        was lost of each that reads on from the oldest event left (`skip`)."""
+        kept, stopped, skipped = [], {}, {}
         for plan in due:
             gap = self.client.protocol.retention_gap(info.partition(plan.partition_id), plan.cursor)
             if gap is None:
                 kept.append(plan)
-                continue
-            report = PartitionReport(plan.partition_id, "failed", plan.cursor, plan.position, plan.cursor, gap=gap,
-                                     error=f"{gap}; the partition stays at its cursor until the loss is accepted "
-                                           "(load.retention_gap: skip) or the events are restored")
-            if self.settings.retention_gap == "skip":
+            elif self.settings.retention_gap == "skip":
                 self.log.warning("%s; reading on from the oldest available event (load.retention_gap: skip)", gap)
                 kept.append(plan.model_copy(update={"cursor": FIRST}))
+                skipped[plan.partition_id] = gap
             else:
-                self.log.error("%s", report.error)
-            gaps[plan.partition_id] = report
-        return kept, gaps
+                error = (f"{gap}; the partition stays at its cursor until the loss is accepted "
+                         "(load.retention_gap: skip) or the events are restored")
+                self.log.error("%s", error)
+                stopped[plan.partition_id] = PartitionReport(plan.partition_id, "failed", plan.cursor, plan.position,
+                                                             plan.cursor, gap=gap, error=error)
+        return kept, stopped, skipped
 
     def rebuild(self, partition_ids: Iterable[int], drop: Iterable[int] = ()) -> dict[int, PartitionReport]:
         """Reload partitions from `_first` and replace their rows (and the rows of `drop`, e.g. the

@@ -18,7 +18,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import chain
-from operator import mul, sub
+from operator import attrgetter, mul, sub
 
 import msgspec
 import pyarrow as pa
@@ -210,11 +210,19 @@ def _id_decoder(event_id_field: str) -> msgspec.json.Decoder:
     return msgspec.json.Decoder(holder)
 
 
-def _id_of(holder) -> msgspec.Raw:  # noqa: ANN001 - a holder of `_id_decoder`
-    """The id a holder holds, whatever the field's name (an empty Raw: no such field)."""
-    while holder is not None and not isinstance(holder, msgspec.Raw):
-        holder = holder.id
-    return holder if holder is not None else _NO_ID
+@functools.lru_cache(maxsize=16)
+def _id_getter(event_id_field: str):
+    """What takes the id out of a holder of `_id_decoder`, whatever the field's name (an empty Raw: no
+    such field): for a top-level field one C call a holder, as this runs for every such event."""
+    if "." not in event_id_field:
+        return attrgetter("id")
+
+    def nested(holder) -> msgspec.Raw:  # noqa: ANN001 - a holder of `_id_decoder`
+        while holder is not None and not isinstance(holder, msgspec.Raw):
+            holder = holder.id
+        return holder if holder is not None else _NO_ID
+
+    return nested
 
 
 _NO_ID = msgspec.Raw()
@@ -235,13 +243,12 @@ def _other_ids(objects: pa.BinaryArray, event_id_field: str) -> pa.BinaryArray:
         holders = None  # surrogates escaped alone (the page reader lets them through), or not JSON
     if holders is None or len(holders) != len(objects):
         return _nullable(_binary([_walked(raw, event_id_field) for raw in objects.to_pylist()])[0])
-    ids = _nullable(_binary(list(map(_id_of, holders)))[0])  # an empty Raw: no id field
+    ids = _nullable(_binary(list(map(_id_getter(event_id_field), holders)))[0])  # an empty Raw: no id field
     doubtful = pc.match_substring_regex(objects, _duplicate_pattern(event_id_field))
     if doubtful.true_count:
         walked = [_walked(raw, event_id_field) for raw in pc.filter(objects, doubtful).to_pylist()]
         ids = pc.replace_with_mask(ids, doubtful, _nullable(_binary(walked)[0]))
     return ids
-
 
 
 def _nullable(binary: pa.BinaryArray) -> pa.BinaryArray:
