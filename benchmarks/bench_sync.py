@@ -233,7 +233,7 @@ class S3Lake:
 
 def project_config(base: Path, protocol: str, url: str, page_size: int, spark_port: int, s3: S3Lake | None):
     """The deployment's feeds configuration: one feed `bench`, the lakehouse in `base` or on S3."""
-    from feedapi_dagster.lakehouse.spark import SparkSettings
+    from feedapi_dagster.lakehouse.spark_conf import SparkSettings
     from feedapi_dagster.orchestration import FeedConfig, ProjectConfig
     from feedapi_dagster.orchestration.config import StorageConfig
 
@@ -429,15 +429,14 @@ def stages(instance, run_id: str, log_path: Path, tick: float, started: float,
 
 
 def start_spark(port: int, work: Path, s3: S3Lake | None):
-    """The embedded server as a deployment's first run would start it (with the lakehouse's s3a settings
-    and credentials)."""
-    from feedapi_dagster.lakehouse.spark import ensure_embedded_server, port_open
-    from feedapi_dagster.lakehouse.storage import read_credentials
+    """The embedded server as a deployment's first run would start it (the lakehouse's s3a settings and
+    credentials come with each run's session, not with the server)."""
+    from feedapi_dagster.lakehouse.connect_server import ensure_embedded_server, port_open
 
     if port_open(port):
         raise RuntimeError(f"port {port} is taken")
-    settings = project_config(work, "feedapi", "http://127.0.0.1/feed", 1, port, s3).spark_settings()
-    return ensure_embedded_server(port, work_dir=work, conf=settings.conf, env=read_credentials(settings.credential_env))
+    settings = project_config(work, "feedapi", "http://127.0.0.1/feed", 1, port, s3).spark
+    return ensure_embedded_server(port, work_dir=work, conf=settings.conf)
 
 
 def report(args: argparse.Namespace, lines: list[Line], runs: list[Run], incremental: list[Run],
@@ -528,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
     # what README "Thousands of partitions" tells a deployment to set where runs are created (daemon,
     # webserver): one ASSET_MATERIALIZATION_PLANNED event per run instead of one per partition key
     os.environ.setdefault(PLANNED_SUBSET_ENV, "true")
-    from feedapi_dagster.lakehouse.spark import find_free_port
+    from feedapi_dagster.lakehouse.connect_server import find_free_port
 
     work = Path(tempfile.mkdtemp(prefix="bench-sync-"))
     say(f"work dir {work}; {os.cpu_count()} cores; load average {load_average()}")

@@ -50,24 +50,22 @@ def s3_storage(s3_server: S3Server) -> S3Storage:
 @pytest.fixture(scope="session")
 def spark(spark_work_dir: Path, s3_storage: S3Storage):
     """The shared classic `local[*]` SparkSession with Delta (cached jars, no network) and the test S3
-    server's `s3a` settings."""
-    from feedapi_dagster.lakehouse.spark import local_spark_session
+    server's `s3a` settings and credentials as session settings (as every session of a project gets them)."""
+    from feedapi_dagster.lakehouse.sessions import local_spark_session
 
-    session = local_spark_session(s3_storage.spark_conf(), work_dir=spark_work_dir,
-                                  env=s3_storage.credentials())
+    session = local_spark_session(work_dir=spark_work_dir, storage=s3_storage)
     yield session
     session.stop()
 
 
 @pytest.fixture(scope="session")
-def connect_server(tmp_path_factory: pytest.TempPathFactory, s3_storage: S3Storage):
+def connect_server(tmp_path_factory: pytest.TempPathFactory):
     """One embedded Spark Connect server for the tests whose loads run in other processes (crash and
-    chaos tests): those processes pay a ~3 s client instead of a ~15 s JVM each. It has the test S3
-    server's `s3a` settings, and its credentials in its environment."""
-    from feedapi_dagster.lakehouse.spark import find_free_port, start_embedded_server
+    chaos tests): those processes pay a ~3 s client instead of a ~15 s JVM each. No `s3a` setting or
+    credentials of its own: a load on S3 brings them with its session (`connect_session(url, storage=...)`)."""
+    from feedapi_dagster.lakehouse.connect_server import find_free_port, start_embedded_server
 
-    server = start_embedded_server(find_free_port(), work_dir=tmp_path_factory.mktemp("connect-server"),
-                                   conf=s3_storage.spark_conf(), env=s3_storage.credentials())
+    server = start_embedded_server(find_free_port(), work_dir=tmp_path_factory.mktemp("connect-server"))
     yield server
     server.stop()
 

@@ -13,11 +13,15 @@ Routes added for the tests (every other request is moto's):
   load in the middle of its Delta write (its executors uploading data files).
 
 `S3Server` starts the program and is the tests' handle on it (bucket, listing, reading, ageing).
+By default the server takes any key; ``S3Server(enforce_keys=True)`` checks every request's key and
+signature against its IAM users' access keys (moto's ``INITIAL_NO_AUTH_ACTION_COUNT``): the tests make
+keys (`create_access_key`) and revoke them (`delete_access_key`).
 """
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import socket
 import subprocess
@@ -35,6 +39,10 @@ HOLD_ROUTE, RELEASE_ROUTE, HELD_ROUTE = "/_feedapi_test/hold", "/_feedapi_test/r
 REGION = "us-east-1"
 # moto accepts any key; the tests hand these to Spark and delta-rs through the storage setting
 TEST_CREDENTIALS = {"FEEDAPI_TEST_S3_KEY": "feedapi-test-key", "FEEDAPI_TEST_S3_SECRET": "feedapi-test-secret"}
+# enforce_keys: the requests moto serves without a key, the IAM set-up of the tests' user (`_setup_iam`)
+_UNCHECKED_SETUP_REQUESTS = 3
+_ADMIN, _IAM_USER = "feedapi-test-admin", "feedapi-test"  # the tests' own client's user; the keys' user
+_EVERYTHING = json.dumps({"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]})
 
 
 class _Hold:
@@ -108,19 +116,52 @@ def serve(port: int) -> None:
 class S3Server:
     """The server program in a child process (stopped by `stop`), and what the tests do on it."""
 
-    def __init__(self, port: int | None = None, log_path: Path | None = None):
+    def __init__(self, port: int | None = None, log_path: Path | None = None, *, enforce_keys: bool = False):
         self.port = port or _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL
         root = Path(__file__).resolve().parents[1]
+        env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(_UNCHECKED_SETUP_REQUESTS)} if enforce_keys else None
         self._process = subprocess.Popen([sys.executable, "-m", "tests.s3_server", "--port", str(self.port)],
-                                         cwd=root, stdout=self._log, stderr=subprocess.STDOUT)
+                                         cwd=root, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 60
         while not _port_open(self.port):
             if self._process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the S3 server did not start (exit code {self._process.poll()})")
             time.sleep(0.1)
         self._client = None
+        self._keys = (TEST_CREDENTIALS["FEEDAPI_TEST_S3_KEY"], TEST_CREDENTIALS["FEEDAPI_TEST_S3_SECRET"])
+        if enforce_keys:
+            self._keys = self._setup_iam()
+
+    def _boto(self, service: str, keys: tuple[str, str] | None = None):
+        import boto3
+
+        key, secret = keys or self._keys
+        return boto3.client(service, endpoint_url=self.url, region_name=REGION, aws_access_key_id=key,
+                            aws_secret_access_key=secret)
+
+    def _setup_iam(self) -> tuple[str, str]:
+        """The key of the tests' own client, of an IAM user allowed everything: the requests moto serves
+        without checking a key. Then the user of the keys the tests make (AWS allows 2 per user)."""
+        iam = self._boto("iam")
+        iam.create_user(UserName=_ADMIN)
+        iam.put_user_policy(UserName=_ADMIN, PolicyName="everything", PolicyDocument=_EVERYTHING)
+        key = iam.create_access_key(UserName=_ADMIN)["AccessKey"]
+        keys = key["AccessKeyId"], key["SecretAccessKey"]
+        iam = self._boto("iam", keys)
+        iam.create_user(UserName=_IAM_USER)
+        iam.put_user_policy(UserName=_IAM_USER, PolicyName="everything", PolicyDocument=_EVERYTHING)
+        return keys
+
+    def create_access_key(self) -> tuple[str, str]:
+        """A new access key (enforce_keys; two at most at a time): (key id, secret)."""
+        key = self._boto("iam").create_access_key(UserName=_IAM_USER)["AccessKey"]
+        return key["AccessKeyId"], key["SecretAccessKey"]
+
+    def delete_access_key(self, key_id: str) -> None:
+        """Revoke a key made by `create_access_key`: the server refuses it from now on."""
+        self._boto("iam").delete_access_key(UserName=_IAM_USER, AccessKeyId=key_id)
 
     @property
     def pid(self) -> int:
@@ -130,10 +171,7 @@ class S3Server:
     def client(self):
         """A boto3 S3 client of the server (boto3 comes with moto)."""
         if self._client is None:
-            import boto3
-
-            self._client = boto3.client("s3", endpoint_url=self.url, region_name=REGION,
-                                        aws_access_key_id="feedapi-test-key", aws_secret_access_key="feedapi-test-secret")
+            self._client = self._boto("s3")
         return self._client
 
     def create_bucket(self, bucket: str) -> None:

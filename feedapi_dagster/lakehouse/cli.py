@@ -30,7 +30,8 @@ def _setup_jars(args: argparse.Namespace) -> int:
 
 def _spark_server(args: argparse.Namespace) -> int:
     from feedapi_dagster.lakehouse.jars import DeltaJarsNotSetUp
-    from feedapi_dagster.lakehouse.spark import SparkConnectServer, SparkStartupError
+    from feedapi_dagster.lakehouse.connect_server import SparkConnectServer
+    from feedapi_dagster.lakehouse.spark_conf import SparkStartupError
 
     _configure_logging()
     stop = threading.Event()
@@ -97,7 +98,7 @@ def _read_with_spark(table: str):
     import tempfile
 
     from feedapi_dagster.lakehouse.delta import FeedTable
-    from feedapi_dagster.lakehouse.spark import local_spark_session
+    from feedapi_dagster.lakehouse.sessions import local_spark_session
     from feedapi_dagster.lakehouse.state import read_committed_state
 
     with tempfile.TemporaryDirectory(prefix="feedapi-dagster-state-") as work_dir:
@@ -109,7 +110,7 @@ def _read_with_spark(table: str):
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from feedapi_dagster.lakehouse.spark import DEFAULT_PORT
+    from feedapi_dagster.lakehouse.spark_conf import DEFAULT_PORT
 
     setup = subparsers.add_parser(
         "setup-jars",

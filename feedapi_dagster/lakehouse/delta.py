@@ -216,11 +216,15 @@ class FeedTable:
             reader = reader.option("versionAsOf", version)
         return reader.load(self.path)
 
-    def last_rows(self, version: int | None) -> dict[int, tuple[int, str]]:
-        """Each partition's newest row: its position and its page's cursor (one aggregate, by Spark)."""
+    def last_rows(self, version: int | None, partitions: Any = None) -> dict[int, tuple[int, str]]:
+        """Each partition's newest row (of `partitions`, or all): its position and its page's cursor (one
+        aggregate, by Spark)."""
         from pyspark.sql import functions as F
 
-        rows = (self.frame(version).groupBy(PARTITION_COLUMN)
+        frame = self.frame(version)
+        if partitions is not None:
+            frame = frame.where(in_partitions(partitions))
+        rows = (frame.groupBy(PARTITION_COLUMN)
                 .agg(F.max("position").alias("position"), F.max_by("cursor", "position").alias("cursor"))
                 .collect())
         return {row[PARTITION_COLUMN]: (row["position"], row["cursor"]) for row in rows}

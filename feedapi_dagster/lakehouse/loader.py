@@ -1,22 +1,24 @@
-"""`FeedLoader`: plans a load from the cursors of record, has Spark read and write it, commits once.
+"""`FeedLoader`: plans a load from the cursors of record, has Spark read and write it.
 
-A load of many partitions reads each event from the feed once and writes it once:
+A load of many partitions reads each event from the feed once and writes it once. Spark tasks read
+the feed partitions through the `feedapi` data source (each task a group of partitions by expected
+size, read concurrently, from their committed cursors; one discovery, the loader's, handed to them);
+each partition's read ends with a checkpoint row saying where it stopped. `feed_read.FeedRead` hands
+that read to the commit, in one of two shapes:
 
-1. **read**: Spark tasks read the feed partitions through the `feedapi` data source (each task a
-   group of partitions by expected size, read concurrently, from their committed cursors; one
-   discovery, the loader's, handed to them) and Spark keeps what they read with `localCheckpoint`:
-   in its block manager, cut from its lineage. A retried or speculative task replaces nothing
-   already kept, and a kept read is never recomputed from the feed: if its blocks are lost (a dead
-   executor) the load fails and commits nothing. Each partition's last row (its checkpoint row)
-   says where the attempt that Spark kept stopped.
-2. **plan the commit**: the checkpoint rows (one per partition, collected from the kept read) give
-   each partition's end cursor, position and drained flag.
-3. **commit**: Spark's Delta writer appends the kept rows (or, for a rebuild, replaces the
-   partitions' rows) in one Delta commit whose metadata is the new feed state (`state.py`).
+* **streamed** (a sync of an exactly-once feed, or of partitions holding no rows yet): one Spark job
+  reads the feed and Spark's Delta writer appends the rows, in the **rows commit**, which carries the
+  state the load started from with its partitions pending. Spark reports where the committed task
+  attempts stopped (`observe`), and the **state commit** (no rows) carries that state. A load killed
+  between the two resumes after the rows the rows commit added (`state.py`).
+* **kept** (a rebuild, or at-least-once rows deduplicated against the table): Spark job 1 reads and
+  keeps the read (`localCheckpoint`), its ends are collected, and one commit carries the rows (for a
+  rebuild, replacing the partitions' rows) with the state they end at. If the kept blocks are lost
+  (a dead executor), the load fails and commits nothing.
 
-A run killed before step 3 leaves nothing in the table; one killed after it resumes from exactly the
-cursors that commit holds. At-least-once feeds are deduplicated in Spark against the event ids the
-table holds (and within the read, in the tasks).
+A run killed before a commit leaves nothing of it in the table; one killed after it resumes from
+exactly the cursors that commit holds. At-least-once feeds are deduplicated in Spark against the
+event ids the table holds (and within the read, in the tasks).
 """
 from __future__ import annotations
 
@@ -29,17 +31,17 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from feedapi_dagster.planning import (DEFAULT_TASKS, PartitionPlan, PartitionState, PlanStatus, plan_feed,
-                                      plan_rebuilds)
+from feedapi_dagster.planning import (DEFAULT_TASKS, FeedState, PartitionPlan, PartitionState, PlanStatus,
+                                      plan_feed, plan_rebuilds)
 from feedapi_dagster.protocol import Feed, FeedClient, FeedInfo
 from feedapi_dagster.protocol.models import FIRST
 
 from .datasource import EVENT_DDL, SOURCE_NAME, FeedSourceOptions
-from .reads import END_COLUMN, ReadEnd
+from .feed_read import FeedRead, PartitionEnd, ReadEndsMissing
 from .progress import run_with_progress
 from .delta import FeedTable
 from .sink import DeltaSink
-from .spark import register_feed_source
+from .sessions import register_feed_source
 from .state import CommittedState
 
 if TYPE_CHECKING:
@@ -48,8 +50,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # Moments a load passes through, reported to `on_moment` (tests kill the process there).
-READ = "read"
+READ = "read"  # a kept read, before its write
 BEFORE_COMMIT = "before_commit"
+ROWS_COMMITTED = "rows_committed"  # a streamed read's rows commit landed; its state commit follows
 AFTER_COMMIT = "after_commit"
 
 
@@ -237,63 +240,34 @@ class FeedLoader:
         base = self.sink.committed_state()
         starts = {plan.partition_id: plan.start_state() for plan in plans}
         table = self.sink.table
+        # At-least-once partitions with stored rows are deduplicated against them (a rebuild starts its
+        # partitions, and the dropped ones, afresh; ancestors' rows stay). Partitions without rows (their
+        # committed position is 0: rows and positions commit together) hold no id to repeat.
+        replaced = {*starts, *drop} if rebuild else set()
+        stored = {p for p, state in base.state.partitions.items() if state.position and p not in replaced}
+        groups = {pid: [p for p in _dedup_group(info, pid) if p in stored] for pid in starts}
+        deduplicated = not info.exactly_once and any(groups.values())
         progress = table.progress_folder(uuid.uuid4().hex)
-        started = time.monotonic()
+        # a rebuild replaces whole partitions in one commit: it is never cut short by the bound
+        bound = None if rebuild else self.settings.max_events_per_partition
+        read = self._read(info, starts, progress, bound, keep=rebuild or deduplicated)
         try:
-            # a rebuild replaces whole partitions in one commit: it is never cut short by the bound
-            read = self._read(info, starts, progress, None if rebuild else self.settings.max_events_per_partition)
-            ends = _read_ends(read)
-            self.log.info("partitions %s: read by Spark in %.1f s", sorted(starts), time.monotonic() - started)
-            self.on_moment(READ, {})
-            rows = read.where(f"{END_COLUMN} IS NULL").drop(END_COLUMN)
-            kept: dict[int, int] | None = None
-            if not info.exactly_once:
-                # a rebuild starts its partitions (and the dropped ones) afresh; ancestors' rows stay.
-                # Partitions without rows (their committed position is 0: rows and positions commit
-                # together) hold no id to repeat: a first load skips the join against the table.
-                replaced = {*starts, *drop} if rebuild else set()
-                stored = {p for p, state in base.state.partitions.items() if state.position and p not in replaced}
-                groups = {pid: [p for p in _dedup_group(info, pid) if p in stored] for pid in starts}
-                if any(groups.values()):
-                    rows, kept = _without_stored(rows, table.frame(base.rows_version), groups, starts)
-            reports = {pid: _report(plan, starts[plan.partition_id], ends.get(plan.partition_id), kept, rebuild)
-                       for plan in plans for pid in [plan.partition_id]}
-            seconds = time.monotonic() - started
-            events = sum(r.events for r in reports.values())
-            for report in reports.values():
-                if report.events or report.duplicates or report.error or len(reports) <= 32:
-                    self.log.info("partition %s: %d events in %d pages%s, cursor %s", report.partition_id,
-                                  report.events, report.pages,
-                                  f" ({report.duplicates} duplicates skipped)" if report.duplicates else "",
-                                  report.cursor)
-            self.log.info("read %d events in %d pages from %d partitions in %.1f s (%.0f events/s)", events,
-                          sum(r.pages for r in reports.values()), len(reports), seconds, events / max(seconds, 1e-9))
-            if rebuild:
-                _check_nothing_expired(info, reports, base.state)
-            committing = time.monotonic()
-            self._commit(reports, starts, base.state, rows, rebuild, drop)
-            self.log.info("commit took %.1f s", time.monotonic() - committing)
+            if read.kept:
+                reports = self._commit_kept(read, plans, starts, base, groups if deduplicated else None,
+                                            rebuild, drop)
+            else:
+                reports = self._commit_streamed(read, plans, starts, base, progress)
         finally:
+            read.release()
             table.remove_progress(progress)
         return reports
 
-    def _reassert_state(self) -> None:
-        """Commit the state again, with no rows, when it was recovered from the rows or others' commits
-        pushed its commit far back: Delta's log cleanup never reaches it while the feed is loaded."""
-        base = self.sink.committed_state()
-        if not base.due_for_reassertion:
-            return
-        result = self.sink.commit(self.spark.createDataFrame([], EVENT_DDL), {}, {})
-        self.log.info("feed state (%s) committed again as Delta version %s", base.describe(), result.delta_version)
-
     def _read(self, info: FeedInfo, starts: dict[int, PartitionState], progress: str | None,
-              max_events: int | None) -> "DataFrame":
-        """Spark job 1: the tasks read the feed; Spark keeps what one attempt of each read. The kept
-        read goes when its DataFrame does (Spark Connect releases a checkpoint whose plan object is
-        collected; classic Spark's context cleaner its blocks): at the end of the load."""
+              max_events: int | None, *, keep: bool) -> FeedRead:
+        """The read of `starts` by the `feedapi` source's tasks: streamed into the commit's Spark job, or
+        (`keep`) Spark job 1, kept by Spark (`feed_read.py` says when and why)."""
         from pyspark import StorageLevel
 
-        tasks = min(len(starts), self.settings.read_tasks or DEFAULT_TASKS)
         options = FeedSourceOptions(
             self.feed,
             partitions=tuple(sorted(starts)),
@@ -302,23 +276,85 @@ class FeedLoader:
             max_events=max_events,
             checkpoint_rows=True,
             discovery=info.only(starts),
-            tasks=tasks,
+            tasks=self._tasks(starts),
             progress_folder=progress,
         ).spark_options()
-        frame = self.spark.read.format(SOURCE_NAME).options(**options).load()
+        source = self.spark.read.format(SOURCE_NAME).options(**options).load()
+        if not keep:
+            return FeedRead.streamed(source)
         # `localCheckpoint`, not `cache`: a cached read that lost a block would be read from the feed
         # again, and a second read may differ from the first (the feed grew, a retry): the cursors
         # committed must be those of the rows committed. On disk: memory stays bounded whatever the
         # load's size, and it was as fast here (400k events: 6.3-7.0 s, in memory 5.9-7.7 s).
-        return run_with_progress(lambda: frame.localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY),
-                                 progress, tasks, self.log)
+        started = time.monotonic()
+        kept = run_with_progress(lambda: source.localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY),
+                                 progress, self._tasks(starts), self.log)
+        read = FeedRead.kept_from(kept)
+        self.log.info("partitions %s: read and kept by Spark in %.1f s", sorted(starts), time.monotonic() - started)
+        self.on_moment(READ, {})
+        return read
 
-    def _commit(self, reports: dict[int, PartitionReport], starts: dict[int, PartitionState],
-                committed, rows: "DataFrame", rebuild: bool, drop: list[int]) -> None:
-        failed = [r for r in reports.values() if r.status == "failed"]
-        if rebuild and failed:
-            raise RuntimeError(f"rebuild of partitions {sorted(reports)} abandoned, nothing replaced: "
-                               + "; ".join(f"partition {r.partition_id}: {r.error}" for r in failed))
+    def _tasks(self, starts: dict[int, PartitionState]) -> int:
+        return min(len(starts), self.settings.read_tasks or DEFAULT_TASKS)
+
+    def _commit_streamed(self, read: FeedRead, plans: list[PartitionPlan], starts: dict[int, PartitionState],
+                         base: CommittedState, progress: str | None) -> dict[int, PartitionReport]:
+        """One Spark job reads the feed and commits the rows (the rows commit: the state the load
+        started from, its partitions pending), then the state they end at is committed."""
+        expected = {pid: base.state.get(pid) for pid in starts}
+        self.on_moment(BEFORE_COMMIT, starts)
+        started = time.monotonic()
+        rows_commit = run_with_progress(lambda: self.sink.commit(read.frame, starts, expected, pending=list(starts)),
+                                        progress, self._tasks(starts), self.log)
+        version = rows_commit.delta_version
+        self.log.info("partitions %s: read by Spark and committed as Delta version %s in %.1f s", sorted(starts),
+                      version, time.monotonic() - started)
+        self.on_moment(ROWS_COMMITTED, starts)
+        ends = read.ends()
+        if missing := sorted(set(starts) - set(ends)):  # cannot happen: a task that ended reports every partition
+            raise ReadEndsMissing(f"partitions {missing}: Spark committed the rows (Delta version {version}) but "
+                                  "reported no end of their reads; the next load resumes after their newest rows")
+        reports = {plan.partition_id: _report(plan, starts[plan.partition_id], ends[plan.partition_id], None, False)
+                   for plan in plans}
+        self._log_read(reports, time.monotonic() - started)
+        ended = {pid: PartitionState(cursor=r.cursor, position=r.position, drained=r.drained,
+                                     inherited_from=starts[pid].inherited_from) for pid, r in reports.items()}
+        if ended == starts:  # nothing read: the rows commit (no row) leaves them where they are (`state.py`)
+            self.log.info("partitions %s: nothing new", sorted(starts))
+            return reports
+        rows_state = rows_commit.state  # rebased on others' commits, if any came first
+        committing = time.monotonic()
+        state_version = self.sink.commit_state(version, FeedState(generation=rows_state.generation,
+                                                                  partitions={**rows_state.partitions, **ended}))
+        self.on_moment(AFTER_COMMIT, ended)
+        if state_version is not None:
+            self.log.info("cursors of partitions %s committed as Delta version %s in %.1f s", sorted(ended),
+                          state_version, time.monotonic() - committing)
+        for pid, report in reports.items():
+            if ended[pid] != starts[pid] or report.events:
+                report.delta_version = version if state_version is None else state_version
+        return reports
+
+    def _commit_kept(self, read: FeedRead, plans: list[PartitionPlan], starts: dict[int, PartitionState],
+                     base: CommittedState, groups: dict[int, list[int]] | None, rebuild: bool,
+                     drop: list[int]) -> dict[int, PartitionReport]:
+        """The kept read's ends first, then its rows (deduplicated against the table where `groups`)
+        and the state they end at in one commit."""
+        started = time.monotonic()
+        ends = read.ends()
+        rows = read.frame()
+        kept: dict[int, int] | None = None
+        if groups is not None:
+            rows, kept = _without_stored(rows, self.sink.table.frame(base.rows_version), groups, starts)
+        reports = {plan.partition_id: _report(plan, starts[plan.partition_id], ends.get(plan.partition_id), kept,
+                                              rebuild) for plan in plans}
+        self._log_read(reports, time.monotonic() - started)
+        if rebuild:
+            _check_nothing_expired(self.client.info, reports, base.state)
+            failed = [r for r in reports.values() if r.status == "failed"]
+            if failed:
+                raise RuntimeError(f"rebuild of partitions {sorted(reports)} abandoned, nothing replaced: "
+                                   + "; ".join(f"partition {r.partition_id}: {r.error}" for r in failed))
         updates = {}
         for pid, report in reports.items():
             state = PartitionState(cursor=report.cursor, position=report.position, drained=report.drained,
@@ -326,21 +362,51 @@ class FeedLoader:
             if rebuild or state != starts[pid] or report.events:
                 updates[pid] = state
         if not updates and not rebuild:
-            return
-        expected = {pid: committed.get(pid) for pid in updates}
+            self.log.info("nothing to commit: partitions %s are where they were", sorted(reports))
+            return reports
+        expected = {pid: base.state.get(pid) for pid in updates}
         self.on_moment(BEFORE_COMMIT, updates)
+        committing = time.monotonic()
         try:
-            result = self.sink.commit(rows, updates, expected, replace=[*reports, *drop] if rebuild else [])
+            version = self.sink.commit(lambda: rows, updates, expected,
+                                       replace=[*reports, *drop] if rebuild else []).delta_version
         except Exception as error:  # noqa: BLE001 - Spark's error types differ between classic and Connect
-            if _LOST_BLOCK in str(error):  # Spark's own advice (use `rdd.checkpoint()`) does not apply here
-                raise KeptReadLost(f"partitions {sorted(reports)}: the read Spark kept was lost before the Delta "
-                                   "write (an executor holding it died); nothing was committed, and the next "
-                                   "load reads these partitions again from their cursors of record") from error
-            raise
+            raise _explained(error, reports) from error
         self.on_moment(AFTER_COMMIT, updates)
         for pid in updates:
-            reports[pid].delta_version = result.delta_version
-        self.log.info("committed partitions %s (Delta version %s)", sorted(updates), result.delta_version)
+            reports[pid].delta_version = version
+        self.log.info("committed partitions %s as Delta version %s in %.1f s", sorted(updates), version,
+                      time.monotonic() - committing)
+        return reports
+
+    def _log_read(self, reports: dict[int, PartitionReport], seconds: float) -> None:
+        for report in reports.values():
+            if report.events or report.duplicates or report.error or len(reports) <= 32:
+                self.log.info("partition %s: %d events in %d pages%s, cursor %s", report.partition_id,
+                              report.events, report.pages,
+                              f" ({report.duplicates} duplicates skipped)" if report.duplicates else "",
+                              report.cursor)
+        events = sum(r.events for r in reports.values())
+        self.log.info("read %d events in %d pages from %d partitions in %.1f s (%.0f events/s)", events,
+                      sum(r.pages for r in reports.values()), len(reports), seconds, events / max(seconds, 1e-9))
+
+    def _reassert_state(self) -> None:
+        """Commit the state again, with no rows, when it was recovered from the rows or others' commits
+        pushed its commit far back: Delta's log cleanup never reaches it while the feed is loaded."""
+        base = self.sink.committed_state()
+        if not base.due_for_reassertion:
+            return
+        version = self.sink.commit(lambda: self.spark.createDataFrame([], EVENT_DDL), {}, {}).delta_version
+        self.log.info("feed state (%s) committed again as Delta version %s", base.describe(), version)
+
+
+def _explained(error: Exception, partitions) -> Exception:
+    """Spark's error for a kept read lost with its executor, said as what it means for the load."""
+    if _LOST_BLOCK in str(error):  # Spark's own advice (use `rdd.checkpoint()`) does not apply here
+        return KeptReadLost(f"partitions {sorted(partitions)}: the read Spark kept was lost before the Delta write "
+                            "(an executor holding it died); nothing was committed, and the next load reads these "
+                            "partitions again from their cursors of record")
+    return error
 
 
 def _check_nothing_expired(info: FeedInfo, reports: dict[int, PartitionReport], committed) -> None:
@@ -356,19 +422,14 @@ def _check_nothing_expired(info: FeedInfo, reports: dict[int, PartitionReport], 
                            + "; ".join(shrunk))
 
 
-def _read_ends(read: "DataFrame") -> dict[int, tuple[str, int, ReadEnd]]:
-    rows = read.where(f"{END_COLUMN} IS NOT NULL").select("partition_id", "cursor", "position", END_COLUMN).collect()
-    return {row[0]: (row[1], row[2], ReadEnd.from_json(row[3])) for row in rows}
-
-
-def _report(plan: PartitionPlan, start: PartitionState, end: tuple[str, int, ReadEnd] | None,
+def _report(plan: PartitionPlan, start: PartitionState, end: PartitionEnd | None,
             kept: dict[int, int] | None, rebuild: bool) -> PartitionReport:
     report = PartitionReport(plan.partition_id, "loaded", start.cursor, start.position, start.cursor,
                              rebuilt=rebuild, inherited_from=plan.inherited_from)
     if end is None:  # cannot happen with a whole read; never commit a guess
         report.status, report.error = "failed", "the read of this partition left no checkpoint row"
         return report
-    cursor, position, read = end
+    cursor, read = end.cursor, end.read
     events = read.events if kept is None else kept.get(plan.partition_id, 0)
     report.cursor, report.position = cursor, start.position + events
     report.events, report.pages, report.drained = events, read.pages, read.drained

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from feedapi_dagster.planning import FeedState, PartitionState
 
 from . import state as committed
 from .delta import Commit, FeedTable
+from .table import EVENT_SCHEMA, spark_ddl
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -67,62 +68,99 @@ class DeltaSink:
     # ------------------------------------------------------------------ writing
     def commit(
         self,
-        rows: "DataFrame",
+        rows: "Callable[[], DataFrame]",
         updates: Mapping[int, PartitionState],
         expected: Mapping[int, PartitionState | None],
         *,
         replace: Iterable[int] = (),
+        pending: Iterable[int] = (),
     ) -> committed.CommittedState:
-        """Append `rows` (`table.EVENT_SCHEMA`; or, for `replace` partitions, replace their rows) and
-        advance the state by `updates`, in one Delta commit.
+        """Append the rows `rows()` gives (`table.EVENT_SCHEMA`; or, for `replace` partitions, replace
+        their rows) and advance the state by `updates`, in one Delta commit: the state it carries, at
+        its version (rebased on others' commits: not always the state this load read first).
 
-        `expected` is each updated partition's committed state this load continues from; when another
-        writer changed it meanwhile, `PartitionConflict` is raised and nothing is committed. A commit
-        that lost a race with a writer of other partitions is rebased and retried.
+        `rows` is called once per attempt: a streamed read (`FeedRead`) is read again by each Spark job.
+        `pending`: partitions whose `updates` are where the load started and whose ends are in the rows
+        (a rows commit; `commit_state` follows). `expected` is each updated partition's committed state
+        this load continues from; when another writer changed it meanwhile, `PartitionConflict` is
+        raised and nothing is committed. A commit that lost a race with a writer of other partitions is
+        rebased and retried.
         """
         replace = tuple(sorted(set(replace)))
+        pending = tuple(sorted(set(pending)))
         commit_id = uuid.uuid4().hex
         for attempt in range(1, self.max_conflict_retries + 1):
-            base = self.committed_state()
+            base = self.committed_state(refresh=attempt > 1)  # a rebase reads what came first
             for partition_id, want in expected.items():
                 found = base.state.get(partition_id)
                 if found != want:
                     raise PartitionConflict(partition_id, want, found)
             new_state = base.state.advanced(dict(updates))
-            commit = Commit(rows, committed.encode(new_state, commit_id, self.run_id), base.txn_version, replace)
+            metadata = committed.encode(new_state, commit_id, self.run_id, pending)
+            commit = Commit(rows(), metadata, base.txn_version, replace)
             try:
                 self.table.write(commit, self.run_id)
             except Exception as error:  # noqa: BLE001 - classified below; Spark raises many types
-                if self._landed(commit_id):
-                    break
+                if (version := self._landed(commit_id)) is not None:
+                    return self._after(committed.CommittedState(new_state, "commit", commit_id, version, version,
+                                                                version, pending))
                 if not self.table.is_conflict(error):
                     raise
                 log.info("commit to %s lost a race (attempt %d); rebasing", self.path, attempt)
                 continue
-            if self._landed(commit_id):
-                break
+            if (version := self._landed(commit_id)) is not None:
+                return self._after(committed.CommittedState(new_state, "commit", commit_id, version, version,
+                                                            version, pending))
             # Delta skipped the write: another load committed after this one read the table
             log.info("commit to %s was superseded by another load's (attempt %d); rebasing", self.path, attempt)
-        else:
-            raise RuntimeError(f"could not commit to {self.path} after {self.max_conflict_retries} attempts: "
-                               "other loads of this feed committed first every time")
-        return self.committed_state()
+        raise RuntimeError(f"could not commit to {self.path} after {self.max_conflict_retries} attempts: "
+                           "other loads of this feed committed first every time")
+
+    def _after(self, landed: committed.CommittedState) -> committed.CommittedState:
+        """The state to base the next commit on: this commit's own (a rows commit's is read again, once
+        its state commit follows)."""
+        self._committed = None if landed.pending else landed
+        return landed
+
+    def commit_state(self, rows_commit: int, state: FeedState) -> int | None:
+        """Commit `state` (no rows) right after this sink's rows commit at version `rows_commit`: its
+        state with the ends its rows hold, and what rows cannot say (cursors past the last row, drained).
+        Its version, or None when another load committed after the rows commit first (its state was
+        taken from those rows: nothing is lost, the cursors past the last rows are read again)."""
+        commit_id = uuid.uuid4().hex
+        metadata = committed.encode(state, commit_id, self.run_id)
+        empty = self.table.spark.createDataFrame([], spark_ddl(EVENT_SCHEMA))
+        try:
+            self.table.write(Commit(empty, metadata, rows_commit + 1), self.run_id)
+        except Exception as error:  # noqa: BLE001 - classified below; Spark raises many types
+            if not self.table.is_conflict(error) and self._landed(commit_id) is None:
+                raise
+        version = self._landed(commit_id)
+        if version is None:
+            log.info("the state commit after rows commit %s of %s was superseded by another load's", rows_commit,
+                     self.path)
+        self._committed = None  # read again on use: the newest state, resolved
+        return version
 
     def _read_history(self, limit: int = committed.RECENT_HISTORY) -> list[committed.CommittedState]:
         # The snapshot is this sink's own (nothing else refreshes it), and the state is read with it.
         self._snapshot, history = committed.read_history(self.table, limit, refresh=self._snapshot)
         self._committed = committed.resolve(self.table, history)
-        if self._committed.source == "rows":
+        if self._committed.source == "rows" and self._committed.delta_version is None:
             log.warning("no commit in the Delta log of %s carries the feed state any more (Delta's log cleanup): "
                         "the cursors were recovered from the table's rows; the next commit carries them again",
                         self.path)
         return history.states
 
-    def _landed(self, commit_id: str) -> bool:
-        """Whether the commit is in the table (Delta Spark silently skips a txnVersion already used).
+    def _landed(self, commit_id: str) -> int | None:
+        """The version of the commit when it is in the table (Delta Spark silently skips a txnVersion
+        already used); the state it leaves is read again on use.
 
         Right after a commit it is nearly always the newest one: the last few commits are looked at
         first, the usual depth only when it is not among them."""
-        if any(entry.load_id == commit_id for entry in self._read_history(_JUST_COMMITTED)):
-            return True
-        return any(entry.load_id == commit_id for entry in self._read_history())
+        for limit in (_JUST_COMMITTED, committed.RECENT_HISTORY):
+            self._snapshot, history = committed.read_history(self.table, limit, refresh=self._snapshot)
+            for entry in history.states:
+                if entry.load_id == commit_id:
+                    return entry.delta_version
+        return None

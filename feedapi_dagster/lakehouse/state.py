@@ -3,13 +3,21 @@
 This is the one place where a feed's cursors are read and written.
 
 **Where it lives.** Every commit a load makes carries the *whole* `FeedState` (all partitions'
-cursors, positions and drained flags) as the commit's `userMetadata`, next to the rows it adds: rows
-and cursors land in one atomic Delta commit. Every row also carries its page's cursor and its
-position, so the rows themselves hold each partition's resume point.
+cursors, positions and drained flags) as the commit's `userMetadata`. Every row also carries its
+page's cursor and its position, so the rows themselves hold each partition's resume point.
+
+A load whose rows are written by the same Spark job that reads them (`loader.py`) cannot know where
+its partitions stop before Delta commits the rows: that commit (the **rows commit**) carries the
+state the load started from and names its partitions as `pending`; the load then commits the state
+those rows end at (the **state commit**, no rows), from what Spark reports of the committed task
+attempts. Until the state commit lands, the rows commit *is* the cursor of record: each pending
+partition resumes after its newest row (read from the table, as below) or, with no row past its
+start, from its start. A load killed between the two commits loses nothing and repeats nothing.
 
 **How it is read** (`read_committed_state`), newest first through the Delta log:
 
-1. the newest commit that carries a state, skipping the commits a `RESTORE` undid (a RESTORE to
+1. the newest commit that carries a state (a rows commit's pending partitions taken from its rows),
+   skipping the commits a `RESTORE` undid (a RESTORE to
    version N makes the state of N the state again: the next load re-reads what the restore took out);
    commits without state (OPTIMIZE, VACUUM, a user's DELETE or SET TBLPROPERTIES) leave it as it is;
 2. when no commit in the log carries one because the log was cleaned up (a checkpoint keeps no
@@ -50,6 +58,8 @@ RECENT_HISTORY = 50
 REASSERT_AFTER_COMMITS = 5
 
 Source = Literal["commit", "rows", "new"]
+# the operation metric of a Delta write (in its commit's `operationMetrics`) counting the rows it added
+_ROWS_WRITTEN = "numOutputRows"
 
 
 class StateError(RuntimeError):
@@ -71,6 +81,9 @@ class CommittedState:
     # the files of `delta_version` that OPTIMIZE rewrote.
     rows_version: int | None
     table_version: int | None  # the version it was read at: a commit on it uses txnVersion + 1
+    # a rows commit's partitions whose end is in its rows, not (yet) in a state commit: `resolve`
+    # reads them from the rows (`source` "rows"); always () on a resolved state
+    pending: tuple[int, ...] = ()
 
     @property
     def txn_version(self) -> int:
@@ -87,6 +100,9 @@ class CommittedState:
     def describe(self) -> str:
         if self.source == "commit":
             return f"commit {self.delta_version} (load {self.load_id}), read at version {self.table_version}"
+        if self.source == "rows" and self.delta_version is not None:
+            return (f"commit {self.delta_version} (load {self.load_id}): its rows, whose load ended before it "
+                    f"committed their cursors; read at version {self.table_version}")
         if self.source == "rows":
             return f"recovered from the rows at version {self.table_version} (no commit in the log carries it)"
         return "a new table: no state yet"
@@ -99,12 +115,15 @@ class History:
     complete: bool  # the log reaches back to version 0: nothing was cleaned up
 
 
-def encode(state: FeedState, load_id: str, run_id: str | None) -> str:
-    document = {METADATA_KEY: {"load_id": load_id, "run_id": run_id, **state.model_dump(mode="json")}}
-    return json.dumps(document, separators=(",", ":"))
+def encode(state: FeedState, load_id: str, run_id: str | None, pending: tuple[int, ...] = ()) -> str:
+    """`pending`: a rows commit's partitions, whose ends its rows hold (`state` has their starts)."""
+    body = {"load_id": load_id, "run_id": run_id, **state.model_dump(mode="json")}
+    if pending:
+        body["pending"] = sorted(pending)
+    return json.dumps({METADATA_KEY: body}, separators=(",", ":"))
 
 
-def decode(user_metadata: str | None, version: int) -> tuple[FeedState, str] | None:
+def decode(user_metadata: str | None, version: int) -> tuple[FeedState, str, tuple[int, ...]] | None:
     """The state a commit's user metadata carries; None when it carries none (others' commits)."""
     if not user_metadata:
         return None
@@ -116,8 +135,9 @@ def decode(user_metadata: str | None, version: int) -> tuple[FeedState, str] | N
     if body is None:
         return None
     try:
-        return FeedState.model_validate(body), body.get("load_id")
-    except (ValidationError, AttributeError) as error:
+        pending = tuple(int(p) for p in body.get("pending", ()))
+        return FeedState.model_validate(body), body.get("load_id"), pending
+    except (ValidationError, AttributeError, TypeError, ValueError) as error:
         raise StateError(f"the feed state in Delta commit {version} cannot be read ({error}); it was written "
                          "by another program or edited. Restore the table to a version before it, or remove "
                          f"the commit's `{METADATA_KEY}` user metadata") from None
@@ -136,8 +156,10 @@ def committed_states(entries: list[HistoryEntry], table_version: int | None) -> 
         decoded = decode(entry.user_metadata, entry.version)
         if decoded is not None:
             rows_version = maintained if unchanged and maintained is not None else entry.version
+            # a rows commit that added no row leaves its partitions where they started: nothing to read
+            pending = decoded[2] if entry.metrics.get(_ROWS_WRITTEN) != "0" else ()
             states.append(CommittedState(decoded[0], "commit", decoded[1], entry.version, rows_version,
-                                         table_version))
+                                         table_version, pending))
             unchanged = False
         elif entry.restored_version is not None:
             undone_above = entry.restored_version
@@ -167,10 +189,12 @@ def read_history(table: "FeedTable | DeltaLog | str", limit: int | None = RECENT
 
 def resolve(table: "FeedTable | DeltaLog | str", history: History) -> CommittedState:
     """The cursor of record, from the history read (see the module docstring)."""
-    if history.states:
-        return history.states[0]
     path = table if isinstance(table, str) else table.path
     spark_table = table if isinstance(table, FeedTable) else None
+    if history.states and history.states[0].pending:
+        return _with_pending_rows(history.states[0], spark_table, path)
+    if history.states:
+        return history.states[0]
     if history.complete:  # every commit is in the log, and no load's commit is in effect
         return CommittedState(FeedState(), "new", None, None, None, history.table_version)
     if spark_table is None:
@@ -186,6 +210,26 @@ def resolve(table: "FeedTable | DeltaLog | str", history: History) -> CommittedS
         "by Delta), and no commit left in it carries the feed state: whether its events were deleted or "
         "never loaded cannot be told, so nothing is loaded. To load the feed from the start into it, "
         "remove the table (its folder); to keep it empty, leave the feed's schedule off")
+
+
+def _with_pending_rows(rows_commit: CommittedState, table: "FeedTable | None", path: str) -> CommittedState:
+    """A rows commit's state: each pending partition after its newest row, or at its start when the
+    commit added none past it (the pages it read held no new event: read again, they give none)."""
+    if table is None:
+        raise RecoveryNeedsSpark(f"the newest feed state in the Delta log of {path} is a load's rows commit whose "
+                                 "cursors were not committed after it: they are read from its rows, which takes "
+                                 "Spark (`feedapi-dagster state` does it)")
+    last_rows = table.last_rows(rows_commit.rows_version, rows_commit.pending)
+    state = rows_commit.state
+    updates = {}
+    for pid in rows_commit.pending:
+        start = state.get(pid) or PartitionState()
+        if pid in last_rows and last_rows[pid][0] >= start.position:
+            position, cursor = last_rows[pid]
+            updates[pid] = PartitionState(cursor=cursor, position=position + 1, inherited_from=start.inherited_from)
+    resolved = FeedState(generation=state.generation, partitions={**state.partitions, **updates})
+    return CommittedState(resolved, "rows", rows_commit.load_id, rows_commit.delta_version, rows_commit.rows_version,
+                          rows_commit.table_version)
 
 
 def read_committed_state(table: "FeedTable | DeltaLog | str") -> CommittedState:

@@ -4,9 +4,14 @@ A lakehouse on local disk needs nothing. One on S3 (AWS, or an S3-compatible ser
 URI plus an `S3Storage`: endpoint, region, path-style access, and where the credentials come from.
 The same setting becomes
 
-* Spark's ``fs.s3a.*`` configuration (`hadoop_conf`; the session or server configuration, see
-  `ProjectConfig.spark_settings`), and the AWS variables of the Spark JVM this process starts
-  (`credential_env`): credentials never go into Spark's configuration, plans or command lines;
+* the runtime settings of every Spark session of the lakehouse (`session_conf`, applied by
+  `sessions.spark_session`): the ``fs.s3a.*`` settings (`hadoop_conf`) and the credentials named by
+  ``*_env``, read when the session is made. Spark copies a session's settings into the Hadoop
+  configuration of its reads and writes (on the executors too), so a Spark Connect server that was
+  started without them serves them. Spark redacts the credentials' keys (``spark.redaction.regex``)
+  wherever it shows settings. Hadoop's file system cache stays on: a server keeps the ``s3a`` file
+  system of a bucket (its endpoint, its keys) that it first opened until it restarts, unless the
+  storage asks for `fresh_file_systems` (keys rotated, or another endpoint, on a running server);
 * delta-rs's ``storage_options`` (`storage_options`), with which the run process reads the Delta log.
 
 Credentials: by default the AWS default chain, which both Hadoop's ``s3a`` and delta-rs follow
@@ -32,12 +37,26 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 S3A = "s3a"
 LOG_STORE_KEYS = ("spark.delta.logStore.s3a.impl", "spark.delta.logStore.class")
-# What each credential field names, and the variable the AWS SDK (in the Spark JVM) reads it from.
+# Each credential setting: the delta-rs option and the s3a setting that get the value it names.
 _CREDENTIALS = {
-    "access_key_id_env": "AWS_ACCESS_KEY_ID",
-    "secret_access_key_env": "AWS_SECRET_ACCESS_KEY",
-    "session_token_env": "AWS_SESSION_TOKEN",
+    "access_key_id_env": ("AWS_ACCESS_KEY_ID", "fs.s3a.access.key"),
+    "secret_access_key_env": ("AWS_SECRET_ACCESS_KEY", "fs.s3a.secret.key"),
+    "session_token_env": ("AWS_SESSION_TOKEN", "fs.s3a.session.token"),
 }
+CREDENTIALS_PROVIDER = "fs.s3a.aws.credentials.provider"
+SIMPLE_CREDENTIALS = "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
+TEMPORARY_CREDENTIALS = "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
+# Hadoop caches a file system per (scheme, bucket, user) in its JVM and builds it from the configuration
+# of the first call: later sessions get the S3AFileSystem made with the first one's endpoint and keys.
+# With `S3Storage.fresh_file_systems` the sessions turn the cache off for s3a (each file system Spark asks
+# for is made from the session's settings), at a cost: Hadoop never closes the file systems it made
+# uncached (their threads and connection pools stay in the server's JVM).
+NO_FILE_SYSTEM_CACHE = "fs.s3a.impl.disable.cache"
+# Every setting `session_conf` may give: a session of the shared server-side session that does not give
+# one unsets it, so that no setting of an earlier session (another lakehouse's endpoint, keys) is left.
+SESSION_KEYS = ("fs.s3a.path.style.access", "fs.s3a.endpoint", "fs.s3a.connection.ssl.enabled",
+                "fs.s3a.endpoint.region", NO_FILE_SYSTEM_CACHE, CREDENTIALS_PROVIDER,
+                *(key for _, key in _CREDENTIALS.values()))
 
 
 class StorageError(RuntimeError):
@@ -55,6 +74,13 @@ class S3Storage(BaseModel):
     access_key_id_env: str | None = Field(default=None, description="environment variable with the access key id")
     secret_access_key_env: str | None = Field(default=None, description="environment variable with the secret key")
     session_token_env: str | None = Field(default=None, description="environment variable with a session token")
+    fresh_file_systems: bool = Field(
+        default=False,
+        description="make every s3a file system of a Spark read or write from the session's settings "
+                    "(fs.s3a.impl.disable.cache=true), so that keys rotated in the *_env variables, or another "
+                    "endpoint, are used without restarting the Spark server; costs the server's JVM the file "
+                    "systems (and their threads) Hadoop never closes, with every load. Off: a Spark server "
+                    "keeps the file system of a bucket it first opened (its endpoint and keys) until it restarts")
 
     @field_validator("endpoint")
     @classmethod
@@ -81,21 +107,41 @@ class S3Storage(BaseModel):
         return self
 
     # ------------------------------------------------------------------ credentials
-    def credential_env(self) -> dict[str, str]:
-        """AWS variable -> the variable of this process named to hold it; {} for the default chain."""
-        return {aws: getattr(self, setting) for setting, aws in _CREDENTIALS.items() if getattr(self, setting)}
+    def _credential_values(self) -> dict[str, str]:
+        """Setting -> the value of the variable it names, read now; {} for the default chain. Raises
+        `StorageError` naming the setting of a variable that is not set."""
+        values = {}
+        for setting in _CREDENTIALS:
+            name = getattr(self, setting)
+            if name is None:
+                continue
+            value = os.environ.get(name)
+            if not value:
+                raise StorageError(f"lakehouse storage: environment variable {name} (storage.s3.{setting}) "
+                                   "is not set in this process")
+            values[setting] = value
+        return values
 
     def credentials(self) -> dict[str, str]:
-        """AWS variable -> value, read here (`read_credentials`); {} for the default chain."""
-        return read_credentials(self.credential_env())
+        """AWS variable (``AWS_ACCESS_KEY_ID``...) -> value, read now; {} for the default chain."""
+        return {_CREDENTIALS[setting][0]: value for setting, value in self._credential_values().items()}
 
     # ------------------------------------------------------------------ Spark
-    def spark_conf(self, *, session: bool = False) -> dict[str, str]:
-        """The ``fs.s3a.*`` settings as Spark configuration of a server or local session
-        (``spark.hadoop.fs.s3a.*``), or, `session`, as settings of a (cluster's) session, which Spark
-        copies into the Hadoop configuration of the session's reads and writes."""
-        prefix = "" if session else "spark.hadoop."
-        return {f"{prefix}{key}": value for key, value in self.hadoop_conf().items()}
+    def session_conf(self) -> dict[str, str]:
+        """Runtime settings of a Spark session: the ``fs.s3a.*`` settings (`hadoop_conf`), with
+        `fresh_file_systems` Hadoop's file system cache off for ``s3a`` (`NO_FILE_SYSTEM_CACHE`; never
+        set otherwise) and, with ``*_env``, the credentials read now, with the provider that takes them
+        from the configuration (a session token: the temporary one). Without ``*_env`` s3a follows its
+        default chain. Holds secrets: hand it to Spark only (whose ``spark.redaction.regex`` hides the
+        credentials' keys wherever it shows settings)."""
+        conf = self.hadoop_conf()
+        if self.fresh_file_systems:
+            conf[NO_FILE_SYSTEM_CACHE] = "true"
+        values = self._credential_values()
+        if values:
+            conf.update({_CREDENTIALS[setting][1]: value for setting, value in values.items()})
+            conf[CREDENTIALS_PROVIDER] = TEMPORARY_CREDENTIALS if "session_token_env" in values else SIMPLE_CREDENTIALS
+        return conf
 
     def hadoop_conf(self) -> dict[str, str]:
         """``fs.s3a.*`` settings (no secrets)."""
@@ -124,21 +170,6 @@ class S3Storage(BaseModel):
             options["AWS_VIRTUAL_HOSTED_STYLE_REQUEST"] = "false"
         options.update(self.credentials())
         return options
-
-
-def read_credentials(sources: Mapping[str, str]) -> dict[str, str]:
-    """``{AWS variable: variable holding it}`` -> ``{AWS variable: value}``, read in this process (a
-    Spark JVM started here gets them in its environment, where the AWS SDK reads them). Raises
-    `StorageError` naming the setting of a variable that is not set."""
-    settings = {aws: setting for setting, aws in _CREDENTIALS.items()}
-    values = {}
-    for aws_name, name in sources.items():
-        value = os.environ.get(name)
-        if not value:
-            setting = f"storage.s3.{settings[aws_name]}" if aws_name in settings else aws_name
-            raise StorageError(f"lakehouse storage: environment variable {name} ({setting}) is not set in this process")
-        values[aws_name] = value
-    return values
 
 
 def is_s3(uri: str) -> bool:

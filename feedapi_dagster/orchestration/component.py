@@ -23,7 +23,7 @@ import dagster as dg
 from dagster.components.utils.translation import TranslationFn, TranslationFnResolver
 from pydantic import BaseModel, Field, SecretStr, model_validator
 
-from feedapi_dagster.lakehouse.spark import SparkSettings
+from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.lakehouse.storage import check_storage
 
 from .config import FeedConfig, ProjectConfig, StorageConfig

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from feedapi_dagster.lakehouse.loader import LoadSettings
 from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
-from feedapi_dagster.lakehouse.spark import SparkSettings
+from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.lakehouse.storage import S3Storage, check_storage, is_s3
 from feedapi_dagster.lakehouse.table import check_id_field
 from feedapi_dagster.protocol import Feed, FeedClient
@@ -81,6 +81,8 @@ class ProjectConfig(_Strict):
 
     @model_validator(mode="after")
     def _storage(self) -> "ProjectConfig":
+        if self.spark.s3 is not None:
+            raise ValueError("spark.s3 is set from storage.s3 (the lakehouse's storage): set that instead")
         check_storage(self.lakehouse, self.storage.s3, self.spark.mode, self.spark.conf)
         return self
 
@@ -90,14 +92,11 @@ class ProjectConfig(_Strict):
         return (self.storage.s3 or S3Storage()) if is_s3(self.lakehouse) else None
 
     def spark_settings(self) -> SparkSettings:
-        """The `spark` settings with the lakehouse's storage in them (`S3Storage.spark_conf`: server
-        settings, or a cluster's session settings); the settings in `spark.conf` win. Credentials go to
-        the JVM started here by variable names (`SparkSettings.credential_env`), never into `conf`."""
-        if self.s3 is None:
-            return self.spark
-        conf = self.s3.spark_conf(session=self.spark.mode == "remote")
-        return self.spark.model_copy(update={"conf": {**conf, **self.spark.conf},
-                                             "credential_env": {**self.s3.credential_env(), **self.spark.credential_env}})
+        """The `spark` settings with the lakehouse's S3 storage in them (`SparkSettings.s3`): every
+        session made from them gets its s3a settings and credentials (read when the session is made)
+        as runtime settings; the settings in `spark.conf` win. Credentials are named by variables, never
+        in `conf`."""
+        return self.spark.model_copy(update={"s3": self.s3})
 
     def storage_options(self) -> dict[str, str]:
         """delta-rs's options for the lakehouse's tables (credentials read here)."""

@@ -25,12 +25,12 @@ import dagster as dg
 
 import feedapi_dagster.demo
 from feedapi_dagster.demo import demo_feed_settings, demo_server
+from feedapi_dagster.lakehouse.connect_server import ensure_embedded_server
 from feedapi_dagster.lakehouse.delta import FeedTable
 from feedapi_dagster.lakehouse.jars import ensure_delta_jars
 from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
-from feedapi_dagster.lakehouse.spark import DEFAULT_PORT, SparkSettings, ensure_embedded_server
+from feedapi_dagster.lakehouse.spark_conf import DEFAULT_PORT, SparkSettings
 from feedapi_dagster.lakehouse.state import read_committed_state
-from feedapi_dagster.lakehouse.storage import read_credentials
 from feedapi_dagster.protocol.registry import PROTOCOLS
 
 from .automation import load_request, register_discovered_partitions
@@ -112,9 +112,8 @@ def demo_services(project: ProjectConfig, events: int, partitions: int) -> Itera
     ensure_delta_jars(echo=lambda line: print(line, flush=True))
     with demo_server(feed.protocol, urlsplit(feed.url).port or DEMO_FEED_PORT, events, partitions) as server:
         print(f"demo {feed.protocol} server: {server.url}", flush=True)
-        settings = project.spark_settings()
-        spark = ensure_embedded_server(settings.port, conf=settings.conf, detach=True,
-                                       env=read_credentials(settings.credential_env))
+        # the lakehouse's storage settings come with each run's session, not with the server
+        spark = ensure_embedded_server(project.spark.port, conf=project.spark.conf, detach=True)
         print(f"Spark Connect server: {spark.url}", flush=True)
         try:
             yield feed

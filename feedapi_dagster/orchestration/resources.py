@@ -1,11 +1,13 @@
 """The Spark session of a run: dagster-pyspark's resource, pointed at the embedded server or a cluster."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
 from dagster_pyspark import LazyPySparkResource, PySparkResource
 
-from feedapi_dagster.lakehouse.spark import DEFAULT_PORT, SparkSettings, is_connect, register_feed_source, spark_session
+from feedapi_dagster.lakehouse.sessions import is_connect, register_feed_source, spark_session
+from feedapi_dagster.lakehouse.spark_conf import DEFAULT_PORT, SparkSettings
+from feedapi_dagster.lakehouse.storage import S3Storage
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -32,9 +34,9 @@ class SparkResource(LazyPySparkResource):
     # remote: send this package to the cluster as a Spark Connect artifact (off when the cluster's
     # Python has feedapi-dagster installed)
     ship_package: bool = True
-    # the lakehouse's credentials for a Spark JVM started here: JVM variable -> this process's variable
-    # holding it (names only: the values are read when the JVM starts)
-    credential_env: dict[str, str] = {}
+    # the lakehouse's S3 storage (`S3Storage` fields; credentials by the names of their variables, read
+    # when the session is made): every session gets its s3a settings and credentials
+    s3: Optional[dict[str, Any]] = None
 
     @classmethod
     def from_settings(cls, settings: SparkSettings) -> "SparkResource":
@@ -44,12 +46,13 @@ class SparkResource(LazyPySparkResource):
         if key not in _BY_SETTINGS:
             _BY_SETTINGS[key] = cls(mode=settings.mode, remote=settings.remote, port=settings.port,
                                     spark_config=settings.conf, ship_package=settings.ship_package,
-                                    credential_env=settings.credential_env)
+                                    s3=settings.s3.model_dump(exclude_none=True) if settings.s3 is not None else None)
         return _BY_SETTINGS[key]
 
     def settings(self) -> SparkSettings:
         return SparkSettings(mode=self.mode, remote=self.remote, port=self.port, conf=self.spark_config,
-                             detach_server=True, ship_package=self.ship_package, credential_env=self.credential_env)
+                             detach_server=True, ship_package=self.ship_package,
+                             s3=S3Storage(**self.s3) if self.s3 is not None else None)
 
     # LazyPySparkResource has no public hook for how its session is made: `_init_session` is what its
     # `spark_session` property calls, once, and `_spark_session` where it keeps the session

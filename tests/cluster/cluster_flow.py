@@ -15,7 +15,7 @@ import sys
 import dagster as dg
 import requests
 
-from feedapi_dagster.lakehouse.spark import SparkSettings
+from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.lakehouse.storage import S3Storage
 from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, SparkResource, build_feedapi_definitions
 from feedapi_dagster.orchestration.config import StorageConfig

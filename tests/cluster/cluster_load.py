@@ -17,7 +17,8 @@ from pathlib import Path
 from feedapi_dagster.lakehouse.delta import FeedTable
 from feedapi_dagster.lakehouse.loader import READ, FeedLoader, LoadSettings
 from feedapi_dagster.lakehouse.sink import DeltaSink
-from feedapi_dagster.lakehouse.spark import SparkSettings, spark_session
+from feedapi_dagster.lakehouse.sessions import spark_session
+from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.protocol import Feed, RetryPolicy
 
 

@@ -19,7 +19,8 @@ import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Gate
 from feedapi_dagster.lakehouse.jars import pyspark_home
-from feedapi_dagster.lakehouse.spark import LOOPBACK, SparkConnectServer, find_free_port, port_open, read_token
+from feedapi_dagster.lakehouse.connect_server import SparkConnectServer, find_free_port, port_open, read_token
+from feedapi_dagster.lakehouse.spark_conf import LOOPBACK
 from feedapi_dagster.lakehouse.state import read_committed_state
 
 from ..conftest import BUCKET

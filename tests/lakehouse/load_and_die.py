@@ -8,7 +8,8 @@ FEED: a FeedAPI feed's URL, or a `Feed` as JSON (a Nakadi event type).
 Each sync loads at most 100 events per partition. MOMENT is `read`, `before_commit` or
 `after_commit`: the process dies the second time it gets there, so that one load is committed and the
 next is not (read, before) or is (after). With MOMENT `none` it syncs once and exits. STORAGE_JSON:
-the lakehouse's `S3Storage` (the table is on S3).
+the lakehouse's `S3Storage` (the table is on S3), whose settings and credentials the session brings to
+the server (as a project's run does).
 """
 import os
 import signal
@@ -18,7 +19,7 @@ from feedapi_dagster.protocol import Feed
 from feedapi_dagster.lakehouse.delta import FeedTable
 from feedapi_dagster.lakehouse.loader import FeedLoader, LoadSettings
 from feedapi_dagster.lakehouse.sink import DeltaSink
-from feedapi_dagster.lakehouse.spark import connect_session
+from feedapi_dagster.lakehouse.sessions import connect_session
 from feedapi_dagster.lakehouse.storage import S3Storage
 
 
@@ -35,7 +36,7 @@ def main() -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
 
     options = storage.storage_options() if storage else None
-    sink = DeltaSink(FeedTable(connect_session(connect_url), path, storage_options=options))
+    sink = DeltaSink(FeedTable(connect_session(connect_url, storage=storage), path, storage_options=options))
     settings = Feed.model_validate_json(feed).model_dump() if feed.startswith("{") else {"url": feed}
     loader = FeedLoader(Feed(**{**settings, "page_size_hint": 50}), sink,
                         LoadSettings(max_events_per_partition=100), on_moment=die_at)

@@ -154,7 +154,7 @@ def test_a_python_worker_killed_mid_read_is_retried_and_its_read_lands_once(spar
 
 def test_the_spark_connect_server_killed_mid_read_commits_nothing_then_resume(spark, make_loader, table_path,
                                                                               tmp_path):
-    from feedapi_dagster.lakehouse.spark import find_free_port, start_embedded_server
+    from feedapi_dagster.lakehouse.connect_server import find_free_port, start_embedded_server
 
     feed = DemoFeed(partitions=2, events=300, seed=23)
     port = find_free_port()

@@ -120,11 +120,31 @@ def test_the_next_load_is_exactly_once_after_log_cleanup_maintenance_and_users_c
         assert after.state.get(partition).cursor == rows[-1].cursor
 
 
-def test_a_quiet_feed_commits_its_state_again_before_others_commits_can_bury_it(spark, make_loader, table_path):
-    feed = DemoFeed(partitions=1, events=20, seed=32)
+def test_a_quiet_open_partitions_sync_carries_the_state_to_the_head_in_one_commit_without_rows(
+        spark, make_loader, table_path):
+    # An open partition is read at every sync; with nothing new, the read's own commit (no row) carries
+    # the state at the head, and no state commit follows it.
+    feed = DemoFeed(partitions=1, events=20, seed=31)
     with DemoFeedServer(feed, dialect="draft") as server:
         make_loader(server).sync()
         first = read_committed_state(table_path)
+        user_commit(spark, table_path, 1)
+        make_loader(server).sync()
+    quiet = read_committed_state(table_path)
+    assert (quiet.delta_version, quiet.source, quiet.pending) == (first.delta_version + 2, "commit", ())
+    assert quiet.state.partitions == first.state.partitions
+    assert [r.payload for r in table_rows(spark, table_path, 0)] == feed.published(0)
+
+
+def test_a_quiet_feed_commits_its_state_again_before_others_commits_can_bury_it(spark, make_loader, table_path):
+    # A drained partition is not read again: a sync of the feed commits nothing, until others' commits
+    # push the state's commit far back
+    feed = DemoFeed(partitions=1, events=20, seed=32)
+    feed.close(0)
+    with DemoFeedServer(feed, dialect="draft") as server:
+        make_loader(server).sync()
+        first = read_committed_state(table_path)
+        assert first.state.get(0).drained
         for n in range(REASSERT_AFTER_COMMITS - 1):
             user_commit(spark, table_path, n)
         make_loader(server).sync()  # nothing new, the state's commit is still near the head
@@ -179,9 +199,10 @@ def test_an_unreadable_state_is_an_error_naming_its_commit(spark, make_loader, t
     feed = DemoFeed(partitions=1, events=10, seed=35)
     with DemoFeedServer(feed, dialect="draft") as server:
         make_loader(server).sync()
+        head = read_committed_state(table_path).table_version
         broken = json.dumps({"feedapi_dagster": {"partitions": "not a map"}})
         FeedTable(spark, table_path).write(Commit(spark.createDataFrame([], EVENT_DDL), broken, 100), None)
-        with pytest.raises(StateError, match=r"commit 2 cannot be read"):
+        with pytest.raises(StateError, match=rf"commit {head + 1} cannot be read"):
             make_loader(server).sync()
 
 

@@ -236,6 +236,11 @@ def _events(partition_id: int, texts: list[str]):
     return SparkSession.getActiveSession().createDataFrame(batch.to_arrow())
 
 
+def _rows(partition_id: int, texts: list[str]):
+    """What a sink commits: a function giving the rows of each attempt."""
+    return lambda: _events(partition_id, texts)
+
+
 @LOG_READERS
 def test_a_writer_with_a_stale_state_rebases_or_refuses_never_overwrites(spark, make_sink, table_path):
     # Two sinks read the (empty) state; the first commits. The second still holds the old state (and,
@@ -247,10 +252,10 @@ def test_a_writer_with_a_stale_state_rebases_or_refuses_never_overwrites(spark, 
     for sink in (first, second, third):
         assert sink.state.generation == 0
     advanced = PartitionState(cursor="c1", position=1)
-    first.commit(_events(0, ['{"id":"a"}']), {0: advanced}, {0: None})
-    second.commit(_events(1, ['{"id":"b"}']), {1: advanced}, {1: None})
+    first.commit(_rows(0, ['{"id":"a"}']), {0: advanced}, {0: None})
+    second.commit(_rows(1, ['{"id":"b"}']), {1: advanced}, {1: None})
     with pytest.raises(PartitionConflict):
-        third.commit(_events(0, ['{"id":"a"}']), {0: advanced}, {0: None})
+        third.commit(_rows(0, ['{"id":"a"}']), {0: advanced}, {0: None})
     state = read_committed_state(table_path).state
     assert state.generation == 2 and state.get(0) == state.get(1) == advanced
     rows = spark.read.format("delta").load(table_path).orderBy("partition_id").collect()
@@ -265,13 +270,13 @@ def test_sinks_whose_snapshots_were_refreshed_after_their_commits_still_never_ov
 
     first, second = make_sink(), make_sink()
     one, two, three = (PartitionState(cursor=f"c{n}", position=n) for n in (1, 2, 3))
-    first.commit(_events(0, ['{"id":"a"}']), {0: one}, {0: None})
-    second.commit(_events(1, ['{"id":"b"}']), {1: one}, {1: None})  # rebased on the first commit
-    first.commit(_events(2, ['{"id":"c"}']), {2: one}, {2: None})  # the first's snapshot is now behind
+    first.commit(_rows(0, ['{"id":"a"}']), {0: one}, {0: None})
+    second.commit(_rows(1, ['{"id":"b"}']), {1: one}, {1: None})  # rebased on the first commit
+    first.commit(_rows(2, ['{"id":"c"}']), {2: one}, {2: None})  # the first's snapshot is now behind
     assert second.state.generation == 2  # the second has not seen the first's new commit
-    second.commit(_events(0, ['{"id":"a2"}']), {0: two}, {0: one})  # partition 0 unchanged: rebases
+    second.commit(_rows(0, ['{"id":"a2"}']), {0: two}, {0: one})  # partition 0 unchanged: rebases
     with pytest.raises(PartitionConflict):
-        first.commit(_events(0, ['{"id":"a2"}']), {0: three}, {0: one})  # partition 0 moved on: refused
+        first.commit(_rows(0, ['{"id":"a2"}']), {0: three}, {0: one})  # partition 0 moved on: refused
     state = read_committed_state(table_path).state
     assert state.generation == 4 and (state.get(0), state.get(1), state.get(2)) == (two, one, one)
     rows = spark.read.format("delta").load(table_path).orderBy("partition_id", "event_id").collect()
@@ -291,11 +296,12 @@ def test_a_commit_buried_under_other_writers_commits_is_still_found_landed(spark
     def write_then_others_commit(commit, run_id):
         write(commit, run_id)
         for n in range(1, 6):
-            other.commit(_events(n, [f'{{"id":"o{n}"}}']), {n: PartitionState(cursor="o", position=1)}, {n: None})
+            other.commit(_rows(n, [f'{{"id":"o{n}"}}']), {n: PartitionState(cursor="o", position=1)}, {n: None})
 
     first.table.write = write_then_others_commit
-    landed = first.commit(_events(0, ['{"id":"a"}']), {0: PartitionState(cursor="a", position=1)}, {0: None})
-    assert landed.state.generation == 6 and landed.state.get(0) == PartitionState(cursor="a", position=1)
+    landed = first.commit(_rows(0, ['{"id":"a"}']), {0: PartitionState(cursor="a", position=1)}, {0: None})
+    assert landed.delta_version == 1 and landed.state.get(0) == PartitionState(cursor="a", position=1)
+    assert read_committed_state(table_path).state.generation == 6  # its own, then the other's five
     rows = spark.read.format("delta").load(table_path).orderBy("partition_id").collect()
     assert [(r.partition_id, r.event_id) for r in rows] == [(0, "a"), *((n, f"o{n}") for n in range(1, 6))]
 
@@ -312,15 +318,15 @@ def test_commits_made_right_after_a_sinks_own_commit_are_rebased_on_never_overwr
     def write_then_others_commit(commit, run_id):
         write(commit, run_id)
         for n, state in theirs.items():
-            other.commit(_events(n, [f'{{"id":"o{n}"}}']), {n: state}, {n: None})
+            other.commit(_rows(n, [f'{{"id":"o{n}"}}']), {n: state}, {n: None})
 
     first.table.write = write_then_others_commit
     mine = PartitionState(cursor="a", position=1)
-    assert first.commit(_events(0, ['{"id":"a"}']), {0: mine}, {0: None}).state.get(0) == mine
+    assert first.commit(_rows(0, ['{"id":"a"}']), {0: mine}, {0: None}).state.get(0) == mine
     first.table.write = write
     with pytest.raises(PartitionConflict):
-        first.commit(_events(1, ['{"id":"x"}']), {1: mine}, {1: None})  # partition 1 moved on: refused
-    first.commit(_events(3, ['{"id":"d"}']), {3: mine}, {3: None})  # untouched by the other: rebased
+        first.commit(_rows(1, ['{"id":"x"}']), {1: mine}, {1: None})  # partition 1 moved on: refused
+    first.commit(_rows(3, ['{"id":"d"}']), {3: mine}, {3: None})  # untouched by the other: rebased
     state = read_committed_state(table_path).state
     assert state.generation == 4
     assert [state.get(n) for n in range(4)] == [mine, theirs[1], theirs[2], mine]
@@ -369,7 +375,8 @@ def test_the_delta_log_is_read_with_deltalake_where_the_run_can_open_the_table(s
 
 def test_a_delta_commit_failing_after_the_read_commits_nothing_and_leaves_nothing(
         spark, make_loader, table_path, monkeypatch):
-    # Spark has read the feed (its read tasks left their notes beside the table); the Delta write fails.
+    # Spark has read the feed (its read tasks left their notes beside the table); the Delta write fails
+    # before its commit.
     from pyspark.sql.readwriter import DataFrameWriter
 
     feed = DemoFeed(partitions=2, events=120, seed=4)
@@ -380,6 +387,7 @@ def test_a_delta_commit_failing_after_the_read_commits_nothing_and_leaves_nothin
         real_save = DataFrameWriter.save
 
         def failing_save(self, path=None, *args, **kwargs):
+            self._df.count()  # the write's job reads the feed (its tasks note what they read), then dies
             noted.append([p.name for p in (Path(table_path) / "_feedapi_progress").glob("load-*/*.json")])
             raise RuntimeError("the Spark job died")
 

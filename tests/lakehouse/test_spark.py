@@ -24,13 +24,8 @@ from feedapi_dagster.lakehouse.jars import (
     pyspark_jars_dir,
     read_manifest,
 )
-from feedapi_dagster.lakehouse.spark import (
-    SparkConnectServer,
-    SparkSettings,
-    ensure_embedded_server,
-    find_free_port,
-    port_open,
-)
+from feedapi_dagster.lakehouse.connect_server import SparkConnectServer, ensure_embedded_server, find_free_port, port_open
+from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 
 # Java-level proxies that lead nowhere: any HTTP(S) download attempted by the JVM (Ivy) would fail.
 NO_NETWORK_JAVA_OPTIONS = [
@@ -104,7 +99,8 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory):
 CLIENT = textwrap.dedent("""
     import json, sys, time
     started = time.monotonic()
-    from feedapi_dagster.lakehouse.spark import SparkSettings, spark_session
+    from feedapi_dagster.lakehouse.sessions import spark_session
+    from feedapi_dagster.lakehouse.spark_conf import SparkSettings
     from pyspark.sql import functions as F
     # embedded mode: finds the server already listening on the port and only connects a client
     spark = spark_session(SparkSettings(mode="embedded", port=int(sys.argv[1])))
@@ -188,7 +184,7 @@ REMOTE_CLIENT = textwrap.dedent("""
 @pytest.mark.spark
 def test_a_client_without_the_servers_token_is_refused(connect_server: SparkConnectServer) -> None:
     """The server runs Python for its clients: only those holding its token (a 0600 file) get in."""
-    from feedapi_dagster.lakehouse.spark import token_file
+    from feedapi_dagster.lakehouse.connect_server import token_file
 
     port = connect_server.port
     assert token_file(port).stat().st_mode & 0o777 == 0o600

@@ -5,7 +5,7 @@ import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
 from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
-from feedapi_dagster.lakehouse.spark import SparkSettings
+from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.orchestration import (SPARK_RESOURCE_KEY, FeedConfig, ProjectConfig, SparkResource,
                                           build_feedapi_definitions)
 from feedapi_dagster.lakehouse.delta import DeltaLog

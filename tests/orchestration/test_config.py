@@ -4,7 +4,9 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.lakehouse.storage import StorageError
+from feedapi_dagster.orchestration import ProjectConfig, SparkResource
 from feedapi_dagster.protocol import FeedAPIError
 from feedapi_dagster.orchestration.component import FeedApiAttributes, FeedApiComponent
 
@@ -45,24 +47,43 @@ def test_one_storage_setting_becomes_spark_s3a_settings_and_delta_rs_options(tmp
     monkeypatch.setenv("LAKE_KEY", "AKIA-test-key")
     monkeypatch.setenv("LAKE_SECRET", "s3cr3t-lake")
     settings = project.spark_settings()
-    assert settings.conf == {"spark.hadoop.fs.s3a.endpoint": "http://127.0.0.1:9000",
-                             "spark.hadoop.fs.s3a.path.style.access": "true",
-                             "spark.hadoop.fs.s3a.connection.ssl.enabled": "false",
-                             "spark.hadoop.fs.s3a.endpoint.region": "us-east-1"}
-    # credentials reach the Spark JVM started here by the names of variables, never in its conf
-    assert settings.credential_env == {"AWS_ACCESS_KEY_ID": "LAKE_KEY", "AWS_SECRET_ACCESS_KEY": "LAKE_SECRET"}
+    # the storage setting goes with the settings (variable names only), not into the server's conf
+    assert settings.conf == {} and settings.s3 == project.s3
     assert "s3cr3t-lake" not in settings.model_dump_json() and "s3cr3t-lake" not in repr(project)
+    # every session gets the s3a settings and the credentials, read when it is made; Hadoop's file
+    # system cache stays on unless the storage asks for fresh file systems
+    assert settings.s3.session_conf() == {
+        "fs.s3a.endpoint": "http://127.0.0.1:9000", "fs.s3a.path.style.access": "true",
+        "fs.s3a.connection.ssl.enabled": "false", "fs.s3a.endpoint.region": "us-east-1",
+        "fs.s3a.access.key": "AKIA-test-key", "fs.s3a.secret.key": "s3cr3t-lake",
+        "fs.s3a.aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"}
+    fresh_yaml = S3.replace("LAKE_SECRET", "LAKE_SECRET\n    fresh_file_systems: true")
+    fresh = FeedApiComponent(**dict(validate(fresh_yaml))).project_config(tmp_path)
+    assert fresh.s3.fresh_file_systems and not project.s3.fresh_file_systems
+    assert fresh.spark_settings().s3.session_conf() == {**settings.s3.session_conf(),
+                                                        "fs.s3a.impl.disable.cache": "true"}
+    assert fresh.storage_options() == project.storage_options()
+    monkeypatch.setenv("LAKE_TOKEN", "t0ken")
+    temporary = settings.s3.model_copy(update={"session_token_env": "LAKE_TOKEN"}).session_conf()
+    assert temporary["fs.s3a.session.token"] == "t0ken"
+    assert temporary["fs.s3a.aws.credentials.provider"] == "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
     assert project.storage_options() == {
         "AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_ALLOW_HTTP": "true", "AWS_REGION": "us-east-1",
         "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false", "AWS_ACCESS_KEY_ID": "AKIA-test-key",
         "AWS_SECRET_ACCESS_KEY": "s3cr3t-lake"}
-    # a cluster gets them as settings of its session (its Hadoop configuration of reads and writes)
+    # a cluster's sessions get the same; the resource of the runs carries the names, not the values
     remote = validate(S3.replace("mode: embedded", "mode: remote, remote: 'sc://spark:15002'"))
-    remote_conf = FeedApiComponent(**dict(remote)).project_config(tmp_path).spark_settings().conf
-    assert remote_conf["fs.s3a.endpoint"] == "http://127.0.0.1:9000"
+    remote_settings = FeedApiComponent(**dict(remote)).project_config(tmp_path).spark_settings()
+    assert remote_settings.conf == {} and remote_settings.s3 == project.s3
+    resource = SparkResource.from_settings(remote_settings)
+    assert resource.settings().s3 == project.s3 and "s3cr3t-lake" not in str(resource)
+    with pytest.raises(ValidationError, match="spark.s3 is set from storage.s3"):
+        ProjectConfig(lakehouse="s3a://lake/feeds", spark=SparkSettings(s3=project.s3), feeds=project.feeds)
     monkeypatch.delenv("LAKE_SECRET")
     with pytest.raises(StorageError, match=r"LAKE_SECRET \(storage.s3.secret_access_key_env\) is not set"):
         project.storage_options()
+    with pytest.raises(StorageError, match=r"LAKE_SECRET \(storage.s3.secret_access_key_env\) is not set"):
+        settings.s3.session_conf()
 
 
 @pytest.mark.parametrize("text, location, message", [

@@ -10,7 +10,7 @@ import pytest
 
 from feedapi_dagster.demo import Faults
 from feedapi_dagster.demo.nakadi import NakadiDemoServer, NakadiEventType
-from feedapi_dagster.lakehouse.spark import SparkSettings
+from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.lakehouse.state import read_committed_state
 from feedapi_dagster.orchestration import FeedConfig, ProjectConfig
 from feedapi_dagster.orchestration.automation import load_request

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from feedapi_dagster.lakehouse.connect_server import find_free_port, port_open
 from feedapi_dagster.lakehouse.jars import MANIFEST_NAME, jars_dir
-from feedapi_dagster.lakehouse.spark import find_free_port, port_open
 
 from ..spark_processes import connect_server_pid
 

@@ -1,0 +1,165 @@
+"""Spark sessions: the one place that creates them (`spark_session`, for a `SparkSettings.mode`).
+
+* ``remote``: a Spark Connect client for ``sc://host:port`` (production clusters; Delta is the
+  cluster's business).
+* ``embedded`` (default): a thin Connect client of the embedded Spark Connect server
+  (`connect_server.ensure_embedded_server` starts it on first use, or reuses the one running).
+* ``local``: a classic in-process ``local[*]`` SparkSession with the same Delta configuration (tests).
+
+A classic session and a Connect session cannot live in one Python process (pyspark refuses the
+second, and the process-wide ``SPARK_CONNECT_MODE_ENABLED`` flag switches ``pyspark.sql.functions``
+to Connect): pick one mode per process.
+
+Every session gets the lakehouse's S3 settings and credentials as runtime settings when it is made
+(`apply_storage`), so a server started without them serves them. A server keeps the ``s3a`` file system
+of a bucket it opened (endpoint, keys) until it restarts, unless the storage asks for fresh file systems
+(`S3Storage.fresh_file_systems`: keys rotated, another endpoint, on a running server). Every session gets the `feedapi` data source (`register_feed_source`; for a
+cluster, this package as a Spark Connect artifact: `package_zip`).
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import sys
+import tempfile
+import weakref
+import zipfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+from urllib.parse import urlsplit
+
+from feedapi_dagster.lakehouse.connect_server import ensure_embedded_server, register_client
+from feedapi_dagster.lakehouse.spark_conf import LOCAL_MASTER, LOOPBACK, SparkSettings, build_conf
+from feedapi_dagster.lakehouse.storage import SESSION_KEYS, S3Storage
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def local_spark_session(
+    conf: Mapping[str, str] | None = None,
+    *,
+    work_dir: Path | None = None,
+    master: str = LOCAL_MASTER,
+    app_name: str = "feedapi-dagster",
+    storage: S3Storage | None = None,
+) -> "SparkSession":
+    """A classic in-process SparkSession with Delta; returns the existing one if there is one.
+    ``storage``: the lakehouse's S3 settings and credentials, given to the session (`apply_storage`)."""
+    from pyspark.sql import SparkSession
+
+    existing = SparkSession.getActiveSession()
+    if existing is not None and not is_connect(existing):
+        apply_storage(existing, storage, conf)
+        return existing
+    if work_dir is None:
+        work_dir = Path(tempfile.mkdtemp(prefix="feedapi-dagster-spark-"))
+        atexit.register(shutil.rmtree, work_dir, True)
+    settings = build_conf(Path(work_dir), conf)
+    # Read when the JVM starts: Python workers (UDFs) run this interpreter, not whatever `python3` is
+    # on PATH; scratch files go to the work dir (the spark.local.dir setting only earns a warning).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
+    os.environ.setdefault("SPARK_LOCAL_DIRS", str(Path(work_dir).resolve() / "tmp"))
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    apply_storage(session, storage, conf)
+    return session
+
+
+def is_connect(session: Any) -> bool:
+    return type(session).__module__.startswith("pyspark.sql.connect")
+
+
+def connect_session(url: str, conf: Mapping[str, str] | None = None, *,
+                    storage: S3Storage | None = None) -> "SparkSession":
+    """A Spark Connect client session for ``url`` (``conf``: runtime SQL settings; ``storage``: the
+    lakehouse's S3 settings and credentials, given to the session: `apply_storage`)."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.remote(url)
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    register_client(urlsplit(url).port, session)
+    apply_storage(session, storage, conf)
+    return session
+
+
+def apply_storage(session: "SparkSession", storage: S3Storage | None,
+                  conf: Mapping[str, str] | None = None) -> None:
+    """Give the session the lakehouse's S3 settings and credentials (`S3Storage.session_conf`, the
+    credentials read now) as runtime settings, which Spark copies into the Hadoop configuration of the
+    session's reads and writes, and unset the other settings `session_conf` may give (`SESSION_KEYS`):
+    every client of the embedded server joins one server-side session, where an earlier client's
+    endpoint or keys would stay. A setting the session's ``conf`` has (``fs.s3a.x``, or
+    ``spark.hadoop.fs.s3a.x`` of a server or local session) is left to it. Nothing for a lakehouse on
+    local disk (``storage`` None)."""
+    if storage is None:
+        return
+    own = {key.removeprefix("spark.hadoop.") for key in (conf or {})}
+    settings = {key: value for key, value in storage.session_conf().items() if key not in own}
+    for key, value in settings.items():
+        session.conf.set(key, value)
+    for key in SESSION_KEYS:
+        if key not in settings and key not in own:
+            session.conf.unset(key)
+
+
+# Sessions that have the `feedapi` data source (weakly: an id() of a collected session is reused).
+_with_source: "weakref.WeakSet[SparkSession]" = weakref.WeakSet()
+
+
+def register_feed_source(spark: "SparkSession", ship: bool = False) -> None:
+    """Register `FeedDataSource` as `feedapi` in the session, once. `ship`: also send this package to
+    the session's executors as a Spark Connect artifact (a cluster whose Python does not have
+    feedapi-dagster installed; its wheels - msgspec, pyarrow, requests, pydantic - must be there)."""
+    from feedapi_dagster.lakehouse.datasource import FeedDataSource
+
+    if spark in _with_source:
+        return
+    if ship:
+        spark.addArtifacts(str(package_zip()), pyfile=True)
+    spark.dataSource.register(FeedDataSource)
+    _with_source.add(spark)
+
+
+def package_zip() -> Path:
+    """This package as a zip of its Python sources, made once per installed version of the files."""
+    root = Path(__file__).resolve().parents[1]
+    sources = sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+    stamp = max(p.stat().st_mtime_ns for p in sources)
+    target = Path(tempfile.gettempdir()) / f"feedapi_dagster-{os.getuid()}-{stamp}.zip"
+    if not target.exists():
+        partial = target.with_suffix(f".{os.getpid()}.part")
+        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
+            for path in sources:
+                archive.write(path, path.relative_to(root.parent))
+        partial.replace(target)
+    return target
+
+
+def spark_session(settings: SparkSettings | None = None) -> "SparkSession":
+    """The session for ``settings.mode`` (embedded: ensure the server runs, then connect), with the
+    lakehouse's S3 settings and credentials (``settings.s3``, read now) as its runtime settings."""
+    settings = settings or SparkSettings()
+    if settings.s3 is not None:
+        settings.s3.credentials()  # a variable named by *_env that is not set: StorageError before any JVM
+    if settings.mode == "local":
+        session = local_spark_session(settings.conf, work_dir=settings.work_dir, storage=settings.s3)
+    elif settings.mode == "remote":
+        assert settings.remote is not None
+        session = connect_session(settings.remote, settings.conf, storage=settings.s3)
+    else:
+        # the URL carries the server's token: built here, never part of any configuration; the
+        # server's `conf` (settings.conf) is not the session's
+        server = ensure_embedded_server(settings.port, conf=settings.conf, work_dir=settings.work_dir,
+                                        detach=settings.detach_server)
+        session = connect_session(server.client_url())
+        apply_storage(session, settings.s3, settings.conf)
+    register_feed_source(session, ship=settings.mode == "remote" and settings.ship_package)
+    return session

@@ -1,0 +1,202 @@
+"""Spark configuration: the settings that say how to get a session (`SparkSettings`: embedded, remote
+or local) and the configuration of the Spark this package starts (an embedded Spark Connect server or
+a local session).
+
+No Spark this package starts ever resolves packages: ``spark.jars`` points at the jars
+`setup_delta_jars` cached (`delta_conf`), and ``spark.jars.ivy``, the warehouse, Derby and scratch
+dirs live in a work dir (`prepare_work_dir`: a temp dir unless configured), never in the current
+directory; log4j writes WARN and above to stderr. `build_conf` is the whole configuration of an
+embedded server or local session. Starting the server is `connect_server`'s business; making sessions
+is `sessions`'.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from feedapi_dagster.lakehouse.jars import delta_jars
+from feedapi_dagster.lakehouse.storage import S3Storage
+
+DEFAULT_PORT = 15002
+LOOPBACK = "127.0.0.1"
+CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+SETTINGS_ENV_PREFIX = "FEEDAPI_DAGSTER_SPARK_"
+
+DELTA_SQL_CONF: dict[str, str] = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+# Small, local work: few shuffle partitions, no UI, small Delta snapshot state, UTC timestamps.
+SMALL_WORK_CONF: dict[str, str] = {
+    "spark.sql.shuffle.partitions": "4",
+    "spark.default.parallelism": "4",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.databricks.delta.snapshotPartitions": "2",
+    "spark.sql.session.timeZone": "UTC",
+}
+
+# Task attempts before a job fails, as a cluster's `spark.task.maxFailures` (local mode's default is
+# 1: a Python worker that dies would fail the load instead of being retried).
+LOCAL_MASTER = "local[*,4]"
+
+# Short-lived JVMs doing small jobs: C1 only. Measured on 2 cores: Connect server ready in ~7-10 s
+# instead of ~13-14 s, first Delta client on a cold server ~22 s instead of ~30-39 s. Long, CPU-heavy
+# jobs want C2 back: pass spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=4 (the last flag wins).
+QUICK_START_JAVA_OPTIONS: tuple[str, ...] = ("-XX:TieredStopAtLevel=1",)
+FULL_JIT_JAVA_OPTION = "-XX:TieredStopAtLevel=4"
+
+_LOOPBACK_CONF: dict[str, str] = {
+    "spark.driver.host": LOOPBACK,
+    "spark.driver.bindAddress": LOOPBACK,
+}
+
+_LOG4J2 = """\
+# written by feedapi_dagster.lakehouse.spark_conf: WARN and above, to stderr
+rootLogger.level = warn
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+logger.connectserver.name = org.apache.spark.sql.connect.service.SparkConnectServer
+logger.connectserver.level = info
+logger.nativecode.name = org.apache.hadoop.util.NativeCodeLoader
+logger.nativecode.level = error
+logger.hiveconf.name = org.apache.hadoop.hive.conf.HiveConf
+logger.hiveconf.level = error
+"""
+
+
+class SparkStartupError(RuntimeError):
+    """A Spark session or Spark Connect server could not be started."""
+
+
+# --------------------------------------------------------------------------------------------
+# settings
+
+
+class SparkSettings(BaseModel):
+    """How to get a Spark session.
+
+    ``conf``: for ``embedded`` and ``local``, Spark configuration of the server / session (static
+    settings included); for ``remote``, runtime SQL settings of the client session.
+    ``s3``: the lakehouse's S3 storage, whose settings and credentials every session gets (embedded,
+    remote and local alike) as runtime settings, read when the session is made.
+    ``work_dir``: where the embedded server / local session keep warehouse, Derby, Ivy, scratch and
+    log files (default: a temp dir removed when the server stops).
+    ``detach_server``: an embedded server started by this process outlives it (for short-lived
+    processes sharing one server); otherwise it is stopped when the process exits.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["embedded", "remote", "local"] = "embedded"
+    remote: str | None = None
+    port: int = Field(default=DEFAULT_PORT, ge=1, le=65535)
+    conf: dict[str, str] = Field(default_factory=dict)
+    work_dir: Path | None = None
+    detach_server: bool = False
+    # remote: send this package to the cluster as a Spark Connect artifact (off when the cluster's
+    # Python has feedapi-dagster installed, e.g. baked into its image)
+    ship_package: bool = True
+    # the lakehouse's S3 storage, set by `ProjectConfig.spark_settings` from its `storage.s3` (not a
+    # setting of the `spark` block): its s3a settings and credentials go into every session's settings
+    # when the session is made (`S3Storage.session_conf`), never into `conf`
+    s3: S3Storage | None = None
+
+    @field_validator("conf", mode="before")
+    @classmethod
+    def _stringify_conf(cls, value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return {str(k): (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in value.items()}
+        return value
+
+    @model_validator(mode="after")
+    def _check_mode(self) -> "SparkSettings":
+        if self.mode == "remote":
+            if not self.remote:
+                raise ValueError("mode 'remote' needs `remote`, a Spark Connect URL such as sc://spark-host:15002")
+            if not self.remote.startswith("sc://"):
+                raise ValueError(
+                    f"`remote` must be a Spark Connect URL starting with sc:// (e.g. sc://spark-host:15002), "
+                    f"got {self.remote!r}"
+                )
+        elif self.remote is not None:
+            raise ValueError(f"`remote` is only used with mode 'remote' (mode is {self.mode!r}); drop it or set mode")
+        return self
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "SparkSettings":
+        """Read FEEDAPI_DAGSTER_SPARK_{MODE,REMOTE,PORT,WORK_DIR,DETACH_SERVER}; keyword overrides win."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for field in ("mode", "remote", "port", "work_dir", "detach_server"):
+            raw = environ.get(SETTINGS_ENV_PREFIX + field.upper())
+            if raw:
+                values[field] = raw
+        values.update(overrides)
+        return cls(**values)
+
+
+# --------------------------------------------------------------------------------------------
+# configuration
+
+
+def delta_conf(jars: Sequence[Path] | None = None) -> dict[str, str]:
+    """``spark.jars`` (the cached Delta jars) plus the Delta SQL extension and catalog."""
+    jars = delta_jars() if jars is None else jars
+    return {"spark.jars": ",".join(str(p) for p in jars), **DELTA_SQL_CONF}
+
+
+def _java_opt(key: str, value: Path | str) -> str:
+    opt = f"-D{key}={value}"
+    return f'"{opt}"' if " " in opt else opt
+
+
+def prepare_work_dir(work_dir: Path) -> dict[str, str]:
+    """Create the work dir layout and return the settings that keep Spark's files inside it."""
+    work_dir = Path(work_dir).resolve()
+    for sub in ("warehouse", "derby", "ivy", "tmp"):
+        (work_dir / sub).mkdir(parents=True, exist_ok=True)
+    log4j = work_dir / "log4j2.properties"
+    if not log4j.exists():
+        log4j.write_text(_LOG4J2)
+    return {
+        "spark.sql.warehouse.dir": str(work_dir / "warehouse"),
+        "spark.jars.ivy": str(work_dir / "ivy"),
+        "spark.driver.extraJavaOptions": " ".join([
+            _java_opt("derby.system.home", work_dir / "derby"),
+            _java_opt("log4j2.configurationFile", log4j.as_uri()),
+        ]),
+    }
+
+
+def build_conf(
+    work_dir: Path,
+    conf: Mapping[str, str] | None = None,
+    *,
+    jars: Sequence[Path] | None = None,
+    java_options: Sequence[str] = (),
+) -> dict[str, str]:
+    """Full configuration of an embedded server / local session; ``conf`` wins, except that its
+    ``spark.driver.extraJavaOptions`` is appended to ours."""
+    merged = {**SMALL_WORK_CONF, **delta_conf(jars), **_LOOPBACK_CONF, **prepare_work_dir(work_dir)}
+    extra_java = [merged["spark.driver.extraJavaOptions"], *QUICK_START_JAVA_OPTIONS, *java_options]
+    for key, value in (conf or {}).items():
+        if key == "spark.driver.extraJavaOptions":
+            extra_java.append(value)
+        else:
+            merged[key] = value
+    merged["spark.driver.extraJavaOptions"] = " ".join(o for o in extra_java if o)
+    if "spark.jars.packages" in merged:
+        raise ValueError("spark.jars.packages is not allowed: Delta comes from the cached jars (spark.jars)")
+    return merged
+
+
+# --------------------------------------------------------------------------------------------
