@@ -43,6 +43,7 @@ from .delta import FeedTable
 from .sink import DeltaSink
 from .sessions import register_feed_source
 from .state import CommittedState
+from .watchdog import DEFAULT_UNRESPONSIVE_SECONDS, answering
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -70,6 +71,9 @@ class LoadSettings(BaseModel):
     # someone decides; `skip` accepts the loss and reads on from the oldest event still there (the
     # check fails for that load and names what was lost).
     retention_gap: Literal["stop", "skip"] = "stop"
+    # A Spark Connect server that answers nothing for this long ends the load (`watchdog.py`): its
+    # Dagster run fails and frees its slot instead of waiting for ever.
+    spark_unresponsive_seconds: float = Field(default=DEFAULT_UNRESPONSIVE_SECONDS, ge=1)
 
 
 @dataclass
@@ -143,11 +147,29 @@ class FeedLoader:
         self.spark = sink.table.spark
         self.settings = settings or LoadSettings()
         self.on_moment = on_moment or (lambda moment, updates: None)
-        register_feed_source(self.spark)
+        with self._answering():
+            register_feed_source(self.spark)
+
+    def _answering(self):
+        return answering(self.spark, f"the load of feed {self.feed.url}",
+                         unresponsive_seconds=self.settings.spark_unresponsive_seconds)
 
     # ------------------------------------------------------------------ entry points
     def load(self, partitions: Iterable[int], *, rebuild: Iterable[int] = (), drop: Iterable[int] = (),
              rebuild_closed: bool = False) -> LoadOutcome:
+        with self._answering():
+            return self._load_all(list(partitions), rebuild, drop, rebuild_closed)
+
+    def sync(self, partition_ids: Iterable[int] | None = None) -> dict[int, PartitionReport]:
+        with self._answering():
+            return self._sync(partition_ids)
+
+    def rebuild(self, partition_ids: Iterable[int], drop: Iterable[int] = ()) -> dict[int, PartitionReport]:
+        with self._answering():
+            return self._rebuild(partition_ids, drop)
+
+    def _load_all(self, partitions: list[int], rebuild: Iterable[int], drop: Iterable[int],
+                  rebuild_closed: bool) -> LoadOutcome:
         """Bring `partitions` up to date: `rebuild` ones (and, with `rebuild_closed`, the closed ones
         among them: a backfill of a closed partition) from `_first` with their rows replaced, together
         with the rows of `drop`; the others from their cursors of record."""
@@ -159,14 +181,14 @@ class FeedLoader:
         reports: dict[int, PartitionReport] = {}
         if rebuilt:
             self.log.info("partitions %s: rebuilding from _first (rows replaced atomically)", sorted(rebuilt))
-            reports.update(self.rebuild(sorted(rebuilt), drop=list(drop)))
+            reports.update(self._rebuild(sorted(rebuilt), drop=list(drop)))
         synced = [pid for pid in partitions if pid not in rebuilt]
         if synced:
-            reports.update(self.sync(synced))
+            reports.update(self._sync(synced))
         return LoadOutcome(dict(sorted(reports.items())), info, self.sink.table,
                            self.sink.committed_state(refresh=True))
 
-    def sync(self, partition_ids: Iterable[int] | None = None) -> dict[int, PartitionReport]:
+    def _sync(self, partition_ids: Iterable[int] | None = None) -> dict[int, PartitionReport]:
         """Load every due partition (or the given ones) to where the feed is now.
 
         Method-1 children whose parent drains during this sync are loaded in a later wave of the
@@ -217,7 +239,7 @@ class FeedLoader:
                                                              plan.cursor, gap=gap, error=error)
         return kept, stopped, skipped
 
-    def rebuild(self, partition_ids: Iterable[int], drop: Iterable[int] = ()) -> dict[int, PartitionReport]:
+    def _rebuild(self, partition_ids: Iterable[int], drop: Iterable[int] = ()) -> dict[int, PartitionReport]:
         """Reload partitions from `_first` and replace their rows (and the rows of `drop`, e.g. the
         vanished parent of a method-2 split) in one commit: readers never see a half-rebuilt table."""
         info = self.client.info

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from .delta import FILE_MAINTENANCE, OPTIMIZE, VACUUM_END, VACUUM_START, FeedTable, HistoryEntry
+from .watchdog import answering
 
 # what `maintain` runs (OPTIMIZE is also the operation's name in the Delta log; VACUUM logs two)
 VACUUM = "VACUUM"
@@ -102,7 +103,8 @@ def commits_since(entries: Iterable[HistoryEntry], operations: Iterable[str]) ->
     for entry in entries:
         if entry.operation in stop:
             break
-        if entry.operation not in _NOT_COUNTED:
+        # a state commit, or a quiet sync's, adds no row (its write's `numOutputRows` is 0)
+        if entry.operation not in _NOT_COUNTED and entry.metrics.get("numOutputRows") != "0":
             count += 1
     return count
 
@@ -118,8 +120,9 @@ def due(table: FeedTable, settings: MaintenanceSettings) -> tuple[str, ...]:
     wanted = {operation: every for operation, every in wanted.items() if every is not None}
     if not wanted:
         return ()
-    # maintenance's own commits are not counted: a few more entries than the largest threshold
-    entries = table.history(max(wanted.values()) + 8)[1]
+    # maintenance's own commits and the loads' state commits are not counted: twice the largest
+    # threshold, and a few more entries
+    entries = table.history(2 * max(wanted.values()) + 8)[1]
     stops = {OPTIMIZE: (OPTIMIZE,), VACUUM: (VACUUM_START, VACUUM_END)}
     return tuple(operation for operation, every in wanted.items()
                  if commits_since(entries, stops[operation]) >= every)
@@ -132,12 +135,13 @@ def maintain(table: FeedTable, settings: MaintenanceSettings, oldest_running_loa
     retention uses."""
     operations = tuple(operations)
     retention = removed = None
-    if OPTIMIZE in operations:
-        table.optimize()
-    if VACUUM in operations:
-        retention = vacuum_retention_hours(settings, oldest_running_load)
-        table.vacuum(retention, settings.vacuum_listing_parallelism)
-    after = table.history(8)[1]
+    with answering(table.spark, f"maintenance of {table.path}"):
+        if OPTIMIZE in operations:
+            table.optimize()
+        if VACUUM in operations:
+            retention = vacuum_retention_hours(settings, oldest_running_load)
+            table.vacuum(retention, settings.vacuum_listing_parallelism)
+        after = table.history(8)[1]
     if retention is not None:
         end = next((e for e in after if e.operation == VACUUM_END), None)
         if end is not None and "numDeletedFiles" in end.metrics:

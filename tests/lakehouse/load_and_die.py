@@ -27,6 +27,7 @@ def main() -> None:
     feed, path, moment, connect_url = sys.argv[1:5]
     storage = S3Storage.model_validate_json(sys.argv[5]) if len(sys.argv) > 5 else None
     seen = []
+    unresponsive = float(os.environ.get("UNRESPONSIVE_SECONDS", "60"))
 
     def die_at(name, updates):
         if name == moment:
@@ -39,7 +40,8 @@ def main() -> None:
     sink = DeltaSink(FeedTable(connect_session(connect_url, storage=storage), path, storage_options=options))
     settings = Feed.model_validate_json(feed).model_dump() if feed.startswith("{") else {"url": feed}
     loader = FeedLoader(Feed(**{**settings, "page_size_hint": 50}), sink,
-                        LoadSettings(max_events_per_partition=100), on_moment=die_at)
+                        LoadSettings(max_events_per_partition=100, spark_unresponsive_seconds=unresponsive),
+                        on_moment=die_at)
     for _ in range(1 if moment == "none" else 3):
         loader.sync()
     print("survived", flush=True)

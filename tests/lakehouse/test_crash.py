@@ -8,7 +8,8 @@
   server then does with the dead client's write, the next load lands every event once;
 * a Python worker SIGKILLed in the middle of a read task (Spark retries the task; the feed grows
   between the two attempts, so they read different amounts);
-* the Spark Connect server SIGKILLed in the middle of a read.
+* the Spark Connect server SIGKILLed in the middle of a read, and SIGSTOPped (the load ends with
+  `SparkUnresponsive` after its bound, instead of waiting for ever).
 """
 import os
 import signal
@@ -22,7 +23,7 @@ import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults, Gate, NakadiDemoServer, NakadiEventType
 from feedapi_dagster.lakehouse.loader import FeedLoader
-from feedapi_dagster.lakehouse.state import read_committed_state
+from feedapi_dagster.lakehouse.state import read_committed_state, read_history
 from feedapi_dagster.protocol import Feed, RetryPolicy
 
 from ..spark_processes import kill, python_workers
@@ -43,8 +44,11 @@ def kill_a_load(spark, server, feed, table_path: str, moment: str, generation: i
     process = subprocess.run(load_command(server, table_path, moment, connect_server.client_url(), lakehouse),
                              capture_output=True, text=True, timeout=300)
     assert process.returncode == -signal.SIGKILL, process.stdout + process.stderr[-3000:]
-    died = read_committed_state(lakehouse.log(table_path))
+    # through Spark: a load killed between its rows commit and its state commit leaves the cursors in
+    # the rows (`rows_committed`)
+    died = read_committed_state(lakehouse.feed_table(spark, table_path))
     assert died.state.generation == generation
+    assert died.source == ("rows" if moment == "rows_committed" else "commit")
     stored = sum(state.position for state in died.state.partitions.values())
     assert 0 < stored < sum(len(feed.expected_events(p)) for p in (0, 1))
     assert spark.read.format("delta").load(table_path).count() == stored  # rows match the cursors
@@ -56,7 +60,26 @@ def nakadi_feed(server: NakadiDemoServer) -> Feed:
 
 
 @pytest.mark.parametrize("moment, generation, lakehouse", [
-    ("read", 1, "local"), ("before_commit", 1, "local"), ("after_commit", 2, "local"),
+    ("before_commit", 1, "local"), ("rows_committed", 2, "local"), ("after_commit", 2, "local"),
+    ("rows_committed", 2, "s3"),
+], indirect=["lakehouse"])
+def test_sigkill_of_a_streamed_load_then_resume_loads_every_event_exactly_once(spark, connect_server, make_loader,
+                                                                               lakehouse, table_path, moment,
+                                                                               generation):
+    # An exactly-once feed: each load is one Spark job that reads and commits the rows, then the state
+    # commit. Killed before the job, between the two commits, or after both, in the second of its loads.
+    feed = DemoFeed(partitions=2, events=600, seed=20)
+    with DemoFeedServer(feed, dialect="published") as server:
+        kill_a_load(spark, server, feed, table_path, moment, generation, connect_server, lakehouse)
+        feed.append(50)  # the feed moves on while the loader is down
+        make_loader(server).sync()
+    assert_every_event_once(spark, table_path, feed, exactly_once=True, log=lakehouse.log(table_path))
+
+
+@pytest.mark.parametrize("moment, generation, lakehouse", [
+    # an at-least-once feed: its first wave streamed, the next ones deduplicated against the table
+    # through a kept read (`read`: killed with the read kept, before its commit)
+    ("read", 2, "local"), ("before_commit", 1, "local"), ("after_commit", 2, "local"),
     ("after_commit", 2, "s3"),  # on S3, the moments of its own uploads are the test below
 ], indirect=["lakehouse"])
 def test_sigkill_of_the_run_then_resume_loads_every_event_exactly_once(spark, connect_server, make_loader, lakehouse,
@@ -123,7 +146,7 @@ def _wait_until_the_version_settles(log, quiet_seconds: float = 5, timeout: floa
     deadline = time.monotonic() + timeout
     version, since = None, time.monotonic()
     while time.monotonic() < deadline:
-        now = read_committed_state(log).table_version
+        now = read_history(log)[1].table_version
         if now != version:
             version, since = now, time.monotonic()
         elif time.monotonic() - since >= quiet_seconds:
@@ -178,6 +201,44 @@ def test_the_spark_connect_server_killed_mid_read_commits_nothing_then_resume(sp
             spark_server = start_embedded_server(port, work_dir=tmp_path / "restarted-server")
             out, err = process.communicate(timeout=300)
             assert process.returncode not in (0, -signal.SIGKILL), out + err[-3000:]
+            assert read_committed_state(table_path) == before
+            make_loader(server).sync()
+    finally:
+        spark_server.stop()
+    assert_every_event_once(spark, table_path, feed, exactly_once=True)
+
+
+def test_a_stopped_spark_connect_server_ends_the_load_with_a_clear_error_not_a_hang(spark, make_loader, table_path,
+                                                                                   tmp_path):
+    # The server's processes SIGSTOPped while the load's read tasks wait for a page: no call of the
+    # load ever returns. The load's watchdog gives up after its bound, the load fails saying why, and
+    # its process ends (a Dagster run's slot is freed). Nothing was committed; the next load goes on.
+    from feedapi_dagster.lakehouse.connect_server import find_free_port, start_embedded_server
+
+    feed = DemoFeed(partitions=2, events=300, seed=24)
+    spark_server = start_embedded_server(find_free_port(), work_dir=tmp_path / "stopped-server")
+    try:
+        with DemoFeedServer(feed, dialect="published") as server:
+            make_loader(server).sync()
+            before = read_committed_state(table_path)
+            feed.append(100)
+            gate = server.gate = Gate()
+            process = subprocess.Popen([sys.executable, str(SCRIPT), server.url, table_path, "none",
+                                        spark_server.client_url()], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       text=True, env={**os.environ, "UNRESPONSIVE_SECONDS": "10"})
+            _wait_for_fetch(gate, process)
+            os.killpg(spark_server.pid, signal.SIGSTOP)
+            stopped = time.monotonic()
+            try:
+                server.gate = None
+                gate.opened.set()
+                out, err = process.communicate(timeout=120)
+            finally:
+                os.killpg(spark_server.pid, signal.SIGCONT)
+            ended_after = time.monotonic() - stopped
+            assert process.returncode not in (0, -signal.SIGKILL), out + err[-3000:]
+            assert "SparkUnresponsive: the load of feed" in err and "did not answer for" in err, err[-3000:]
+            assert ended_after < 60, ended_after  # the bound (10 s), a probe interval, the exit
             assert read_committed_state(table_path) == before
             make_loader(server).sync()
     finally:
