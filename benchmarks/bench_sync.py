@@ -382,11 +382,12 @@ def stages(instance, run_id: str, log_path: Path, tick: float, started: float,
             continue
         # the loader's progress lines, in the run's own log (FeedLoader logs to `context.log`)
         message, at = entry.user_message, entry.timestamp
-        read = re.search(r"read by Spark in ([0-9.]+) s", message)
+        read = re.search(r"read by Spark and committed as Delta version \d+ in ([0-9.]+) s", message)
         if read:
             marks.setdefault("read start", at - float(read.group(1)))
             marks.setdefault("read end", at)
-        elif message.startswith("commit took "):
+        elif re.match(r"cursors of partitions .* committed as Delta version", message) or message.endswith(
+                ": nothing new"):
             marks["commit end"] = at
     for text in log_path.read_text(errors="replace").splitlines():
         if text.startswith("BENCH "):
@@ -401,8 +402,9 @@ def stages(instance, run_id: str, log_path: Path, tick: float, started: float,
               ("feedapi data source registered in the session", marks.get("connect end")),
               ("table check/creation (CREATE TABLE IF NOT EXISTS)", marks.get("table start")),
               ("discovery, planning (Delta log read by delta-rs)", marks.get("table end")),
-              ("Spark job 1: feed read, kept by localCheckpoint; checkpoint rows collected", marks.get("read start")),
-              ("commit job (Delta write of the kept rows) + history check", marks.get("read end")),
+              ("the Spark job: feed read and written to Delta (rows commit) + history check",
+               marks.get("read start")),
+              ("read ends (observed), state commit (no rows) + history check", marks.get("read end")),
               ("Dagster: materializations, mirror check", marks.get("commit end")),
               ("asset checks (positions, duplicate ids, cursor mirror)", marks.get("checks start")),
               ("maintenance check (OPTIMIZE/VACUUM due?)", marks.get("maintenance start")),

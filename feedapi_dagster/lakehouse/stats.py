@@ -2,11 +2,12 @@
 
 Row counts and position bounds of a partition are in the log (`numRecords`, `minValues`,
 `maxValues` of every data file): reading them costs milliseconds whatever the table's size. Whether
-event ids repeat is not in any statistic: that takes a scan, of the given partitions only.
+event ids repeat is not in any statistic: that takes a scan, of the given partitions only, or of the
+rows one load added.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from .delta import DeltaLog, FeedTable, in_partitions
@@ -61,11 +62,17 @@ def _from_log(log: DeltaLog, wanted: set[int]) -> dict[int, PartitionStats]:
     return stats
 
 
-def duplicate_event_ids(table: FeedTable, partition_ids: Iterable[int], limit: int = 20) -> list[str]:
-    """Event ids stored more than once in one of the partitions (a scan of their id column)."""
+def duplicate_event_ids(table: FeedTable, partition_ids: Iterable[int], limit: int = 20,
+                        since: Mapping[int, int] | None = None) -> list[str]:
+    """Event ids stored more than once in one of the partitions (a scan of their id column). `since`:
+    only among each partition's rows from that position on (a load's own rows: Delta skips the files
+    before them by their position statistics)."""
     wanted = sorted({int(p) for p in partition_ids})
     if not wanted:
         return []
-    rows = table.frame().where(f"{in_partitions(wanted)} AND event_id IS NOT NULL") \
+    where = in_partitions(wanted)
+    if since is not None:
+        where = " OR ".join(f"({PARTITION_COLUMN} = {int(p)} AND position >= {int(since.get(p, 0))})" for p in wanted)
+    rows = table.frame().where(f"({where}) AND event_id IS NOT NULL") \
         .groupBy(PARTITION_COLUMN, "event_id").count().where("count > 1").limit(limit).collect()
     return [f"partition {r[0]}: {r[1]} x{r[2]}" for r in rows]

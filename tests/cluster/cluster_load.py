@@ -4,9 +4,9 @@ a process with the tests' classic Spark session), which starts its session once 
 
     python cluster_load.py FEED_URL TABLE_PATH SPARK_CONNECT_URL PAUSE_DIR
 
-Each stdin line `load` runs a load; `load-pausing` runs one that stops once its read is kept (Spark
-job 1 done, before the Delta write): it creates PAUSE_DIR/read and waits for PAUSE_DIR/go, so that
-the test can kill the executors holding the kept read right there. After each load, one JSON line on
+Each stdin line `load` runs a load; `load-pausing` runs one that stops once its rows are committed
+(its Spark job done, before its state commit): it creates PAUSE_DIR/rows_committed and waits for
+PAUSE_DIR/go, so that the test can kill the executors right there. After each load, one JSON line on
 stdout: whether it committed, and its error.
 """
 import json
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from feedapi_dagster.lakehouse.delta import FeedTable
-from feedapi_dagster.lakehouse.loader import READ, FeedLoader, LoadSettings
+from feedapi_dagster.lakehouse.loader import ROWS_COMMITTED, FeedLoader, LoadSettings
 from feedapi_dagster.lakehouse.sink import DeltaSink
 from feedapi_dagster.lakehouse.sessions import spark_session
 from feedapi_dagster.lakehouse.spark_conf import SparkSettings
@@ -28,8 +28,8 @@ def main() -> None:
     pausing = False
 
     def at(moment: str, updates: dict) -> None:
-        if pausing and moment == READ:
-            (pause_dir / "read").touch()
+        if pausing and moment == ROWS_COMMITTED:
+            (pause_dir / "rows_committed").touch()
             while not (pause_dir / "go").exists():
                 time.sleep(0.05)
 

@@ -184,14 +184,7 @@ def test_the_spark_connect_server_killed_mid_read_commits_nothing_then_resume(sp
     spark_server = start_embedded_server(port, work_dir=tmp_path / "doomed-server")
     try:
         with DemoFeedServer(feed, dialect="published") as server:
-            make_loader(server).sync()
-            before = read_committed_state(table_path)
-            feed.append(100)
-            gate = server.gate = Gate()
-            process = subprocess.Popen([sys.executable, str(SCRIPT), server.url, table_path, "none",
-                                        spark_server.client_url()], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                       text=True)
-            _wait_for_fetch(gate, process)
+            before, gate, process = _a_load_caught_reading(server, feed, make_loader, table_path, spark_server)
             os.killpg(spark_server.pid, signal.SIGKILL)
             server.gate = None
             gate.opened.set()
@@ -219,14 +212,8 @@ def test_a_stopped_spark_connect_server_ends_the_load_with_a_clear_error_not_a_h
     spark_server = start_embedded_server(find_free_port(), work_dir=tmp_path / "stopped-server")
     try:
         with DemoFeedServer(feed, dialect="published") as server:
-            make_loader(server).sync()
-            before = read_committed_state(table_path)
-            feed.append(100)
-            gate = server.gate = Gate()
-            process = subprocess.Popen([sys.executable, str(SCRIPT), server.url, table_path, "none",
-                                        spark_server.client_url()], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                       text=True, env={**os.environ, "UNRESPONSIVE_SECONDS": "10"})
-            _wait_for_fetch(gate, process)
+            before, gate, process = _a_load_caught_reading(server, feed, make_loader, table_path, spark_server,
+                                                           UNRESPONSIVE_SECONDS="10")
             os.killpg(spark_server.pid, signal.SIGSTOP)
             stopped = time.monotonic()
             try:
@@ -244,6 +231,21 @@ def test_a_stopped_spark_connect_server_ends_the_load_with_a_clear_error_not_a_h
     finally:
         spark_server.stop()
     assert_every_event_once(spark, table_path, feed, exactly_once=True)
+
+
+def _a_load_caught_reading(server, feed, make_loader, table_path, spark_server, **env):
+    """A first load, then the feed grows and a load in its own process (`load_and_die.py`, through
+    `spark_server`, `env` added to its environment) is held by the feed server's gate while its read
+    tasks fetch: the state before it, the gate and the process."""
+    make_loader(server).sync()
+    before = read_committed_state(table_path)
+    feed.append(100)
+    gate = server.gate = Gate()
+    process = subprocess.Popen([sys.executable, str(SCRIPT), server.url, table_path, "none",
+                                spark_server.client_url()], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env={**os.environ, **env})
+    _wait_for_fetch(gate, process)
+    return before, gate, process
 
 
 def _wait_for_fetch(gate: Gate, process: subprocess.Popen, timeout: float = 240) -> None:
