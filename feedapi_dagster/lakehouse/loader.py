@@ -402,8 +402,10 @@ class FeedLoader:
         return reports
 
     def _log_read(self, reports: dict[int, PartitionReport], seconds: float) -> None:
+        # a line per partition for a few partitions; of thousands, only those with something to say
+        # (each line is an event in Dagster's event log: ~3 ms each on SQLite)
         for report in reports.values():
-            if report.events or report.duplicates or report.error or len(reports) <= 32:
+            if report.duplicates or report.error or len(reports) <= 32:
                 self.log.info("partition %s: %d events in %d pages%s, cursor %s", report.partition_id,
                               report.events, report.pages,
                               f" ({report.duplicates} duplicates skipped)" if report.duplicates else "",
