@@ -1,4 +1,6 @@
-"""`DeltaSink`: rows and the feed's cursors in one idempotent Delta commit, made by Spark."""
+"""`DeltaSink`: rows and the feed's state in idempotent Delta commits, made by Spark: one commit of
+rows and the state they end at (a kept read), or a streamed read's rows commit (the state it started
+from, its partitions pending) followed by its state commit (`state.py`)."""
 from __future__ import annotations
 
 import logging

@@ -47,7 +47,12 @@ LOCAL_MASTER = "local[*,4]"
 # Short-lived JVMs doing small jobs: C1 only. Measured on 2 cores: Connect server ready in ~7-10 s
 # instead of ~13-14 s, first Delta client on a cold server ~22 s instead of ~30-39 s. Long, CPU-heavy
 # jobs want C2 back: pass spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=4 (the last flag wins).
-QUICK_START_JAVA_OPTIONS: tuple[str, ...] = ("-XX:TieredStopAtLevel=1",)
+# One code cache of 512 MB (reserved; committed as used): a JVM that lives long (the embedded server,
+# a test run's session) compiles many generated classes and method handles, and the small segment
+# the segmented cache keeps for method handle intrinsics ran out in a full test run ("Out of space in
+# CodeCache for method handle intrinsic": the query failed).
+QUICK_START_JAVA_OPTIONS: tuple[str, ...] = ("-XX:TieredStopAtLevel=1", "-XX:-SegmentedCodeCache",
+                                             "-XX:ReservedCodeCacheSize=512m")
 FULL_JIT_JAVA_OPTION = "-XX:TieredStopAtLevel=4"
 
 _LOOPBACK_CONF: dict[str, str] = {
