@@ -32,7 +32,7 @@ from feedapi_dagster.lakehouse.state import decode
 from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, build_feedapi_definitions, feed_bindings
 from feedapi_dagster.orchestration.automation import DiscoveryCursor, evaluate_discovery, load_request
 from feedapi_dagster.orchestration.loads import latest_metadata_by_partition
-from feedapi_dagster.planning import FeedState
+from feedapi_dagster.planning import FeedState, PartitionState
 from feedapi_dagster.protocol import Feed, FeedClient, RetryPolicy
 
 from ..spark_processes import connect_server_pid, kill, python_workers
@@ -350,16 +350,36 @@ class ChaosRun:
     def _all_partitions(self) -> list[int]:
         return sorted({p.id for p in self._discovery().partitions} | set(self._state().partitions))
 
-    def _state(self, table: DeltaTable | None = None) -> FeedState:
-        """The state committed as of `table`'s version (a snapshot), else the newest."""
+    def _state(self, table: DeltaTable | None = None, rows: dict[int, list[dict]] | None = None) -> FeedState:
+        """The state committed as of `table`'s version (a snapshot), else the newest. A load killed
+        between its rows commit and its state commit leaves the rows commit's state, whose pending
+        partitions resume after their newest rows (`rows`: the snapshot's, by partition, in position
+        order; read here when not given)."""
         if table is None:
             if self._table_version() is None:
                 return FeedState()
             table = DeltaTable(self.table)
         for commit in table.history():
             decoded = decode(commit.get("userMetadata"), commit["version"])
-            if decoded is not None and commit["version"] <= table.version():
-                return decoded[0]
+            if decoded is None or commit["version"] > table.version():
+                continue
+            state, _, pending = decoded
+            if not pending:
+                return state
+            if rows is None:
+                rows = {}
+                for row in table.to_pyarrow_table(columns=["partition_id", "position", "cursor"]).to_pylist():
+                    rows.setdefault(row["partition_id"], []).append(row)
+                for partition_rows in rows.values():
+                    partition_rows.sort(key=lambda r: r["position"])
+            resumed = {}
+            for pid in pending:
+                start = state.get(pid) or PartitionState()
+                last = rows.get(pid, [])[-1:]
+                if last and last[0]["position"] >= start.position:
+                    resumed[pid] = PartitionState(cursor=last[0]["cursor"], position=last[0]["position"] + 1,
+                                                  inherited_from=start.inherited_from)
+            return FeedState(generation=state.generation, partitions={**state.partitions, **resumed})
         return FeedState()
 
     def check(self, final: bool, where: str) -> None:
@@ -370,13 +390,14 @@ class ChaosRun:
             return
         table = DeltaTable(self.table)
         rows: dict[int, list[dict]] = {}
-        for row in table.to_pyarrow_table(columns=["partition_id", "position", "payload", "event_id"]).to_pylist():
+        for row in table.to_pyarrow_table(columns=["partition_id", "position", "payload", "event_id", "cursor"]
+                                          ).to_pylist():
             rows.setdefault(row["partition_id"], []).append(row)
         for partition_rows in rows.values():
             partition_rows.sort(key=lambda r: r["position"])
         # the state of the very snapshot the rows came from: a killed run's Spark job may still be
         # committing (the server finishes what a client submitted; the commit is whole either way)
-        state = self._state(table)
+        state = self._state(table, rows)
         info = self._discovery()
         live = {p.id: p for p in info.partitions}
         problems = []
