@@ -27,18 +27,28 @@ the tests' S3-compatible server (`tests/s3_server.py`, moto's, in its own proces
 With `--protocol nakadi` the feed is a Nakadi event type on the bundled Nakadi server (the same
 number of events and partitions, no repeated events, so that the rows are the events), read raw and
 by dlt through its low-level event stream, and loaded by the project with `protocol: nakadi`.
+With `--instance postgres` the Dagster instances keep their runs, events and schedules in PostgreSQL
+(dagster-postgres, `storage: postgres:` in dagster.yaml; the other settings as with SQLite) instead of
+SQLite files in DAGSTER_HOME: a PostgreSQL 15 server of the benchmark's own (Debian's `postgresql`
+package; initdb and pg_ctl run as the `postgres` OS user when the benchmark runs as root) on a free
+port of 127.0.0.1, its data in the temp folder, default durability settings (fsync, synchronous
+commit), a new database for each deployment.
 Everything started here is stopped at the end.
 Exit status 0 when the median warm sync runs at >= 1.5x dlt's events/s, 2 when not, 1 on errors.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
 import os
 import queue
 import re
 import shlex
+import secrets
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -58,6 +68,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 BIN = Path(sys.executable).parent
 TARGET = 1.5  # warm sync / dlt, events per second
+# `--instance postgres`: the server binaries of Debian's `postgresql` package (PostgreSQL 15)
+POSTGRES_BIN = Path("/usr/lib/postgresql/15/bin")
+POSTGRES_OS_USER = "postgres"  # initdb refuses to run as root: as root, the server runs as this user
 INCREMENT = 10  # new events per partition of an incremental sync
 NAKADI_EVENT_TYPE = "bench.orders"
 
@@ -231,6 +244,138 @@ class S3Lake:
         return self.storage().credentials()
 
 
+class PostgresServer:
+    """`--instance postgres`: a PostgreSQL server of the benchmark's own, for the Dagster instances'
+    storage. `initdb` into `<work>/postgres/data` (as the `postgres` OS user when this runs as root:
+    initdb and the server refuse root), the server started by `pg_ctl` listening on 127.0.0.1:`port`
+    (its Unix socket in `<work>/postgres`), durability settings left at their defaults (fsync on,
+    synchronous commit). The instances connect over TCP as role `dagster` (password, scram-sha-256);
+    the benchmark creates their databases as the superuser over the socket (trust)."""
+
+    ROLE = "dagster"
+
+    def __init__(self, work: Path, port: int):
+        self.root = work / "postgres"
+        self.data = self.root / "data"
+        self.log_path = self.root / "server.log"  # the server's own (pg_ctl -l: written as the postgres user)
+        self.commands_log = self.root / "commands.log"  # initdb's and pg_ctl's output
+        self.port = port
+        self.password = secrets.token_hex(16)
+        self.started = False
+        self.pid: int | None = None
+        self.version = ""
+        self._as_user: list[str] = []
+        self.root.mkdir()
+        if os.geteuid() == 0:
+            import pwd
+
+            user = pwd.getpwnam(POSTGRES_OS_USER)
+            # the work dir is mkdtemp's 0700: the postgres user must pass through it to its own folder
+            work.chmod(0o711)
+            os.chown(self.root, user.pw_uid, user.pw_gid)
+            self._as_user = ["runuser", "-u", POSTGRES_OS_USER, "--"]
+        self.root.chmod(0o700)
+
+    @staticmethod
+    def missing() -> str | None:
+        """Why the server cannot be started here (None: it can)."""
+        needed = [POSTGRES_BIN / name for name in ("initdb", "pg_ctl", "postgres")]
+        absent = [str(path) for path in needed if not os.access(path, os.X_OK)]
+        if absent:
+            return (f"--instance postgres needs the PostgreSQL 15 server binaries, not found: {', '.join(absent)}; "
+                    "install them with `apt-get install postgresql` (Debian's package: /usr/lib/postgresql/15/bin)")
+        if importlib.util.find_spec("dagster_postgres") is None:
+            return ("--instance postgres needs dagster-postgres: "
+                    '.venv/bin/uv pip install --python .venv/bin/python -e ".[bench]"')
+        if os.geteuid() == 0:
+            import pwd
+
+            try:
+                pwd.getpwnam(POSTGRES_OS_USER)
+            except KeyError:
+                return (f"--instance postgres as root runs the server as the OS user {POSTGRES_OS_USER!r}, which "
+                        "does not exist; `apt-get install postgresql` creates it")
+            if shutil.which("runuser") is None:
+                return "--instance postgres as root needs `runuser` (util-linux) to run initdb as the postgres user"
+        return None
+
+    def _run(self, *command: str) -> None:
+        with open(self.commands_log, "ab") as log:
+            code = subprocess.run([*self._as_user, *command], stdout=log, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, cwd=self.root).returncode
+        if code != 0:
+            tails = [f"the end of {path}:\n" + "\n".join(path.read_text(errors="replace").splitlines()[-15:])
+                     for path in (self.commands_log, self.log_path) if path.exists()]
+            raise RuntimeError(f"{Path(command[0]).name} failed (exit {code}); " + "\n".join(tails))
+
+    def start(self) -> None:
+        # "postgres (PostgreSQL) 15.18 (Debian ...)" -> "PostgreSQL 15.18 (Debian ...)"
+        self.version = subprocess.run([str(POSTGRES_BIN / "postgres"), "--version"], capture_output=True, text=True,
+                                      check=True).stdout.strip().replace("postgres (PostgreSQL)", "PostgreSQL")
+        password_file = self.root / "superuser-password"
+        password_file.write_text(secrets.token_hex(16) + "\n")
+        if self._as_user:
+            shutil.chown(password_file, POSTGRES_OS_USER)
+        password_file.chmod(0o600)
+        self._run(str(POSTGRES_BIN / "initdb"), "-D", str(self.data), "-U", "postgres", "-E", "UTF8",
+                  "--locale=C", "--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={password_file}")
+        password_file.unlink()
+        # where it listens; everything else (fsync, synchronous_commit, wal_sync_method, shared_buffers,
+        # max_connections) stays at initdb's defaults
+        with open(self.data / "postgresql.conf", "a") as conf:
+            conf.write(f"\n# bench_sync.py\nlisten_addresses = '127.0.0.1'\nport = {self.port}\n"
+                       f"unix_socket_directories = '{self.root}'\n")
+        self.started = True  # from here on stop() runs pg_ctl stop (a failed start may leave a server)
+        self._run(str(POSTGRES_BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.log_path), "-w", "-t", "120",
+                  "start")
+        self.pid = int((self.data / "postmaster.pid").read_text().split()[0])
+        with self._admin() as cursor:
+            cursor.execute(f"CREATE ROLE {self.ROLE} LOGIN PASSWORD %s", (self.password,))
+
+    @contextlib.contextmanager
+    def _admin(self):
+        """A cursor of the superuser over the server's socket (autocommit: CREATE DATABASE)."""
+        import psycopg2  # dagster-postgres's driver (the `bench` extra)
+
+        connection = psycopg2.connect(host=str(self.root), port=self.port, user="postgres", dbname="postgres")
+        try:
+            connection.autocommit = True
+            with connection.cursor() as cursor:
+                yield cursor
+        finally:
+            connection.close()
+
+    def storage(self, database: str) -> dict:
+        """A new database owned by the instances' role; dagster.yaml's `storage` block for it
+        (dagster-postgres: run, event log and schedule storage in that database)."""
+        with self._admin() as cursor:
+            cursor.execute(f'CREATE DATABASE "{database}" OWNER {self.ROLE}')
+        # `scheme`: the driver dagster-postgres depends on (psycopg2-binary); SQLAlchemy 2.1 maps a bare
+        # `postgresql://` to psycopg 3, which nothing here installs (dagster-io/dagster#33958)
+        return {"postgres": {"postgres_db": {"hostname": "127.0.0.1", "port": self.port, "username": self.ROLE,
+                                             "password": self.password, "db_name": database,
+                                             "scheme": "postgresql+psycopg2"}}}
+
+    def stop(self) -> None:
+        """`pg_ctl stop -m fast` (clients disconnected, a clean shutdown); SIGKILL if that fails."""
+        if not self.started:
+            return
+        self.started = False
+        try:
+            self._run(str(POSTGRES_BIN / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "-t", "60", "stop")
+        except Exception as error:  # noqa: BLE001 - the server must not outlive the benchmark
+            pid_file = self.data / "postmaster.pid"
+            pid = int(pid_file.read_text().split()[0]) if pid_file.exists() else self.pid
+            if pid is None:
+                return  # it never started
+            say(f"pg_ctl stop failed ({str(error).splitlines()[0]}); killing the server (pid {pid})")
+            try:
+                os.killpg(pid, signal.SIGKILL)  # pg_ctl starts it in a session of its own
+            except (ProcessLookupError, PermissionError):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
 def project_config(base: Path, protocol: str, url: str, page_size: int, spark_port: int, s3: S3Lake | None):
     """The deployment's feeds configuration: one feed `bench`, the lakehouse in `base` or on S3."""
     from feedapi_dagster.lakehouse.spark_conf import SparkSettings
@@ -256,13 +401,16 @@ class Setup:
     instance: object
 
 
-def prepare(base: Path, protocol: str, url: str, page_size: int, spark_port: int, s3: S3Lake | None) -> Setup:
+def prepare(base: Path, protocol: str, url: str, page_size: int, spark_port: int, s3: S3Lake | None,
+            storage: dict | None = None) -> Setup:
     """A fresh deployment: the code location (definitions.py + project.json), DAGSTER_HOME with the
-    instance settings feedapi-dagster ships, the feed's partitions registered as the discovery sensor
-    registers them (untimed)."""
+    instance settings feedapi-dagster ships (plus `storage`, dagster.yaml's block, when given: the
+    PostgreSQL database of `--instance postgres`; without it Dagster's default, SQLite files in
+    DAGSTER_HOME), the feed's partitions registered as the discovery sensor registers them (untimed)."""
     from importlib.resources import files
 
     import dagster as dg
+    import yaml
 
     from feedapi_dagster.orchestration import build_feedapi_definitions, feed_bindings
     from feedapi_dagster.orchestration.automation import register_discovered_partitions
@@ -270,7 +418,16 @@ def prepare(base: Path, protocol: str, url: str, page_size: int, spark_port: int
     home = base / "dagster_home"
     home.mkdir(parents=True)
     # Dagster's default run launcher and coordinator, the `concurrency` block (pools) of a deployment
-    (home / "dagster.yaml").write_text((files("feedapi_dagster.demo") / "dagster.yaml").read_text())
+    settings = (files("feedapi_dagster.demo") / "dagster.yaml").read_text()
+    if storage is not None:
+        storage_keys = {"storage", "run_storage", "event_log_storage", "schedule_storage"}
+        shipped = storage_keys & set(yaml.safe_load(settings) or {})
+        if shipped:
+            raise RuntimeError(f"feedapi_dagster/demo/dagster.yaml sets {sorted(shipped)}: --instance would "
+                               "replace it")
+        # the shipped settings unchanged, the instance's storage appended
+        settings = settings.rstrip("\n") + "\n" + yaml.safe_dump({"storage": storage}, sort_keys=False)
+    (home / "dagster.yaml").write_text(settings)
     project = project_config(base, protocol, url, page_size, spark_port, s3)
     location = base / "location"
     location.mkdir()
@@ -295,11 +452,13 @@ class Run:
     startup: dict[str, float] = field(default_factory=dict)
 
 
-def run_sync(setup: Setup, name: str, events: int, spark_pid: int, changed: int | None = None) -> Run:
+def run_sync(setup: Setup, name: str, events: int, spark_pid: int, changed: int | None = None,
+             postgres_pid: int | None = None) -> Run:
     """The schedule's tick and the run of `feedapi_bench_load` it requests, in a `dagster api execute_run`
     process (a fresh interpreter that loads the code location, as Dagster's default run launcher
     starts a run); checked: `events` rows in the table, a materialization for each of `changed`
-    partitions (None: all), `events` counted as the run's."""
+    partitions (None: all), `events` counted as the run's. `postgres_pid`: the instance's PostgreSQL
+    server, whose CPU (postmaster, background processes, backends) is counted too."""
     import dagster as dg
     from dagster._core.definitions.reconstruct import ReconstructableRepository
     from dagster._grpc.types import ExecuteRunArgs
@@ -309,6 +468,7 @@ def run_sync(setup: Setup, name: str, events: int, spark_pid: int, changed: int 
     job_name = binding.job_name
     instance = setup.instance
     spark_cpu = tree_cpu(spark_pid)
+    postgres_cpu = sum(tree_cpu(postgres_pid)) if postgres_pid is not None else 0.0
     tick_started = time.perf_counter()
     schedule = setup.defs.resolve_schedule_def(f"feedapi_{binding.name}_schedule")
     with dg.build_schedule_context(instance=instance) as context:
@@ -341,6 +501,9 @@ def run_sync(setup: Setup, name: str, events: int, spark_pid: int, changed: int 
     result = Run(Line(name, seconds, events, rss, f"run process {ended - started:.2f} s"),
                  cpu={"run process": cpu, "Spark server JVM": jvm - spark_cpu[0],
                       "Spark's Python workers (below the JVM)": workers - spark_cpu[1]})
+    if postgres_pid is not None:
+        # backends that exited count in the postmaster's waited-for children
+        result.cpu["PostgreSQL server (postmaster + backends)"] = sum(tree_cpu(postgres_pid)) - postgres_cpu
     result.stages, result.startup = stages(instance, run.run_id, log_path, tick, started, ended)
     if STARTUP in result.stages:
         result.line.notes += f", run start-up {result.stages[STARTUP]:.2f} s"
@@ -442,7 +605,7 @@ def start_spark(port: int, work: Path, s3: S3Lake | None):
 
 
 def report(args: argparse.Namespace, lines: list[Line], runs: list[Run], incremental: list[Run],
-           watch: MemoryWatch, spark_peaks: dict[str, float]) -> float:
+           watch: MemoryWatch, spark_peaks: dict[str, float], instance: str) -> float:
     """Prints the figures; returns warm sync / dlt (events/s)."""
     raw_loop = lines[0]
     dlt_line = next(line for line in lines if line.name.startswith("dlt"))
@@ -452,7 +615,7 @@ def report(args: argparse.Namespace, lines: list[Line], runs: list[Run], increme
     print(f"{args.partitions} partitions, {args.events} events, page size hint {args.page_size}; "
           f"{os.cpu_count()} cores, load average {load_average()}; {time.strftime('%Y-%m-%d %H:%M')}; "
           f"{PLANNED_SUBSET_ENV}={os.environ.get(PLANNED_SUBSET_ENV)}; lakehouse on {args.lakehouse}; "
-          f"protocol {args.protocol}")
+          f"protocol {args.protocol}; Dagster instance on {instance}")
     print(f"{'':<58} {'seconds':>8} {'events/s':>10} {'/ dlt':>6} {'/ raw':>6} {'max RSS MB':>10}")
     for line in [*lines, *(run.line for run in runs + incremental)]:
         rate = "" if line.rate is None else f"{line.rate:10,.0f} {line.rate / dlt_line.rate:6.2f} " \
@@ -519,6 +682,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the tables (dlt's and the project's) on local disk or on an S3 server")
     parser.add_argument("--protocol", choices=("feedapi", "nakadi"), default="feedapi",
                         help="the feed: a FeedAPI feed (published dialect) or a Nakadi event type")
+    parser.add_argument("--instance", choices=("sqlite", "postgres"), default="sqlite",
+                        help="the Dagster instances' storage: SQLite files in DAGSTER_HOME, or a PostgreSQL 15 "
+                             "server started here (dagster-postgres)")
     parser.add_argument("--incremental", type=int, default=0, metavar="N",
                         help="then append 10 events to each of N partitions and sync the last deployment again")
     args = parser.parse_args(argv)
@@ -526,6 +692,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--incremental appends to given partitions: FeedAPI's demo server only")
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
+    if args.instance == "postgres" and PostgresServer.missing():
+        print(f"bench_sync.py: {PostgresServer.missing()}", file=sys.stderr)
+        return 1
+    # SIGTERM as ctrl-C: the cleanup below runs (the feed and PostgreSQL servers are in sessions of their own)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     # what README "Thousands of partitions" tells a deployment to set where runs are created (daemon,
     # webserver): one ASSET_MATERIALIZATION_PLANNED event per run instead of one per partition key
     os.environ.setdefault(PLANNED_SUBSET_ENV, "true")
@@ -534,7 +705,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-sync-"))
     say(f"work dir {work}; {os.cpu_count()} cores; load average {load_average()}")
     watch = MemoryWatch()
-    feed = spark = s3 = None
+    feed = spark = s3 = postgres = None
+    instance = "SQLite (files in DAGSTER_HOME)"
     spark_port = find_free_port()
     lines: list[Line] = []
     runs: list[Run] = []
@@ -550,6 +722,16 @@ def main(argv: list[str] | None = None) -> int:
             s3.server.create_bucket(s3.bucket)
             watch.watch("S3 server", s3.server.pid)
             say(f"S3 server (moto) {s3.server.url}, bucket {s3.bucket}")
+        if args.instance == "postgres":
+            postgres_port = find_free_port()
+            while postgres_port == spark_port:
+                postgres_port = find_free_port()
+            started = time.perf_counter()
+            postgres = PostgresServer(work, postgres_port)
+            postgres.start()
+            instance = f"{postgres.version} on 127.0.0.1:{postgres_port}, a database per deployment"
+            say(f"{postgres.version} on 127.0.0.1:{postgres_port} (pid {postgres.pid}, data {postgres.data}): "
+                f"ready after {time.perf_counter() - started:.1f} s")
         started = time.perf_counter()
         feed, url = start_feed_server(args.protocol, args.partitions, args.events, work / "feed-server.log")
         watch.watch("feed server", feed.pid)
@@ -581,9 +763,10 @@ def main(argv: list[str] | None = None) -> int:
         for index in range(args.repeat + 1):
             name = "Dagster scheduled sync, cold (1st run on the new server)" if index == 0 else \
                 f"Dagster scheduled sync, warm #{index}"
-            setup = prepare(work / f"run-{index}", args.protocol, url, args.page_size, spark_port, s3)
+            storage = postgres.storage(f"dagster_run_{index}") if postgres else None  # a database per deployment
+            setup = prepare(work / f"run-{index}", args.protocol, url, args.page_size, spark_port, s3, storage)
             say(f"{name}; load average {load_average()}")
-            run = run_sync(setup, name, args.events, spark.pid)
+            run = run_sync(setup, name, args.events, spark.pid, postgres_pid=postgres and postgres.pid)
             if not (args.incremental and index == args.repeat):  # the incremental sync goes on with it
                 setup.instance.dispose()
             runs.append(run)
@@ -596,7 +779,7 @@ def main(argv: list[str] | None = None) -> int:
             name = f"Dagster scheduled sync, incremental ({args.incremental} partitions x {INCREMENT} new)"
             say(f"{name}; load average {load_average()}")
             run = run_sync(setup, name, args.events + args.incremental * INCREMENT, spark.pid,
-                           changed=args.incremental)
+                           changed=args.incremental, postgres_pid=postgres and postgres.pid)
             run.line.events = args.incremental * INCREMENT
             setup.instance.dispose()
             incremental.append(run)
@@ -607,6 +790,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         watch.stop()
+        if postgres is not None:
+            postgres.stop()
         stop_process(feed)
         if s3 is not None:
             s3.server.stop()
@@ -619,7 +804,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
-    ratio = report(args, lines, runs, incremental, watch, spark_peaks)
+    ratio = report(args, lines, runs, incremental, watch, spark_peaks, instance)
     return 0 if ratio >= TARGET else 2
 
 
