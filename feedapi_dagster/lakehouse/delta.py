@@ -103,36 +103,39 @@ def in_partitions(partition_ids: Any) -> str:
 
 class DeltaLog:
     """The Delta log of a table read with delta-rs, in this process (`storage_options`: delta-rs's, for
-    a table on object storage: `ProjectConfig.storage_options`)."""
+    a table on object storage: `ProjectConfig.storage_options`).
+
+    One snapshot of the table is opened on first use and brought up to date in place on every read
+    after (delta-rs reads only the commits since): a load reads the whole log once, whatever it asks
+    (its state, its commits landing, the statistics its checks need)."""
 
     def __init__(self, path: str, storage_options: Mapping[str, str] | None = None):
         self.path = path
         self.storage_options = dict(storage_options or {})
+        self._snapshot: Any = None
 
-    def open(self) -> Any:
-        from deltalake import DeltaTable
+    def snapshot(self) -> Any:
+        """The table as of its newest commit (a `deltalake.DeltaTable`)."""
+        if self._snapshot is None:
+            from deltalake import DeltaTable
 
-        return DeltaTable(self.path, storage_options=self.storage_options or None)
+            self._snapshot = DeltaTable(self.path, storage_options=self.storage_options or None)
+        else:
+            self._snapshot.update_incremental()
+        return self._snapshot
 
     def add_actions(self) -> dict[str, list]:
         """The data files of the current version with their partition values and statistics."""
         import pyarrow as pa
 
         # an Arrow table of delta-rs's own (arro3), taken over by pyarrow without a copy
-        return pa.table(self.open().get_add_actions(flatten=True)).to_pydict()
+        return pa.table(self.snapshot().get_add_actions(flatten=True)).to_pydict()
 
-    def history(self, limit: int | None, refresh: Any = None) -> tuple[Any, list[HistoryEntry]]:
-        """A snapshot of the table and its history, newest first. `refresh`: a snapshot returned before,
-        brought up to date in place (reads only the new commits) instead of opening the table anew."""
-        if refresh is None:
-            table = self.open()
-        else:
-            table = refresh
-            table.update_incremental()
-        entries = [HistoryEntry(h["version"], h.get("operation", ""), h.get("userMetadata"),
-                                _strings(h.get("operationMetrics")), _strings(h.get("operationParameters")))
-                   for h in table.history(limit)]
-        return table, entries
+    def history(self, limit: int | None) -> list[HistoryEntry]:
+        """The table's commits, newest first (`limit`: the newest ones only)."""
+        return [HistoryEntry(h["version"], h.get("operation", ""), h.get("userMetadata"),
+                             _strings(h.get("operationMetrics")), _strings(h.get("operationParameters")))
+                for h in self.snapshot().history(limit)]
 
 
 class FeedTable:
@@ -198,16 +201,16 @@ class FeedTable:
                 time.sleep(0.2)
 
     # ------------------------------------------------------------------ the log
-    def history(self, limit: int | None, refresh: Any = None) -> tuple[Any, list[HistoryEntry]]:
+    def history(self, limit: int | None) -> list[HistoryEntry]:
         if self._log is not None:
-            return self._log.history(limit, refresh)
+            return self._log.history(limit)
         clause = f" LIMIT {limit}" if limit else ""
         rows = self.spark.sql(f"DESCRIBE HISTORY delta.`{self.path}`{clause}") \
             .select("version", "operation", "userMetadata", "operationMetrics", "operationParameters").collect()
         entries = [HistoryEntry(r["version"], r["operation"], r["userMetadata"], _strings(r["operationMetrics"]),
                                 _strings(r["operationParameters"]))
                    for r in rows]
-        return None, sorted(entries, key=lambda e: e.version, reverse=True)
+        return sorted(entries, key=lambda e: e.version, reverse=True)
 
     # ------------------------------------------------------------------ data
     def frame(self, version: int | None = None) -> "DataFrame":

@@ -96,6 +96,8 @@ class PartitionReport:
     bounded: bool = False  # the read stopped at `max_events_per_partition`: there may be more
     read_seconds: float = 0.0  # time the read tasks of this partition spent reading
     gap: str | None = None  # events the server's retention dropped after the cursor, unread
+    repeated_ids: int = 0  # ids an exactly-once feed sent more than once in this sync's reads (kept)
+    repeated_examples: tuple[str, ...] = ()
 
     def then(self, later: "PartitionReport") -> "PartitionReport":
         """This report followed by a later load of the same partition in the same sync."""
@@ -105,6 +107,8 @@ class PartitionReport:
         later.duplicates += self.duplicates
         later.read_seconds += self.read_seconds
         later.gap = later.gap or self.gap
+        later.repeated_ids += self.repeated_ids
+        later.repeated_examples = (*self.repeated_examples, *later.repeated_examples)[:5]
         return later
 
 
@@ -405,6 +409,10 @@ class FeedLoader:
         # a line per partition for a few partitions; of thousands, only those with something to say
         # (each line is an event in Dagster's event log: ~3 ms each on SQLite)
         for report in reports.values():
+            if report.repeated_ids:  # the feed broke its exactly-once promise: the duplicate-id check fails
+                self.log.warning("partition %s: the feed sent %d event ids more than once (e.g. %s); they were "
+                                 "written as sent", report.partition_id, report.repeated_ids,
+                                 ", ".join(report.repeated_examples))
             if report.duplicates or report.error or len(reports) <= 32:
                 self.log.info("partition %s: %d events in %d pages%s, cursor %s", report.partition_id,
                               report.events, report.pages,
@@ -460,6 +468,7 @@ def _report(plan: PartitionPlan, start: PartitionState, end: PartitionEnd | None
     report.duplicates = read.duplicates + (read.events - events)
     report.bounded = read.bounded
     report.read_seconds = read.seconds
+    report.repeated_ids, report.repeated_examples = read.repeated_ids, read.repeated_examples
     if read.error:
         report.status, report.error = "failed", read.error
     return report

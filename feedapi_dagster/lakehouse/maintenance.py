@@ -122,7 +122,7 @@ def due(table: FeedTable, settings: MaintenanceSettings) -> tuple[str, ...]:
         return ()
     # maintenance's own commits and the loads' state commits are not counted: twice the largest
     # threshold, and a few more entries
-    entries = table.history(2 * max(wanted.values()) + 8)[1]
+    entries = table.history(2 * max(wanted.values()) + 8)
     stops = {OPTIMIZE: (OPTIMIZE,), VACUUM: (VACUUM_START, VACUUM_END)}
     return tuple(operation for operation, every in wanted.items()
                  if commits_since(entries, stops[operation]) >= every)
@@ -141,7 +141,7 @@ def maintain(table: FeedTable, settings: MaintenanceSettings, oldest_running_loa
         if VACUUM in operations:
             retention = vacuum_retention_hours(settings, oldest_running_load)
             table.vacuum(retention, settings.vacuum_listing_parallelism)
-        after = table.history(8)[1]
+        after = table.history(8)
     if retention is not None:
         end = next((e for e in after if e.operation == VACUUM_END), None)
         if end is not None and "numDeletedFiles" in end.metrics:

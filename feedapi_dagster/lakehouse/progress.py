@@ -84,5 +84,5 @@ class ReadNotes:
             except (OSError, ValueError):
                 continue
             self.seen[name] = None
-            found.append([(int(pid), ReadEnd(**end)) for pid, end in entries])
+            found.append([(int(pid), ReadEnd.from_dict(end)) for pid, end in entries])
         return found

@@ -32,6 +32,7 @@ END_COLUMN = "read_end"
 GROUP_EVENTS = 10_000
 GROUP_BYTES = 8 * 1024 * 1024
 _MAX_REDISCOVERIES = 3
+_REPEATS_SHOWN = 5
 _DONE = object()
 
 
@@ -47,13 +48,21 @@ class ReadEnd:
     bounded: bool = False  # stopped at `maxEvents`: there may be more
     error: str | None = None
     seconds: float = 0.0  # the partition's own reading time (its events/s in the run's log)
+    # ids an exactly-once feed sent more than once in this read (their count, and a few of them): the
+    # `no_duplicate_event_ids` check of the rows a load adds, answered without scanning them
+    repeated_ids: int = 0
+    repeated_examples: tuple[str, ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> "ReadEnd":
-        return cls(**json.loads(text))
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> "ReadEnd":
+        return cls(**{**fields, "repeated_examples": tuple(fields.get("repeated_examples", ()))})
 
 
 @dataclass(frozen=True)
@@ -168,9 +177,13 @@ class PartitionRead:
         self._fetched = 0  # events fetched, duplicates included (what `maxEvents` bounds)
         self.done = False
         self.end: ReadEnd | None = None
-        # an at-least-once feed repeats events: ids seen in this read are dropped (ids stored by
-        # earlier loads are the loader's business, in Spark)
-        self._seen: set[bytes] | None = None if client.info.exactly_once else set()
+        # Ids seen in this read. An at-least-once feed repeats events: they are dropped (ids stored by
+        # earlier loads are the loader's business, in Spark). An exactly-once feed must not: they are
+        # kept (the feed's rows as sent) and counted, for the load's duplicate-id check.
+        self._exactly_once = client.info.exactly_once
+        self._seen: set = set()
+        self.repeated_ids = 0
+        self._repeated_examples: list[str] = []
 
     def batches(self) -> Iterator[pa.RecordBatch]:
         settings = self.settings
@@ -189,7 +202,8 @@ class PartitionRead:
         if settings.checkpoint_rows:
             drained = error is None and (self.done or (closed and not self._bounded))
             self.end = ReadEnd(self.events, self.pages, self.duplicates, drained, self._bounded and not drained,
-                               error, round(time.monotonic() - started, 3))
+                               error, round(time.monotonic() - started, 3), self.repeated_ids,
+                               tuple(self._repeated_examples))
             yield pa.RecordBatch.from_pydict({
                 "partition_id": [self.partition_id], "position": [self.position], "cursor": [self.cursor],
                 "payload": [None], "payload_type": [None], "event_id": [None], END_COLUMN: [self.end.to_json()],
@@ -242,7 +256,7 @@ class PartitionRead:
         batch = EventBatch(self.settings.event_id_field)
         for run in runs:
             raws, ends = run.raw_events, run.ends
-            if self._seen is not None:
+            if not self._exactly_once:
                 raws, ends = _unseen(raws, ends, event_ids(raws, self.settings.event_id_field), self._seen)
                 self.duplicates += len(run.raw_events) - len(raws)
             batch.add(run.partition_id, self.position, raws, ends, run.cursors)
@@ -252,9 +266,24 @@ class PartitionRead:
             self.cursor = run.cursor
             self.done = self.done or run.done
         rows = batch.to_arrow()
+        if self._exactly_once:
+            self._count_repeats(rows.column("event_id").to_pylist())
         if END_COLUMN in schema.names:
             rows = rows.append_column(END_COLUMN, pa.nulls(rows.num_rows, pa.string()))
         return rows.combine_chunks().to_batches()[0] if rows.num_rows else pa.RecordBatch.from_pylist([], schema)
+
+
+    def _count_repeats(self, ids: list[str | None]) -> None:
+        seen = self._seen
+        for event_id in ids:
+            if event_id is None:
+                continue
+            if event_id in seen:
+                self.repeated_ids += 1
+                if len(self._repeated_examples) < _REPEATS_SHOWN:
+                    self._repeated_examples.append(event_id)
+            else:
+                seen.add(event_id)
 
 
 def read_schema(checkpoint_rows: bool) -> pa.Schema:

@@ -54,7 +54,6 @@ class DeltaSink:
         self.run_id = run_id
         self.max_conflict_retries = max_conflict_retries
         self._committed: committed.CommittedState | None = None
-        self._snapshot = None  # the table snapshot `_committed` was read from: commits are based on it
         self.table.ensure_table()
 
     # ------------------------------------------------------------------ reading
@@ -145,8 +144,7 @@ class DeltaSink:
         return version
 
     def _read_history(self, limit: int = committed.RECENT_HISTORY) -> list[committed.CommittedState]:
-        # The snapshot is this sink's own (nothing else refreshes it), and the state is read with it.
-        self._snapshot, history = committed.read_history(self.table, limit, refresh=self._snapshot)
+        history = committed.read_history(self.table, limit)
         self._committed = committed.resolve(self.table, history)
         if self._committed.source == "rows" and self._committed.delta_version is None:
             log.warning("no commit in the Delta log of %s carries the feed state any more (Delta's log cleanup): "
@@ -161,7 +159,7 @@ class DeltaSink:
         Right after a commit it is nearly always the newest one: the last few commits are looked at
         first, the usual depth only when it is not among them."""
         for limit in (_JUST_COMMITTED, committed.RECENT_HISTORY):
-            self._snapshot, history = committed.read_history(self.table, limit, refresh=self._snapshot)
+            history = committed.read_history(self.table, limit)
             for entry in history.states:
                 if entry.load_id == commit_id:
                     return entry.delta_version

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import ValidationError
 
@@ -172,19 +172,17 @@ def committed_states(entries: list[HistoryEntry], table_version: int | None) -> 
     return states
 
 
-def read_history(table: "FeedTable | DeltaLog | str", limit: int | None = RECENT_HISTORY,
-                 refresh: Any = None) -> tuple[Any, History]:
-    """A snapshot of the table (`table`, or a log or local path read with delta-rs) and the states
-    committed to it. `refresh`: a snapshot read before, brought up to date in place."""
+def read_history(table: "FeedTable | DeltaLog | str", limit: int | None = RECENT_HISTORY) -> History:
+    """The states committed to the table (`table`, or a log or local path read with delta-rs)."""
     log = DeltaLog(table) if isinstance(table, str) else table
-    snapshot, entries = log.history(limit, refresh)
+    entries = log.history(limit)
     table_version = entries[0].version if entries else None
     states = committed_states(entries, table_version)
     truncated = bool(limit) and len(entries) >= limit
     if not states and truncated:
-        return read_history(log, None, snapshot)
+        return read_history(log, None)
     complete = not truncated and (not entries or entries[-1].version == 0)
-    return snapshot, History(states, table_version, complete)
+    return History(states, table_version, complete)
 
 
 def resolve(table: "FeedTable | DeltaLog | str", history: History) -> CommittedState:
@@ -234,4 +232,4 @@ def _with_pending_rows(rows_commit: CommittedState, table: "FeedTable | None", p
 
 def read_committed_state(table: "FeedTable | DeltaLog | str") -> CommittedState:
     """The table's cursor of record (an empty state for a new table)."""
-    return resolve(table, read_history(table)[1])
+    return resolve(table, read_history(table))

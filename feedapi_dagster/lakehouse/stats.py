@@ -2,12 +2,12 @@
 
 Row counts and position bounds of a partition are in the log (`numRecords`, `minValues`,
 `maxValues` of every data file): reading them costs milliseconds whatever the table's size. Whether
-event ids repeat is not in any statistic: that takes a scan, of the given partitions only, or of the
-rows one load added.
+event ids repeat is not in any statistic: that takes a scan of the given partitions (for at-least-once
+feeds; an exactly-once feed's loads count repeats as they read).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .delta import DeltaLog, FeedTable, in_partitions
@@ -62,17 +62,11 @@ def _from_log(log: DeltaLog, wanted: set[int]) -> dict[int, PartitionStats]:
     return stats
 
 
-def duplicate_event_ids(table: FeedTable, partition_ids: Iterable[int], limit: int = 20,
-                        since: Mapping[int, int] | None = None) -> list[str]:
-    """Event ids stored more than once in one of the partitions (a scan of their id column). `since`:
-    only among their rows from the lowest of these positions on (a load's own rows, and those of
-    partitions further on: Delta skips the files before by their position statistics)."""
+def duplicate_event_ids(table: FeedTable, partition_ids: Iterable[int], limit: int = 20) -> list[str]:
+    """Event ids stored more than once in one of the partitions (a scan of their id column)."""
     wanted = sorted({int(p) for p in partition_ids})
     if not wanted:
         return []
-    where = in_partitions(wanted)
-    if since is not None:  # one bound for all (a predicate per partition is slow to plan for thousands)
-        where += f" AND position >= {min(int(since.get(p, 0)) for p in wanted)}"
-    rows = table.frame().where(f"{where} AND event_id IS NOT NULL") \
+    rows = table.frame().where(f"{in_partitions(wanted)} AND event_id IS NOT NULL") \
         .groupBy(PARTITION_COLUMN, "event_id").count().where("count > 1").limit(limit).collect()
     return [f"partition {r[0]}: {r[1]} x{r[2]}" for r in rows]

@@ -2,8 +2,8 @@
 
 What exactly-once means, verified on the data the load just committed: positions of each loaded
 partition are 0..n-1 with n its committed position (from the Delta log's file statistics, no scan),
-no event id is stored twice in it (a scan of the id column: of the rows the load added where the
-feed's ids are unique, of those partitions otherwise), and the cursor
+no event id is stored twice in it (where the feed's ids are unique, the load's read tasks count the
+ids it sent twice among the rows they read; otherwise a scan of those partitions' id column), and the cursor
 in every partition's latest materialization is the one in Delta (the log, and Dagster's event log as
 the load found it plus what it logged). And no events were lost to the server's retention before
 they were read (Nakadi deletes old events whether they were read or not): the check names each
@@ -61,15 +61,21 @@ def feed_check_results(outcome: LoadOutcome, loaded: Sequence[int],
     yield dg.AssetCheckResult(check_name=CONTIGUOUS, passed=not broken,
                               metadata={"partitions_checked": len(loaded), "problems": broken[:_SHOWN]})
 
-    # An exactly-once feed's ids are unique in the feed, and the positions above say each event was
-    # written once: only the rows this load added are scanned (ids repeated within them). An
-    # at-least-once feed's whole partitions are, since the load deduplicated against them.
-    since = ({pid: report.position - report.events for pid, report in outcome.reports.items()}
-             if outcome.info.exactly_once else None)
-    duplicates = duplicate_event_ids(table, loaded, limit=_SHOWN, since=since)
+    # An exactly-once feed's ids are unique in the feed, and the positions above say each row the load
+    # added was written once: the read tasks saw every id it added and counted those the feed sent
+    # twice (no scan). An at-least-once feed's whole partitions are scanned, since the load
+    # deduplicated against them.
+    if outcome.info.exactly_once:
+        duplicates = [f"partition {pid}: {report.repeated_ids} event id(s) sent more than once, e.g. "
+                      f"{', '.join(report.repeated_examples)}"
+                      for pid, report in sorted(outcome.reports.items()) if report.repeated_ids]
+        checked = "the rows this load added, as its read tasks saw them"
+    else:
+        duplicates = duplicate_event_ids(table, loaded, limit=_SHOWN)
+        checked = "every row of the loaded partitions"
     yield dg.AssetCheckResult(check_name=NO_DUPLICATES, passed=not duplicates,
-                              metadata={"partitions_checked": len(loaded), "examples": duplicates,
-                                        "rows_scanned": "this load's" if since is not None else "all"})
+                              metadata={"partitions_checked": len(loaded), "examples": duplicates[:_SHOWN],
+                                        "rows_checked": checked})
 
     mismatched = [f"partition {pid}: metadata {latest[str(pid)].get('cursor')!r}, Delta {committed.cursor!r}"
                   for pid, committed in sorted(state.partitions.items())

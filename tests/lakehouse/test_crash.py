@@ -146,7 +146,7 @@ def _wait_until_the_version_settles(log, quiet_seconds: float = 5, timeout: floa
     deadline = time.monotonic() + timeout
     version, since = None, time.monotonic()
     while time.monotonic() < deadline:
-        now = read_history(log)[1].table_version
+        now = read_history(log).table_version
         if now != version:
             version, since = now, time.monotonic()
         elif time.monotonic() - since >= quiet_seconds:

@@ -357,7 +357,7 @@ def test_a_rebuild_of_a_method1_child_waits_for_its_parent_to_drain(spark, make_
 def test_the_delta_log_is_read_with_deltalake_where_the_run_can_open_the_table(spark, make_loader, tmp_path):
     from deltalake import DeltaTable
 
-    from feedapi_dagster.lakehouse.delta import FeedTable
+    from feedapi_dagster.lakehouse.delta import DeltaLog, FeedTable
 
     path = str(tmp_path / "feed")
     feed = DemoFeed(partitions=2, events=40, seed=3)
@@ -366,9 +366,10 @@ def test_the_delta_log_is_read_with_deltalake_where_the_run_can_open_the_table(s
     by_deltalake, by_spark = FeedTable(spark, path), FeedTable(spark, path, read_log="spark")
     for table in (by_deltalake, by_spark):
         table.ensure_table()
-    assert isinstance(by_deltalake.history(1)[0], DeltaTable)  # delta-rs read the log
-    assert by_spark.history(1)[0] is None
-    assert by_deltalake.history(None)[1] == by_spark.history(None)[1]  # the same commits, states included
+    assert isinstance(by_deltalake.delta_log, DeltaLog)  # delta-rs reads the log
+    assert isinstance(by_deltalake.delta_log.snapshot(), DeltaTable)
+    assert by_spark.delta_log is None
+    assert by_deltalake.history(None) == by_spark.history(None)  # the same commits, states included
     # a table delta-rs cannot open from this process stays with Spark
     assert FeedTable(spark, str(tmp_path / "not-a-table"))._open_log() is None
 

@@ -123,7 +123,7 @@ def test_method1_split_children_after_parent_is_drained(spark, harness):
     assert set(map(int, request.tags["feedapi/partitions"].split(","))) >= {0, *children}
     assert harness.launch(request).success
     assert_exactly_once(spark, harness, [0, *children])
-    history = list(reversed(read_history(harness.table, limit=None)[1].states))
+    history = list(reversed(read_history(harness.table, limit=None).states))
     drained_at = next(h.delta_version for h in history if h.state.get(0) and h.state.get(0).drained)
     for child in children:
         first = next(h.delta_version for h in history if h.state.get(child) and h.state.get(child).position > 0)
@@ -232,3 +232,20 @@ def test_a_violated_check_blocks_the_run(spark, harness):
     # this load added, among which no id repeats
     assert results["positions_contiguous"] is False and results["no_duplicate_event_ids"] is True
     assert not run.success  # blocking checks fail the run
+
+
+def test_an_exactly_once_feed_that_sends_an_id_twice_fails_the_duplicate_check(spark, harness):
+    harness.launch(harness.tick_sensor().run_requests[0])
+    # the feed breaks its promise: one id in two events, one page apart (the read tasks count it)
+    harness.feed.add_event('{"id": "twice-1", "n": 1}', partition=2)
+    harness.feed.append(7, partition=2)
+    harness.feed.add_event('{"id": "twice-1", "n": 2}', partition=2)
+    run = harness.launch(harness.tick_schedule().run_requests[0], raise_on_error=False)
+    evaluations = {e.check_name: e for e in run.get_asset_check_evaluations()}
+    duplicate = evaluations["no_duplicate_event_ids"]
+    assert duplicate.passed is False and evaluations["positions_contiguous"].passed is True
+    assert duplicate.metadata["examples"].value == ["partition 2: 1 event id(s) sent more than once, e.g. twice-1"]
+    assert not run.success  # blocking
+    # written as sent: the rows are the feed's, each once at its own position
+    rows = spark.read.format("delta").load(harness.table).where("event_id = 'twice-1'").collect()
+    assert len(rows) == 2 and len({r.position for r in rows}) == 2
