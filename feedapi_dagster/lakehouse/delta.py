@@ -47,6 +47,7 @@ OPTIMIZE = "OPTIMIZE"
 VACUUM_START = "VACUUM START"
 VACUUM_END = "VACUUM END"
 RESTORE = "RESTORE"
+DELETE = "DELETE"  # a DELETE statement's commit (Spark SQL's, delta-rs's `DeltaTable.delete`)
 # commits that rewrite or delete files without changing the table's rows
 FILE_MAINTENANCE = frozenset({OPTIMIZE, VACUUM_START, VACUUM_END})
 # Delta refuses a VACUUM retention under 7 days unless this check is off; `maintenance.py` computes a
@@ -130,6 +131,25 @@ class DeltaLog:
 
         # an Arrow table of delta-rs's own (arro3), taken over by pyarrow without a copy
         return pa.table(self.snapshot().get_add_actions(flatten=True)).to_pydict()
+
+    def version(self) -> int:
+        """The table's newest version."""
+        return self.snapshot().version()
+
+    def files_at(self, version: int) -> dict[int, dict[str, int]]:
+        """Each partition's data files at a past version and their row counts (`numRecords`), from a
+        snapshot of that version of its own (the current one stays as it is)."""
+        import pyarrow as pa
+        from deltalake import DeltaTable
+
+        past = DeltaTable(self.path, version=version, storage_options=self.storage_options or None)
+        actions = pa.table(past.get_add_actions(flatten=True)).to_pydict()
+        files: dict[int, dict[str, int]] = {}
+        for partition, path, rows in zip(actions[f"partition.{PARTITION_COLUMN}"], actions["path"],
+                                         actions["num_records"]):
+            if partition is not None:
+                files.setdefault(int(partition), {})[path] = rows
+        return files
 
     def history(self, limit: int | None) -> list[HistoryEntry]:
         """The table's commits, newest first (`limit`: the newest ones only)."""

@@ -20,13 +20,18 @@ class PartitionStats:
     min_position: int | None
     max_position: int | None
 
-    def contiguous(self, committed_position: int) -> bool:
-        """Rows 0..n-1 with n the committed position (positions are unique by construction of the
-        loader; n rows spanning exactly 0..n-1 leave no room for a gap or a repeat)."""
-        if self.rows == 0:
-            return committed_position == 0
-        return (self.rows == committed_position and self.min_position == 0
-                and self.max_position == committed_position - 1)
+    def contiguous(self, committed_position: int, deleted_by_user: int = 0, deletes_exact: bool = True) -> bool:
+        """Rows at positions within 0..n-1, n the committed position, as many as n less the rows a
+        user's DELETE removed (`deletes.py`). Positions are unique by construction of the loader: so
+        many rows within those bounds leave no room for a gap or a repeat. `deletes_exact` False (the
+        DELETEs before the log's oldest commit are not known): no more rows than that."""
+        within = self.rows == 0 or (self.min_position is not None and self.max_position is not None
+                                    and self.min_position >= 0 and self.max_position < committed_position)
+        expected = committed_position - deleted_by_user
+        return within and (self.rows == expected if deletes_exact else self.rows <= expected)
+
+
+NO_ROWS = PartitionStats(0, None, None)
 
 
 def partition_stats(table: FeedTable, partition_ids: Iterable[int]) -> dict[int, PartitionStats]:

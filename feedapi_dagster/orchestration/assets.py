@@ -11,7 +11,9 @@ import warnings
 
 import dagster as dg
 
-from .checks import feed_check_results, feed_check_specs
+from feedapi_dagster.protocol.registry import protocol_of
+
+from .checks import feed_check_results, feed_check_specs, recorded_user_deletes
 from .maintenance import maintain_after_load
 from .loads import (BACKFILL_TAG, PARTITIONS_TAG, REBUILD_TAG, FeedBinding, active_partitions, failure, make_loader,
                     latest_metadata_by_partition, materializations, mirror_repairs)
@@ -42,7 +44,7 @@ def _feed_asset(binding: FeedBinding, spec: dg.AssetSpec) -> dg.AssetsDefinition
         description=spec.description,
         metadata=spec.metadata,
         partitions_def=dg.DynamicPartitionsDefinition(name=binding.partitions_name),
-        check_specs=feed_check_specs(spec.key),
+        check_specs=feed_check_specs(spec.key, protocol_of(binding.feed)),
         required_resource_keys={binding.spark_key},
         # one run may load many partitions: a backfill's contiguous keys become one range run
         backfill_policy=dg.BackfillPolicy.single_run(),
@@ -95,7 +97,8 @@ def load(binding: FeedBinding, context: dg.AssetExecutionContext, config: LoadCo
         context.log_event(event)
         events.append(event)
     mirrored.update({event.partition: {k: v.value for k, v in event.metadata.items()} for event in events})
-    yield from feed_check_results(outcome, loaded, mirrored)
+    yield from feed_check_results(outcome, loaded, mirrored, protocol_of(binding.feed),
+                                  recorded_user_deletes(context.instance, binding.key))
     maintain_after_load(context, binding, outcome.table)
     if problem := failure(binding, outcome.reports.values()):
         raise problem

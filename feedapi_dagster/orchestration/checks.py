@@ -1,14 +1,16 @@
 """Checks of a feed table, run in every load's step right after its commit.
 
 What exactly-once means, verified on the data the load just committed: positions of each loaded
-partition are 0..n-1 with n its committed position (from the Delta log's file statistics, no scan),
+partition are 0..n-1 with n its committed position, but for the rows a user's DELETE removed (from
+the Delta log's file statistics, no scan; `lakehouse/deletes.py`),
 no event id is stored twice in it (where the feed's ids are unique, the load's read tasks count the
 ids it sent twice among the rows they read; otherwise a scan of those partitions' id column), and the cursor
 in every partition's latest materialization is the one in Delta (the log, and Dagster's event log as
 the load found it plus what it logged). And no events were lost to the server's retention before
 they were read (Nakadi deletes old events whether they were read or not): the check names each
 partition and the offsets between which events are gone (`load.retention_gap` says what the load
-does then).
+does then); it is registered only where the protocol reports such gaps
+(`FeedProtocol.reports_retention_gaps`), since elsewhere it could never fail.
 The first two block: a violation means wrong rows.
 """
 from __future__ import annotations
@@ -16,9 +18,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 import dagster as dg
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
+from feedapi_dagster.lakehouse.deletes import UserDeletes, count_user_deletes
 from feedapi_dagster.lakehouse.loader import LoadOutcome
-from feedapi_dagster.lakehouse.stats import duplicate_event_ids, partition_stats
+from feedapi_dagster.lakehouse.stats import NO_ROWS, duplicate_event_ids, partition_stats
+from feedapi_dagster.protocol.base import FeedProtocol
 
 
 NO_DUPLICATES = "no_duplicate_event_ids"
@@ -26,40 +31,85 @@ CONTIGUOUS = "positions_contiguous"
 CURSOR_MIRRORED = "cursor_metadata_matches_delta"
 NO_RETENTION_GAP = "no_events_expired_unread"
 _SHOWN = 20
+# the positions check's record of the rows users' DELETEs removed, carried from one load to the next
+_DELETED = "deleted_by_user"
+_DELETES_VERSION = "deletes_counted_to_version"
+_DELETES_EXACT = "deletes_exact"
+_DELETES_REWRITTEN = "deletes_exact_after_rebuild"
 
 
-def feed_check_specs(key: dg.AssetKey) -> list[dg.AssetCheckSpec]:
-    return [
+def feed_check_specs(key: dg.AssetKey, protocol: FeedProtocol) -> list[dg.AssetCheckSpec]:
+    """The checks of a feed's asset: those its protocol can fail."""
+    specs = [
         dg.AssetCheckSpec(CONTIGUOUS, asset=key, blocking=True,
                           description="Positions of each loaded partition are 0..n-1 and n is its committed "
-                                      "position (Delta file statistics)."),
+                                      "position, less the rows a user's DELETE removed (Delta file statistics "
+                                      "and log)."),
         dg.AssetCheckSpec(NO_DUPLICATES, asset=key, blocking=True,
                           description="No event id is stored twice in a loaded partition."),
         dg.AssetCheckSpec(CURSOR_MIRRORED, asset=key,
                           description="The cursor in each partition's latest materialization is the one in Delta."),
-        dg.AssetCheckSpec(NO_RETENTION_GAP, asset=key,
-                          description="No events of a loaded partition expired on the server (its retention) "
-                                      "after the partition's cursor before they were read."),
     ]
+    if protocol.reports_retention_gaps:
+        specs.append(dg.AssetCheckSpec(NO_RETENTION_GAP, asset=key,
+                                       description="No events of a loaded partition expired on the server (its "
+                                                   "retention) after the partition's cursor before they were read."))
+    return specs
 
 
-def feed_check_results(outcome: LoadOutcome, loaded: Sequence[int],
-                       latest: dict[str, dict]) -> Iterator[dg.AssetCheckResult]:
-    """`latest`: each partition's latest materialization metadata, by partition key."""
+def recorded_user_deletes(instance: dg.DagsterInstance, key: dg.AssetKey) -> UserDeletes | None:
+    """The count of users' DELETEs the feed's latest positions check recorded (None: none did)."""
+    evaluated = {AssetCheckExecutionRecordStatus.SUCCEEDED, AssetCheckExecutionRecordStatus.FAILED}
+    records = instance.event_log_storage.get_asset_check_execution_history(
+        dg.AssetCheckKey(key, CONTIGUOUS), limit=1, status=evaluated)
+    event = records[0].event.dagster_event if records and records[0].event else None
+    metadata = event.event_specific_data.metadata if event else {}
+    if _DELETES_VERSION not in metadata:
+        return None
+    return UserDeletes({int(p): rows for p, rows in metadata[_DELETED].value.items()},
+                       metadata[_DELETES_VERSION].value, metadata[_DELETES_EXACT].value,
+                       frozenset(metadata[_DELETES_REWRITTEN].value if _DELETES_REWRITTEN in metadata else ()))
+
+
+def feed_check_results(outcome: LoadOutcome, loaded: Sequence[int], latest: dict[str, dict],
+                       protocol: FeedProtocol, deletes_before: UserDeletes | None) -> Iterator[dg.AssetCheckResult]:
+    """The results of `feed_check_specs`. `latest`: each partition's latest materialization metadata,
+    by partition key; `deletes_before`: the previous positions check's count of users' DELETEs."""
+    yield _contiguous(outcome, loaded, deletes_before)
+    yield from _other_results(outcome, loaded, latest, protocol)
+
+
+def _contiguous(outcome: LoadOutcome, loaded: Sequence[int], deletes_before: UserDeletes | None) -> dg.AssetCheckResult:
     table = outcome.table
     state = outcome.committed.state
     stats = partition_stats(table, loaded)
+    # where only the cluster reaches the table (no delta-rs log here), no DELETE is counted
+    deletes = count_user_deletes(table.delta_log, deletes_before) if table.delta_log is not None else None
     broken = []
     for partition_id in sorted(loaded):
         committed = state.get(partition_id)
         position = committed.position if committed else 0
-        found = stats.get(partition_id)
-        if not (found.contiguous(position) if found else position == 0):
-            broken.append(f"partition {partition_id}: {found.rows if found else 0} rows at positions "
-                          f"{found.min_position if found else None}..{found.max_position if found else None}, "
-                          f"committed position {position}")
-    yield dg.AssetCheckResult(check_name=CONTIGUOUS, passed=not broken,
-                              metadata={"partitions_checked": len(loaded), "problems": broken[:_SHOWN]})
+        found = stats.get(partition_id, NO_ROWS)
+        deleted = deletes.deleted(partition_id) if deletes else 0
+        if not found.contiguous(position, deleted, deletes.exact_for(partition_id) if deletes else True):
+            broken.append(f"partition {partition_id}: {found.rows} rows at positions "
+                          f"{found.min_position}..{found.max_position}, committed position {position}"
+                          + (f", {deleted} row(s) removed by DELETE commits" if deleted else ""))
+    metadata: dict[str, object] = {"partitions_checked": len(loaded), "problems": broken[:_SHOWN]}
+    if deletes is not None:
+        metadata.update({_DELETED: dg.MetadataValue.json({str(p): rows for p, rows in sorted(deletes.rows.items())}),
+                         _DELETES_VERSION: deletes.version, _DELETES_EXACT: deletes.exact})
+        if not deletes.exact:
+            # DELETEs before the log's oldest commit are unknown: fewer rows than expected are accepted,
+            # except in these partitions (rebuilt by a load since)
+            metadata[_DELETES_REWRITTEN] = dg.MetadataValue.json(sorted(deletes.rewritten))
+    return dg.AssetCheckResult(check_name=CONTIGUOUS, passed=not broken, metadata=metadata)
+
+
+def _other_results(outcome: LoadOutcome, loaded: Sequence[int], latest: dict[str, dict],
+                   protocol: FeedProtocol) -> Iterator[dg.AssetCheckResult]:
+    table = outcome.table
+    state = outcome.committed.state
 
     # An exactly-once feed's ids are unique in the feed, and the positions above say each row the load
     # added was written once: the read tasks saw every id it added and counted those the feed sent
@@ -83,6 +133,8 @@ def feed_check_results(outcome: LoadOutcome, loaded: Sequence[int],
     yield dg.AssetCheckResult(check_name=CURSOR_MIRRORED, passed=not mismatched,
                               metadata={"problems": mismatched[:_SHOWN]})
 
+    if not protocol.reports_retention_gaps:
+        return
     gaps = [report.gap for report in outcome.reports.values() if report.gap]
     yield dg.AssetCheckResult(check_name=NO_RETENTION_GAP, passed=not gaps,
                               severity=dg.AssetCheckSeverity.ERROR,

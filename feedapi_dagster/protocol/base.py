@@ -47,6 +47,9 @@ class FeedProtocol:
     name: ClassVar[str]
     # the payload field that identifies an event (dotted for a nested one), unless the feed says
     event_id_field: ClassVar[str]
+    # whether the server deletes events on its own (retention) and says which are gone
+    # (`retention_gap`): the feed's asset then has a check of events that expired unread
+    reports_retention_gaps: ClassVar[bool] = False
 
     def check(self, feed: "Feed") -> None:
         """Raise ValueError when `feed`'s settings make no sense for this protocol."""

@@ -45,6 +45,7 @@ STREAM_TIMEOUT = 60
 
 class Nakadi(FeedProtocol):
     name = "nakadi"
+    reports_retention_gaps = True  # old events are deleted whether they were read or not
     event_id_field = "metadata.eid"
 
     def check(self, feed: "Feed") -> None:
