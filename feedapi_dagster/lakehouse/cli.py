@@ -1,13 +1,21 @@
-"""`feedapi-dagster setup-jars` and `feedapi-dagster spark-server`."""
+"""`feedapi-dagster setup-jars`, `spark-server`, `spark status|stop` and `state`."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import threading
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    from feedapi_dagster.lakehouse.server_record import ServerRecord
+    from feedapi_dagster.lakehouse.state import CommittedState
 
 
 def _configure_logging() -> None:
@@ -62,21 +70,77 @@ def _spark_server(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
 
 
+def _spark_status(args: argparse.Namespace) -> int:
+    """The embedded server on the port, as its record and /proc show it; exit code 1 when none runs."""
+    from feedapi_dagster.lakehouse.connect_server import port_open
+    from feedapi_dagster.lakehouse.server_record import is_recorded_server, read_record
+
+    record = read_record(args.port)
+    if record is None:
+        if port_open(args.port):
+            print(f"port {args.port}: something listens there, but there is no record of an embedded Spark server "
+                  "started there by this user")
+        else:
+            print(f"no embedded Spark server on port {args.port}")
+        return 1
+    if not is_recorded_server(record):
+        print(f"the embedded Spark server recorded on port {args.port} (pid {record.pid}) is not running; "
+              f"`feedapi-dagster spark stop --port {args.port}` removes its files")
+        return 1
+    print("\n".join(_describe_server(record)))
+    return 0
+
+
+def _describe_server(record: ServerRecord) -> list[str]:
+    from feedapi_dagster.lakehouse.server_record import process_group, resident_bytes, this_installation
+
+    group = process_group(record.pid)
+    started = datetime.fromisoformat(record.started_at)
+    ours = record.installation == this_installation()
+    stop = (f"feedapi-dagster spark stop --port {record.port}" if ours
+            else f"{Path(record.installation) / 'bin' / 'feedapi-dagster'} spark stop --port {record.port}")
+    workers = f" and {len(group) - 1} Python workers" if len(group) > 1 else ""
+    return [
+        f"embedded Spark server on sc://127.0.0.1:{record.port}: running",
+        f"  pid           {record.pid}, started {started:%Y-%m-%d %H:%M:%S} UTC ({_age(started)} ago)",
+        f"  memory        {_size(resident_bytes(group))} resident (the JVM{workers})",
+        f"  log           {record.log_path}",
+        f"  installation  {record.installation} ({'this one' if ours else 'not this one: ' + this_installation()})",
+        "  lifetime      " + ("left running for later runs (a JVM takes tens of seconds to start)" if record.detached
+                             else f"stopped when the process that started it (pid {record.owner_pid}) exits"),
+        f"  files         {', '.join(str(path) for path in record.files)}, {record.work_dir}/",
+        f"stop it with: {stop}",
+    ]
+
+
+def _age(started: datetime) -> str:
+    minutes = int((datetime.now(timezone.utc) - started).total_seconds() // 60)
+    return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**30:.1f} GB" if count >= 2**30 else f"{count / 2**20:.0f} MB"
+
+
+def _spark_stop(args: argparse.Namespace) -> int:
+    from feedapi_dagster.lakehouse.connect_server import ServerNotStopped, stop_recorded_server
+
+    try:
+        print(stop_recorded_server(args.port))
+    except ServerNotStopped as refused:
+        print(f"not stopped: {refused}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _state(args: argparse.Namespace) -> int:
     """The cursor of record of a feed table and where it came from: delta-rs where it can read the
     table and the state is in a commit; a local Spark session where the state must be recovered from
     the rows (or delta-rs cannot open the table)."""
-    from feedapi_dagster.lakehouse.state import RecoveryNeedsSpark, StateError, read_committed_state
+    from feedapi_dagster.lakehouse.state import StateError
 
     try:
-        try:
-            committed = read_committed_state(args.table)
-        except StateError as error:
-            if not isinstance(error, RecoveryNeedsSpark):
-                raise
-            committed = _read_with_spark(args.table)
-        except Exception:  # noqa: BLE001 - delta-rs cannot open it (v2 checkpoints, storage it lacks)
-            committed = _read_with_spark(args.table)
+        committed = _committed_state(args.table)
     except StateError as error:
         print(f"{args.table}: {error}", file=sys.stderr)
         return 1
@@ -94,19 +158,72 @@ def _state(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_with_spark(table: str):
+def _committed_state(table: str) -> "CommittedState":
+    """The table's cursor of record; `StateError` (one line) when there is no table to read it from."""
+    from deltalake.exceptions import TableNotFoundError
+
+    from feedapi_dagster.lakehouse.state import RecoveryNeedsSpark, StateError, read_committed_state
+
+    no_table = "no Delta table here (no _delta_log with commits under it)"
+    local = _local_path(table)
+    if local is not None and not (local / "_delta_log").is_dir():
+        # before delta-rs, whose message is about its internals, and before Spark, which takes seconds to start
+        raise StateError(no_table if local.exists() else "no such folder")
+    try:
+        return read_committed_state(table)
+    except RecoveryNeedsSpark:
+        return _read_with_spark(table)
+    except TableNotFoundError:  # delta-rs's message is about its log segments
+        raise StateError(no_table) from None
+    except StateError:
+        raise
+    except Exception:  # noqa: BLE001 - delta-rs cannot open it (v2 checkpoints, storage it lacks)
+        return _read_with_spark(table)
+
+
+def _local_path(table: str) -> Path | None:
+    if table.startswith("file://"):
+        return Path(table.removeprefix("file://"))
+    return None if "://" in table else Path(table)
+
+
+def _read_with_spark(table: str) -> "CommittedState":
     import tempfile
 
     from feedapi_dagster.lakehouse.delta import FeedTable
     from feedapi_dagster.lakehouse.sessions import local_spark_session
-    from feedapi_dagster.lakehouse.state import read_committed_state
+    from feedapi_dagster.lakehouse.state import StateError, read_committed_state
+    from feedapi_dagster.lakehouse.storage import explain_storage_error
 
-    with tempfile.TemporaryDirectory(prefix="feedapi-dagster-state-") as work_dir:
+    spark_log = Path(tempfile.gettempdir()) / "feedapi-dagster-state-spark.log"
+    with tempfile.TemporaryDirectory(prefix="feedapi-dagster-state-") as work_dir, _stderr_to(spark_log):
         spark = local_spark_session(work_dir=Path(work_dir))
         try:
             return read_committed_state(FeedTable(spark, table))
+        except StateError:
+            raise
+        except Exception as error:  # noqa: BLE001 - Spark's errors quote its stack: a person reads one line
+            explained = explain_storage_error(table, error)
+            reason = str(explained) if explained is not None else str(error).strip().splitlines()[0]
+            raise StateError(f"Spark cannot read it: {reason} (Spark's log: {spark_log})") from None
         finally:
             spark.stop()
+
+
+@contextlib.contextmanager
+def _stderr_to(path: Path) -> Iterator[None]:
+    """This process's stderr into `path`: the JVM Spark starts inherits it and writes its warnings and
+    stack traces there, not into the one line the command prints."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "wb") as log:
+        os.dup2(log.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -129,6 +246,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     server.add_argument("--work-dir", type=Path, default=None,
                         help="warehouse/derby/scratch/log dir (default: a temp dir removed at exit)")
     server.set_defaults(func=_spark_server)
+
+    spark = subparsers.add_parser(
+        "spark", help="show or stop the embedded Spark Connect server this installation started (it outlives runs)")
+    actions = spark.add_subparsers(dest="action", required=True)
+    for action, func, text in (
+        ("status", _spark_status, "its port, pid, memory, log, start time and installation (exit code 1: none runs)"),
+        ("stop", _spark_stop, "stop it and remove its files (only a server this installation started)"),
+    ):
+        parser = actions.add_parser(action, help=text)
+        parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"its port (default {DEFAULT_PORT})")
+        parser.set_defaults(func=func)
 
     state = subparsers.add_parser(
         "state",

@@ -28,6 +28,16 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from feedapi_dagster.lakehouse.jars import pyspark_home
+from feedapi_dagster.lakehouse.server_record import (
+    ServerRecord,
+    is_recorded_server,
+    process_group,
+    read_record,
+    record_file,
+    remove_record,
+    this_installation,
+    write_record,
+)
 from feedapi_dagster.lakehouse.spark_conf import (
     CONNECT_SERVER_CLASS,
     DEFAULT_PORT,
@@ -275,6 +285,7 @@ class SparkConnectServer:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # own process group: stop() reaches every child, Ctrl-C does not
         )
+        write_record(self.port, self._proc.pid, log_path=self.log_path, work_dir=self._work_dir, detached=self.detach)
         try:
             self._wait_ready()
         except BaseException as exc:
@@ -325,8 +336,11 @@ class SparkConnectServer:
             self._log_file = None
         if self._remove_work_dir and self._work_dir is not None:
             shutil.rmtree(self._work_dir, ignore_errors=True)
-        with contextlib.suppress(FileNotFoundError):
-            token_file(self.port).unlink()
+        record = read_record(self.port)
+        if record is None or record.pid == proc.pid:  # not those of a server started since (`spark stop`)
+            with contextlib.suppress(FileNotFoundError):
+                token_file(self.port).unlink()
+            remove_record(self.port)
         if _started.get(self.port) is self:
             del _started[self.port]
 
@@ -341,21 +355,13 @@ class SparkConnectServer:
         """Whether a live (non-zombie) process is left in the server's process group."""
         assert self._proc is not None
         pgid = self._proc.pid
-        proc_root = Path("/proc")
-        if not proc_root.is_dir():  # pragma: no cover - not Linux
+        if not Path("/proc").is_dir():  # pragma: no cover - not Linux
             try:
                 os.killpg(pgid, 0)
             except (ProcessLookupError, PermissionError):
                 return False
             return True
-        for stat in proc_root.glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-                return True
-        return False
+        return bool(process_group(pgid))
 
     def wait(self, timeout: float | None = None) -> int | None:
         """Wait for the server process to exit; its exit code (None if still running after timeout)."""
@@ -372,19 +378,24 @@ _started: dict[int, SparkConnectServer] = {}
 
 @contextlib.contextmanager
 def _port_lock(port: int) -> Iterator[None]:
-    """Serialise server start-up on a port between processes (two Dagster runs starting at once)."""
+    """Serialise server start-up and stop on a port between processes (two Dagster runs starting at
+    once; `stop_recorded_server`, which removes the lock file while it holds it)."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not POSIX
         yield
         return
     path = Path(tempfile.gettempdir()) / f"feedapi-dagster-spark-{port}.lock"
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    while True:
+        with open(path, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                # a lock on a file removed meanwhile locks nothing another process can see: open it again
+                if path.exists() and os.path.samestat(os.fstat(handle.fileno()), path.stat()):
+                    yield
+                    return
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def start_embedded_server(
@@ -427,9 +438,77 @@ def ensure_embedded_server(
             return SparkConnectServer.attach(port)
         server = start_embedded_server(port, conf=conf, work_dir=work_dir, detach=detach,
                                        startup_timeout=startup_timeout)
-    if not detach:
+    if detach:
+        log.warning(outlives_message(server))
+    else:
         atexit.register(server.stop)
     _started[port] = server
     return server
+
+
+def _spark_command(action: str, port: int) -> str:
+    return f"feedapi-dagster spark {action}" + (f" --port {port}" if port != DEFAULT_PORT else "")
+
+
+def outlives_message(server: SparkConnectServer) -> str:
+    return (f"The embedded Spark Connect server on {server.url} (pid {server.pid}, log {server.log_path}) keeps "
+            "running after this process exits: a JVM takes tens of seconds to start, so one server serves "
+            f"every later run of this installation. `{_spark_command('status', server.port)}` shows it, "
+            f"`{_spark_command('stop', server.port)}` stops it.")
+
+
+class ServerNotStopped(SparkStartupError):
+    """`stop_recorded_server` refused, or failed, to stop what runs on a port."""
+
+
+def stop_recorded_server(port: int = DEFAULT_PORT, timeout: float = 30.0) -> str:
+    """Stop the embedded server on `port` that this installation started (SIGTERM to its process
+    group, SIGKILL after `timeout`) and remove its token, lock and record files; what was done, for a
+    person. Refuses (`ServerNotStopped`) a server another installation started, and anything on the
+    port without a record of this user: never a process by a pid alone (`is_recorded_server`)."""
+    with _port_lock(port):
+        record = read_record(port)
+        if record is None:
+            if port_open(port):
+                raise ServerNotStopped(f"port {port}: something listens there, but there is no record of an "
+                                       f"embedded Spark server started there by this user ({record_file(port)}); "
+                                       "not stopping it")
+            return f"no embedded Spark server on port {port}: nothing to stop"
+        if record.installation != this_installation():
+            raise ServerNotStopped(
+                f"the embedded Spark server on port {port} (pid {record.pid}) was started by the installation "
+                f"{record.installation}, not this one ({this_installation()}): stop it with "
+                f"{Path(record.installation) / 'bin' / 'feedapi-dagster'} spark stop --port {port}")
+        if not is_recorded_server(record):
+            if port_open(port):
+                raise ServerNotStopped(f"port {port}: the recorded server (pid {record.pid}) is gone and something "
+                                       "else listens there; not stopping it")
+            _remove_server_files(record)
+            return (f"the embedded Spark server recorded on port {port} (pid {record.pid}) was not running; "
+                    "removed its files")
+        _close_clients(port)
+        _stop_group(record.pid, timeout)
+        _remove_server_files(record)
+    return f"stopped the embedded Spark server on port {port} (pid {record.pid}); its log stays in {record.log_path}"
+
+
+def _stop_group(pgid: int, timeout: float) -> None:
+    """SIGTERM the server's process group (the JVM shuts down, its Python workers with it), SIGKILL
+    what is left after `timeout`."""
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, sig)
+        deadline = time.monotonic() + wait
+        while process_group(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not process_group(pgid):
+            return
+    raise ServerNotStopped(f"the Spark server's processes (group {pgid}) survived SIGKILL")
+
+
+def _remove_server_files(record: ServerRecord) -> None:
+    for path in record.files:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
 
 

@@ -16,17 +16,19 @@ dagster-sling (`key`, `group_name`, `owners`, `tags`, `kinds`, with `{{ feed.nam
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import dagster as dg
+from dagster.components.resolved.errors import ResolutionException
 from dagster.components.utils.translation import TranslationFn, TranslationFnResolver
-from pydantic import BaseModel, Field, SecretStr, model_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, model_validator
 
 from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.lakehouse.storage import check_storage
 
-from .config import FeedConfig, ProjectConfig, StorageConfig
+from .config import LAKEHOUSE_URI_RULE, FeedConfig, ProjectConfig, StorageConfig
 from .definitions import SPARK_RESOURCE_KEY, build_feedapi_definitions
 from .translator import FeedApiTranslator, FeedTranslatorData
 
@@ -50,15 +52,61 @@ def _rendered(context: dg.ResolutionContext, model: BaseModel) -> dict[str, Any]
 
 
 def _resolve_feeds(context: dg.ResolutionContext, feeds: list[FeedConfig]) -> list[FeedConfig]:
-    return [FeedConfig.model_validate(_rendered(context.at_path(i), feed)) for i, feed in enumerate(feeds)]
+    return [_resolve_feed(context.at_path(i), feed) for i, feed in enumerate(feeds)]
+
+
+def _resolve_feed(context: dg.ResolutionContext, feed: FeedConfig) -> FeedConfig:
+    values = _rendered(context, feed)
+    if feed.token is not None and not values.get("token"):
+        # `{{ env.X }}` of a variable that is not set renders to None, which would read the feed
+        # without authentication, in silence: a feed that needs none leaves `token` out
+        template = feed.token.get_secret_value()
+        variable = _ENV_VARIABLE.search(template)
+        unset = (f"the environment variable {variable['name']} is not set (or empty) where the definitions load. "
+                 f"Set it, or write `token_env: {variable['name']}` to read it in the runs; " if variable else "")
+        raise _yaml_error(context.at_path("token"), f"feed {values.get('name')!r}: token {template!r} is empty: "
+                                                    f"{unset}a feed that needs no authentication leaves `token` out",
+                          inline=f"{variable['name']} is not set" if variable else "empty")
+    return _validated(context, FeedConfig, values)
+
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def _validated(context: dg.ResolutionContext, model: type[_Model], rendered: dict[str, Any]) -> _Model:
+    """The model of the rendered values; a value a template rendered wrong is reported at its line
+    without pydantic's wrapping (input values, links)."""
+    try:
+        return model.model_validate(rendered)
+    except ValidationError as invalid:
+        first = invalid.errors()[0]
+        at = context
+        for part in first["loc"]:
+            at = at.at_path(part)
+        message = first["msg"].removeprefix("Value error, ")
+        raise _yaml_error(at, message, inline=message) from None
+
+
+_ENV_VARIABLE = re.compile(r"""env(?:\.|\(\s*["'])(?P<name>\w+)""")  # {{ env.X }}, {{ env('X', ...) }}
+
+
+def _yaml_error(context: dg.ResolutionContext, message: str, inline: str) -> ResolutionException:
+    """An error of a value of the defs.yaml, with its file and line (as Dagster reports a template's);
+    `inline`: the few words under the value in the snippet."""
+    if context.source_position_tree is None:
+        return ResolutionException(message)
+    source = context.source_position_tree.source_error(yaml_path=context.path, inline_error_message=inline,
+                                                       value_error=True)
+    return ResolutionException(f"{source.file_name}:{source.start_line_no} - {source.location}: {message}\n"
+                               f"{source.snippet}")
 
 
 def _resolve_storage(context: dg.ResolutionContext, storage: StorageConfig) -> StorageConfig:
-    return StorageConfig.model_validate(_rendered(context, storage))
+    return _validated(context, StorageConfig, _rendered(context, storage))
 
 
 def _resolve_spark(context: dg.ResolutionContext, spark: SparkSettings) -> SparkSettings:
-    return SparkSettings.model_validate(_rendered(context, spark))
+    return _validated(context, SparkSettings, _rendered(context, spark))
 
 
 class FeedApiAttributes(dg.Model):
@@ -67,7 +115,7 @@ class FeedApiAttributes(dg.Model):
     "not valid under any of the given schemas" at `feeds`), so `dg check defs` names the key and its line."""
 
     feeds: list[FeedConfig]
-    lakehouse: str = "lakehouse"
+    lakehouse: str = Field(default="lakehouse", json_schema_extra=LAKEHOUSE_URI_RULE)
     storage: StorageConfig = Field(default_factory=StorageConfig)
     spark: SparkSettings = Field(default_factory=SparkSettings)
     spark_resource_key: str = SPARK_RESOURCE_KEY

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -16,6 +17,21 @@ from feedapi_dagster.protocol import Feed, FeedClient
 
 _FEED_NAME = re.compile(r"[a-z][a-z0-9_]*")
 _TEMPLATE = re.compile(r"\s*\{\{.*\}\}")  # a defs.yaml template, validated once rendered
+
+
+# Rules of the component's JSON schema, which `dg check defs` applies to a defs.yaml as written before it
+# loads anything: a value that breaks one is reported as a misspelt key is, in one line with its file
+# and line ("'Orders' does not match '^[a-z][a-z0-9_]*$'"), where the validators' errors come at load
+# time inside a stack trace. The validators stay the rule (for templates, once rendered, and Python).
+def _literal_rule(pattern: str) -> dict[str, Any]:
+    """`pattern` for a value written as it is (a `{{ ... }}` template is checked once rendered)."""
+    return {"if": {"not": {"pattern": r"\{\{"}}, "then": {"pattern": pattern}}
+
+
+FEED_NAME_RULE = _literal_rule(f"^{_FEED_NAME.pattern}$")
+URL_RULE = _literal_rule("^https?://[^/]")
+# s3:// and s3n:// are not the file systems Spark has (`check_lakehouse_uri`); s3a:// needs a bucket
+LAKEHOUSE_URI_RULE = {"if": {"pattern": "^[sS]3[aAnN]?:"}, "then": {"pattern": "^s3a://[^/]"}}
 
 
 class _Strict(BaseModel):
@@ -36,7 +52,8 @@ class ScheduleConfig(_Strict):
 class FeedConfig(Feed):
     """A feed of the project: the `Feed` (where it is, how to read it) and how this project loads it."""
 
-    name: str
+    name: str = Field(json_schema_extra=FEED_NAME_RULE)
+    url: str = Field(json_schema_extra=URL_RULE)
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
     load: LoadSettings = Field(default_factory=LoadSettings)
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)

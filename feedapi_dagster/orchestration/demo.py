@@ -112,8 +112,9 @@ def demo_services(project: ProjectConfig, events: int, partitions: int) -> Itera
     ensure_delta_jars(echo=lambda line: print(line, flush=True))
     with demo_server(feed.protocol, urlsplit(feed.url).port or DEMO_FEED_PORT, events, partitions) as server:
         print(f"demo {feed.protocol} server: {server.url}", flush=True)
-        # the lakehouse's storage settings come with each run's session, not with the server
-        spark = ensure_embedded_server(project.spark.port, conf=project.spark.conf, detach=True)
+        # the lakehouse's storage settings come with each run's session, not with the server; the
+        # demo's server stops with the demo (the runs of `dev` use it, they do not start one)
+        spark = ensure_embedded_server(project.spark.port, conf=project.spark.conf)
         print(f"Spark Connect server: {spark.url}", flush=True)
         try:
             yield feed

@@ -51,6 +51,9 @@ class Feed(BaseModel):
         protocol_of(self).check(self)
         if self.token is not None and self.token_env is not None:
             raise ValueError("set token or token_env, not both")
+        if self.token is not None and not self.token.get_secret_value():
+            # read without authentication, in silence, otherwise
+            raise ValueError("token is empty: a feed that needs no authentication leaves it out")
         return self
 
     def __repr__(self) -> str:  # the URL may carry credentials; the token is a SecretStr anyway
@@ -59,7 +62,7 @@ class Feed(BaseModel):
     def bearer_token(self) -> str | None:
         """The token: given, or read from `token_env` in this process (the run's, or an executor's)."""
         if self.token is not None:
-            return self.token.get_secret_value() or None
+            return self.token.get_secret_value()
         if self.token_env is None:
             return None
         token = os.environ.get(self.token_env)

@@ -93,7 +93,8 @@ def test_yaml_translation_and_a_custom_resource_key(tmp_path, monkeypatch):
     assert "lake_spark" in defs.resources
 
 
-def test_dg_check_names_a_misspelt_key_with_its_file_and_line_and_scaffold_writes_a_valid_defs_yaml(user_project):
+def test_dg_check_names_a_misspelt_key_with_its_file_and_line_and_scaffold_writes_a_valid_defs_yaml(
+        user_project, monkeypatch):
     path = user_project / MODULE / "defs" / "feeds" / "defs.yaml"
     good = path.read_text()
     assert dg_command(user_project, "check", "defs").returncode == 0
@@ -112,5 +113,6 @@ def test_dg_check_names_a_misspelt_key_with_its_file_and_line_and_scaffold_write
     assert scaffolded.returncode == 0, scaffolded.stderr[-3000:]
     text = (user_project / MODULE / "defs" / "audit_feed" / "defs.yaml").read_text()
     assert "name: audit" in text and "{{ env.AUDIT_FEED_TOKEN }}" in text
+    monkeypatch.setenv("AUDIT_FEED_TOKEN", "tok-audit")  # the token the scaffolded feed reads (not set: an error)
     checked = dg_command(user_project, "check", "defs")
     assert checked.returncode == 0, (checked.stdout + checked.stderr)[-3000:]

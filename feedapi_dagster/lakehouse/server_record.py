@@ -1,0 +1,140 @@
+"""What an embedded Spark Connect server leaves in the temp folder, and how to tell it is still the
+server: `<tmp>/feedapi-dagster-spark-<port>.json` (mode 0600, written when it starts, removed when it
+stops) records its pid, the start time of that pid, the installation that started it (the Python
+environment, `sys.prefix`), its log and work dir.
+
+A pid alone does not identify a server: a server that died leaves its record behind, and the kernel
+gives its pid to the next process. `is_recorded_server` compares the process's start time (Linux's
+``/proc/<pid>/stat``) and its command line with the record's, so `feedapi-dagster spark stop` never
+signals an unrelated process, and it refuses a server another installation started (that one's
+Python workers run that installation's code).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from feedapi_dagster.lakehouse.spark_conf import CONNECT_SERVER_CLASS
+
+_PROC = Path("/proc")
+
+
+def record_file(port: int) -> Path:
+    return Path(tempfile.gettempdir()) / f"feedapi-dagster-spark-{port}.json"
+
+
+def this_installation() -> str:
+    """The Python environment this package runs in: one installation per virtualenv."""
+    return str(Path(sys.prefix).resolve())
+
+
+@dataclass(frozen=True)
+class ServerRecord:
+    port: int
+    pid: int
+    # clock ticks after boot when `pid` started (/proc/<pid>/stat, field 22): a recycled pid has another
+    pid_started: int
+    started_at: str  # ISO 8601, UTC
+    installation: str
+    log_path: str
+    work_dir: str
+    # stopped when the process that started it exits (`owner_pid`), or left running for later runs
+    detached: bool
+    owner_pid: int
+
+    @property
+    def files(self) -> list[Path]:
+        """What the server keeps in the temp folder beside its work dir (token, start-up lock, record)."""
+        base = record_file(self.port)
+        return [base.with_suffix(".token"), base.with_suffix(".lock"), base]
+
+
+def process_started(pid: int) -> int | None:
+    """When `pid` started (clock ticks after boot), or None when there is no such process (or no /proc)."""
+    try:
+        stat = (_PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    # the command name in parentheses may hold spaces: fields are counted after its closing ')'
+    fields = stat.rsplit(")", 1)[1].split()
+    return int(fields[19])
+
+
+def _command_line(pid: int) -> list[str]:
+    try:
+        return (_PROC / str(pid) / "cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def write_record(port: int, pid: int, *, log_path: Path, work_dir: Path, detached: bool) -> ServerRecord:
+    record = ServerRecord(
+        port=port, pid=pid, pid_started=process_started(pid) or 0,
+        started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        installation=this_installation(), log_path=str(log_path), work_dir=str(work_dir),
+        detached=detached, owner_pid=os.getpid(),
+    )
+    path = record_file(port)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        json.dump(asdict(record), handle, indent=2)
+    return record
+
+
+def read_record(port: int) -> ServerRecord | None:
+    """The record of the server on `port`; None when there is none, or it is not this user's own
+    (a file someone else could have written is no evidence of which process to signal)."""
+    path = record_file(port)
+    try:
+        info = path.stat()
+        if info.st_uid != os.getuid() or info.st_mode & 0o077:
+            return None
+        return ServerRecord(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def remove_record(port: int) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        record_file(port).unlink()
+
+
+def is_recorded_server(record: ServerRecord) -> bool:
+    """Whether the record's pid is still its server: started when recorded, a Spark Connect server on
+    the record's port."""
+    if process_started(record.pid) != record.pid_started:
+        return False
+    command = _command_line(record.pid)
+    return CONNECT_SERVER_CLASS in command and f"spark.connect.grpc.binding.port={record.port}" in command
+
+
+def process_group(pgid: int) -> list[int]:
+    """The live (non-zombie) processes of a process group: a server's JVM and its Python workers."""
+    members = []
+    for stat in _PROC.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(stat.parent.name))
+    return members
+
+
+def resident_bytes(pids: list[int]) -> int:
+    """The memory the processes hold in RAM (their VmRSS)."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            for line in (_PROC / str(pid) / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+    return total
