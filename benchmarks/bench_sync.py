@@ -545,12 +545,12 @@ def stages(instance, run_id: str, log_path: Path, tick: float, started: float,
             continue
         # the loader's progress lines, in the run's own log (FeedLoader logs to `context.log`)
         message, at = entry.user_message, entry.timestamp
-        read = re.search(r"read by Spark and committed as Delta version \d+ in ([0-9.]+) s", message)
-        if read:
-            marks.setdefault("read start", at - float(read.group(1)))
+        read = re.search(r"read and written by Spark as Delta version \d+ in ([0-9.]+) s", message)
+        quiet = re.search(r": nothing new \(Spark's read took ([0-9.]+) s", message)
+        if read or quiet:
+            marks.setdefault("read start", at - float((read or quiet).group(1)))
             marks.setdefault("read end", at)
-        elif re.match(r"cursors of partitions .* committed as Delta version", message) or message.endswith(
-                ": nothing new"):
+        if quiet or re.match(r"cursors of partitions .* committed as Delta version", message):
             marks["commit end"] = at
     for text in log_path.read_text(errors="replace").splitlines():
         if text.startswith("BENCH "):

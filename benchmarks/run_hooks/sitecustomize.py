@@ -10,7 +10,8 @@ the process's exit hooks (an `atexit` hook registered before any other). Process
 with the same environment (Dagster's compute-log pollers) load this file too; `bench_sync.py` keeps
 the first mark of each name, and the exit mark is only the run process's. A function
 that is not there (renamed in the library) is left unmarked: its stage merges into the one before.
-The loader's own progress lines ("read by Spark in X s", "read N events ...", "commit took Y s") are in the
+The loader's own progress lines ("N events ... read and written by Spark as Delta version V in X s",
+"nothing new (Spark's read took X s ...)", "cursors ... committed as Delta version V in Y s") are in the
 run's Dagster event log.
 """
 import atexit

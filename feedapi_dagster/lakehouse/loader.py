@@ -94,7 +94,12 @@ class PartitionReport:
     error: str | None = None
     delta_version: int | None = None
     bounded: bool = False  # the read stopped at `max_events_per_partition`: there may be more
-    read_seconds: float = 0.0  # time the read tasks of this partition spent reading
+    # the partition's own read: wall time from its first request to its checkpoint row (in a task that
+    # reads it among others, while Spark writes what it read)
+    read_seconds: float = 0.0
+    # the load's wall time that read it, from the start of the Spark job to its commit (a partition's
+    # own read is a small part of it: Spark's tasks, the write and the commits are the load's)
+    load_seconds: float = 0.0
     gap: str | None = None  # events the server's retention dropped after the cursor, unread
     repeated_ids: int = 0  # ids an exactly-once feed sent more than once in this sync's reads (kept)
     repeated_examples: tuple[str, ...] = ()
@@ -106,6 +111,7 @@ class PartitionReport:
         later.pages += self.pages
         later.duplicates += self.duplicates
         later.read_seconds += self.read_seconds
+        later.load_seconds += self.load_seconds
         later.gap = later.gap or self.gap
         later.repeated_ids += self.repeated_ids
         later.repeated_examples = (*self.repeated_examples, *later.repeated_examples)[:5]
@@ -276,16 +282,19 @@ class FeedLoader:
         progress = table.progress_folder(uuid.uuid4().hex)
         # a rebuild replaces whole partitions in one commit: it is never cut short by the bound
         bound = None if rebuild else self.settings.max_events_per_partition
+        started = time.monotonic()
         read = self._read(info, starts, progress, bound, keep=rebuild or deduplicated)
         try:
             if read.kept:
                 reports = self._commit_kept(read, plans, starts, base, groups if deduplicated else None,
-                                            rebuild, drop)
+                                            rebuild, drop, started)
             else:
                 reports = self._commit_streamed(read, plans, starts, base, progress)
         finally:
             read.release()
             table.remove_progress(progress)
+        for report in reports.values():
+            report.load_seconds = time.monotonic() - started
         return reports
 
     def _read(self, info: FeedInfo, starts: dict[int, PartitionState], progress: str | None,
@@ -333,8 +342,6 @@ class FeedLoader:
         rows_commit = run_with_progress(lambda: self.sink.commit(read.frame, starts, expected, pending=list(starts)),
                                         progress, self._tasks(starts), self.log)
         version = rows_commit.delta_version
-        self.log.info("partitions %s: read by Spark and committed as Delta version %s in %.1f s", sorted(starts),
-                      version, time.monotonic() - started)
         self.on_moment(ROWS_COMMITTED, starts)
         ends = read.ends()
         if missing := sorted(set(starts) - set(ends)):  # cannot happen: a task that ended reports every partition
@@ -342,12 +349,13 @@ class FeedLoader:
                                   "reported no end of their reads; the next load resumes after their newest rows")
         reports = {plan.partition_id: _report(plan, starts[plan.partition_id], ends[plan.partition_id], None, False)
                    for plan in plans}
-        self._log_read(reports, time.monotonic() - started)
         ended = {pid: PartitionState(cursor=r.cursor, position=r.position, drained=r.drained,
                                      inherited_from=starts[pid].inherited_from) for pid, r in reports.items()}
         if ended == starts:  # nothing read: the rows commit (no row) leaves them where they are (`state.py`)
-            self.log.info("partitions %s: nothing new", sorted(starts))
+            self.log.info("partitions %s: nothing new (Spark's read took %.1f s; its Delta version %s holds no rows)",
+                          sorted(starts), time.monotonic() - started, version)
             return reports
+        self._log_read(reports, f"read and written by Spark as Delta version {version}", time.monotonic() - started)
         rows_state = rows_commit.state  # rebased on others' commits, if any came first
         committing = time.monotonic()
         state_version = self.sink.commit_state(version, FeedState(generation=rows_state.generation,
@@ -363,10 +371,9 @@ class FeedLoader:
 
     def _commit_kept(self, read: FeedRead, plans: list[PartitionPlan], starts: dict[int, PartitionState],
                      base: CommittedState, groups: dict[int, list[int]] | None, rebuild: bool,
-                     drop: list[int]) -> dict[int, PartitionReport]:
+                     drop: list[int], started: float) -> dict[int, PartitionReport]:
         """The kept read's ends first, then its rows (deduplicated against the table where `groups`)
-        and the state they end at in one commit."""
-        started = time.monotonic()
+        and the state they end at in one commit. `started`: when the read began."""
         ends = read.ends()
         rows = read.frame()
         kept: dict[int, int] | None = None
@@ -374,7 +381,7 @@ class FeedLoader:
             rows, kept = _without_stored(rows, self.sink.table.frame(base.rows_version), groups, starts)
         reports = {plan.partition_id: _report(plan, starts[plan.partition_id], ends.get(plan.partition_id), kept,
                                               rebuild) for plan in plans}
-        self._log_read(reports, time.monotonic() - started)
+        self._log_read(reports, "read and kept by Spark", time.monotonic() - started)
         if rebuild:
             _check_nothing_expired(self.client.info, reports, base.state)
             failed = [r for r in reports.values() if r.status == "failed"]
@@ -405,7 +412,8 @@ class FeedLoader:
                       time.monotonic() - committing)
         return reports
 
-    def _log_read(self, reports: dict[int, PartitionReport], seconds: float) -> None:
+    def _log_read(self, reports: dict[int, PartitionReport], done: str, seconds: float) -> None:
+        """`done`: what happened to the events in `seconds` (from the start of the read)."""
         # a line per partition for a few partitions; of thousands, only those with something to say
         # (each line is an event in Dagster's event log: ~3 ms each on SQLite)
         for report in reports.values():
@@ -419,8 +427,8 @@ class FeedLoader:
                               f" ({report.duplicates} duplicates skipped)" if report.duplicates else "",
                               report.cursor)
         events = sum(r.events for r in reports.values())
-        self.log.info("read %d events in %d pages from %d partitions in %.1f s (%.0f events/s)", events,
-                      sum(r.pages for r in reports.values()), len(reports), seconds, events / max(seconds, 1e-9))
+        self.log.info("%d events in %d pages from %d partitions %s in %.1f s (%.0f events/s)", events,
+                      sum(r.pages for r in reports.values()), len(reports), done, seconds, events / max(seconds, 1e-9))
 
     def _reassert_state(self) -> None:
         """Commit the state again, with no rows, when it was recovered from the rows or others' commits

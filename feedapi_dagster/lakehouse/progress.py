@@ -1,10 +1,12 @@
 """Progress of a load while Spark reads it: what each finished read task read, as it finishes.
 
-A read task ends by noting each of its partitions' figures (events, pages, reading time) in a small
-file of the load's progress folder (`reads.GroupRead`). Where the run can list that folder (a local or
-mounted lakehouse, the embedded server), the run's log shows each task's figures as soon as it is
-done, and a heartbeat for the ones still reading. Elsewhere the heartbeat alone. The notes are for
-people: what is committed comes from the read's own checkpoint rows.
+A read task ends by noting each of its partitions' figures (events, pages) in a small file of the
+load's progress folder (`reads.GroupRead`). Where the run can list that folder (a local or mounted
+lakehouse, the embedded server), the run's log shows each task's figures as soon as it is done, with
+the time since the Spark job started, and a heartbeat for the ones still reading. Elsewhere the
+heartbeat alone. No rate per task: a task's own reading time is a small part of the job's (Spark's
+scheduling, its Python workers, the write), and its events/s said nothing true of the load. The notes
+are for people: what is committed comes from the read's own checkpoint rows.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ def run_with_progress(job: Callable[[], T], folder: str | None, tasks: int,
         while True:
             finished = _wait(future, poll_seconds)
             for reads in notes.new():
-                _log_task(logger, reads, len(notes.seen), tasks)
+                _log_task(logger, reads, len(notes.seen), tasks, time.monotonic() - started)
             if finished:
                 return future.result()
             now = time.monotonic()
@@ -45,13 +47,13 @@ def run_with_progress(job: Callable[[], T], folder: str | None, tasks: int,
 
 
 def _log_task(logger: "logging.Logger | logging.LoggerAdapter", reads: list[tuple[int, ReadEnd]], done: int,
-              tasks: int) -> None:
+              tasks: int, seconds: float) -> None:
+    """`seconds`: since the Spark job started."""
     events = sum(end.events for _, end in reads)
     pages = sum(end.pages for _, end in reads)
-    seconds = max((end.seconds for _, end in reads), default=0.0)
     which = f"partition {reads[0][0]}" if len(reads) == 1 else f"{len(reads)} partitions"
-    logger.info("%s: read %d events in %d pages in %.1f s (%.0f events/s); %d of %d read tasks done", which, events,
-                pages, seconds, events / max(seconds, 1e-3), done, tasks)
+    logger.info("%s: read %d events in %d pages; %d of %d read tasks done %.1f s into the Spark job", which, events,
+                pages, done, tasks, seconds)
 
 
 def _wait(future: Future, seconds: float) -> bool:

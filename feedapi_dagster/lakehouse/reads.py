@@ -47,7 +47,7 @@ class ReadEnd:
     drained: bool  # closed (or a `_done` checkpoint) and read to its end
     bounded: bool = False  # stopped at `maxEvents`: there may be more
     error: str | None = None
-    seconds: float = 0.0  # the partition's own reading time (its events/s in the run's log)
+    seconds: float = 0.0  # the partition's own read: wall time from its first request to its checkpoint row
     # ids an exactly-once feed sent more than once in this read (their count, and a few of them): the
     # `no_duplicate_event_ids` check of the rows a load adds, answered without scanning them
     repeated_ids: int = 0

@@ -19,6 +19,8 @@ cluster, this package as a Spark Connect artifact: `package_zip`).
 from __future__ import annotations
 
 import atexit
+import contextlib
+import logging
 import os
 import shutil
 import sys
@@ -26,9 +28,10 @@ import tempfile
 import weakref
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Union
 from urllib.parse import urlsplit
 
+from feedapi_dagster.lakehouse import connect_server
 from feedapi_dagster.lakehouse.connect_server import ensure_embedded_server, register_client
 from feedapi_dagster.lakehouse.spark_conf import LOCAL_MASTER, LOOPBACK, SparkSettings, build_conf
 from feedapi_dagster.lakehouse.storage import SESSION_KEYS, S3Storage
@@ -143,10 +146,77 @@ def package_zip() -> Path:
     return target
 
 
-def spark_session(settings: SparkSettings | None = None) -> "SparkSession":
+Logger = Union[logging.Logger, logging.LoggerAdapter]
+
+
+def spark_session(settings: SparkSettings | None = None, logger: Logger | None = None) -> "SparkSession":
     """The session for ``settings.mode`` (embedded: ensure the server runs, then connect), with the
-    lakehouse's S3 settings and credentials (``settings.s3``, read now) as its runtime settings."""
+    lakehouse's S3 settings and credentials (``settings.s3``, read now) as its runtime settings.
+    ``logger`` (a Dagster run's log) is told what the embedded server's start says (its port, log
+    file and pid: the first run after a machine start waits for it, ~40 s), then which Spark the
+    session is and where its UI is."""
     settings = settings or SparkSettings()
+    with _server_messages_to(logger):
+        session = _session(settings)
+    if logger is not None:
+        logger.info("Spark: %s; Spark UI: %s", _where(settings), spark_ui_url(session, settings) or _no_ui(settings))
+    return session
+
+
+def _no_ui(settings: SparkSettings) -> str:
+    if settings.mode == "remote":
+        return "the cluster driver's (a Spark Connect client cannot tell its address)"
+    return "off (spark.ui.enabled is false in the Spark settings' conf; set it to true for one)"
+
+
+def _where(settings: SparkSettings) -> str:
+    if settings.mode == "local":
+        return "a local session in this process"
+    if settings.mode == "remote":
+        return f"the Spark Connect server at sc://{urlsplit(settings.remote or '').netloc}"  # never its token
+    return f"the embedded Spark Connect server on sc://{LOOPBACK}:{settings.port}"
+
+
+def spark_ui_url(session: "SparkSession", settings: SparkSettings) -> str | None:
+    """The address of the Spark UI of the session's driver, where this client can tell it: a local
+    session's, or the embedded server's (its driver binds the UI to the loopback address, on
+    `spark.ui.port`); None when the UI is off or the driver is a cluster's."""
+    if not is_connect(session):
+        return session.sparkContext.uiWebUrl
+    if settings.mode != "embedded" or session.conf.get("spark.ui.enabled", "true") != "true":
+        return None
+    return f"http://{LOOPBACK}:{session.conf.get('spark.ui.port', '4040')}"
+
+
+class _Forward(logging.Handler):
+    def __init__(self, target: Logger):
+        super().__init__(logging.INFO)
+        self.target = target
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.target.log(record.levelno, record.getMessage())
+
+
+@contextlib.contextmanager
+def _server_messages_to(logger: Logger | None) -> Iterator[None]:
+    """What `connect_server` says while the session is made (a server started, where its log is, that
+    it stays) goes to `logger` as well."""
+    if logger is None:
+        yield
+        return
+    source = logging.getLogger(connect_server.__name__)
+    level, forward = source.level, _Forward(logger)
+    source.addHandler(forward)
+    if not source.isEnabledFor(logging.INFO):
+        source.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        source.removeHandler(forward)
+        source.setLevel(level)
+
+
+def _session(settings: SparkSettings) -> "SparkSession":
     if settings.s3 is not None:
         settings.s3.credentials()  # a variable named by *_env that is not set: StorageError before any JVM
     if settings.mode == "local":

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal, Optional
 
+import dagster as dg
 from dagster_pyspark import LazyPySparkResource, PySparkResource
 
 from feedapi_dagster.lakehouse.sessions import is_connect, register_feed_source, spark_session
@@ -59,8 +60,9 @@ class SparkResource(LazyPySparkResource):
     # (dagster-pyspark 0.29). Overriding them keeps the base class's laziness and teardown.
     def _init_session(self) -> None:
         if self._spark_session is None:
-            # validates mode and remote, with the same messages as the feeds config
-            self._spark_session = spark_session(self.settings())
+            # validates mode and remote, with the same messages as the feeds config; the run's log
+            # says which Spark it is, where its UI is, and when the embedded server starts (~40 s)
+            self._spark_session = spark_session(self.settings(), logger=dg.get_dagster_logger())
 
 
 def feed_session(resource: Any) -> "SparkSession":
