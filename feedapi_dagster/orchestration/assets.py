@@ -2,9 +2,11 @@
 
 Every load is a run of this asset, whoever starts it (the schedule, the discovery sensor, a backfill,
 the UI): one partition key or a range of keys, all loaded by one Spark job per wave. Materializations
-are logged per partition the load committed (not one per key of the range: a partition with nothing
-new keeps its latest materialization), and the checks run in the same step, after the commit, on
-those partitions.
+are logged per partition the load committed and per partition the run was asked for that it found
+up to date (a backfill's partitions succeed), except in the schedule's syncs, where a partition with
+nothing new keeps its latest materialization; every load logs one observation of the asset (when it
+was synced, how far behind the feed it is). The checks run in the same step, after the commit, on
+the partitions it committed.
 """
 
 import warnings
@@ -15,8 +17,9 @@ from feedapi_dagster.protocol.registry import protocol_of
 
 from .checks import feed_check_results, feed_check_specs, recorded_user_deletes
 from .maintenance import maintain_after_load
-from .loads import (BACKFILL_TAG, PARTITIONS_TAG, REBUILD_TAG, FeedBinding, active_partitions, failure, make_loader,
-                    latest_metadata_by_partition, materializations, mirror_repairs)
+from .loads import (BACKFILL_TAG, PARTITIONS_TAG, REBUILD_TAG, SUCCEEDED, FeedBinding, active_partitions, failure,
+                    latest_metadata_by_partition, make_loader, materializations, materialized_reports, mirror_repairs,
+                    sync_observation)
 
 
 class LoadConfig(dg.Config):
@@ -50,7 +53,7 @@ def _feed_asset(binding: FeedBinding, spec: dg.AssetSpec) -> dg.AssetsDefinition
         backfill_policy=dg.BackfillPolicy.single_run(),
         # one load of a feed at a time (the instance sets the pool's limit; dagster.yaml ships 1)
         pool=f"feedapi_{binding.name}",
-        # materializations are logged per partition the load committed, not one per key of the range
+        # materializations are logged per partition (`load`), not one per key of the range
         output_required=False,
     )
     def feed_asset(context: dg.AssetExecutionContext, config: LoadConfig):
@@ -78,20 +81,19 @@ def load(binding: FeedBinding, context: dg.AssetExecutionContext, config: LoadCo
         # a backfill of a closed partition rebuilds it from `_first`
         rebuild_closed=BACKFILL_TAG in context.run.tags)
     for report in outcome.reports.values():
-        if report.error:
+        if report.error and report.status not in SUCCEEDED:  # a waiting partition's reason is no error
             context.log.error("partition %s: %s", report.partition_id, report.error)
-    # a partition with nothing new keeps its latest materialization: a sync of thousands of partitions
-    # of which a few moved logs a few materializations, and checks those
-    committed = [r for r in outcome.reports.values() if r.status == "loaded" and r.delta_version is not None]
-    loaded = [r.partition_id for r in committed]
+    # the checks look at the partitions this load committed something for
+    loaded = [r.partition_id for r in outcome.reports.values() if r.status == "loaded" and r.delta_version is not None]
     # Dagster's view of every partition, read once (10,000 partitions: seconds): the mirror repairs and
     # the mirror check both start from it, and the check adds what this load logged
     mirrored = latest_metadata_by_partition(context.instance, binding,
                                             [str(p) for p in outcome.committed.state.partitions])
-    events = materializations(binding, committed, outcome)
+    events = materializations(binding, materialized_reports(context.run, outcome, wanted), outcome)
     for event in events:
         context.log_event(event)
-    for event in mirror_repairs(binding, outcome, mirrored, skip=loaded):
+    context.log_event(sync_observation(binding, outcome, context.log))
+    for event in mirror_repairs(binding, outcome, mirrored, skip=[int(event.partition) for event in events]):
         context.log.info("partition %s: materialization metadata was behind Delta; recorded the cursor of record",
                          event.partition)
         context.log_event(event)

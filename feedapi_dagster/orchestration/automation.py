@@ -8,7 +8,8 @@ from pydantic import BaseModel, Field
 
 from feedapi_dagster.protocol import FeedAPIError, FeedInfo
 
-from .loads import REBUILD_TAG, FeedBinding, active_partitions, latest_metadata_by_partition, partition_run_tags
+from .loads import (REBUILD_TAG, SCHEDULED_SYNC, SYNC_TAG, FeedBinding, active_partitions, latest_metadata_by_partition,
+                    partition_run_tags)
 
 
 class DiscoveryCursor(BaseModel):
@@ -147,6 +148,7 @@ def build_load_schedule(binding: FeedBinding, job: dg.JobDefinition) -> dg.Sched
         if not due:
             return dg.SkipReason("no open partition to load" + (f" ({sorted(busy)} are being loaded)" if busy else ""))
         request = load_request(binding, due, "schedule", keys)
-        return dg.RunRequest(run_config=request.run_config, tags=request.tags)
+        # a sync: its partitions with nothing new keep their materializations (`loads.materialized_reports`)
+        return dg.RunRequest(run_config=request.run_config, tags={**request.tags, SYNC_TAG: SCHEDULED_SYNC})
 
     return load_schedule

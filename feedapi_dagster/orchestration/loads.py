@@ -1,7 +1,9 @@
 """What every Dagster entry point shares: building a loader for a feed, keeping two runs off one
-partition, and turning load reports into materializations with the cursor in their metadata."""
+partition, and turning load reports into materializations with the cursor in their metadata, and a
+sync into one observation of the asset (when it was last synced, how far behind the feed it is)."""
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -11,6 +13,8 @@ import dagster as dg
 from feedapi_dagster.lakehouse.delta import FeedTable
 from feedapi_dagster.lakehouse.loader import FeedLoader, LoadOutcome, PartitionReport
 from feedapi_dagster.lakehouse.sink import DeltaSink
+from feedapi_dagster.protocol import FeedAPIError
+from feedapi_dagster.protocol.models import FIRST
 
 from .config import FeedConfig, ProjectConfig
 from .resources import feed_session
@@ -21,6 +25,12 @@ if TYPE_CHECKING:
 FEED_TAG = "feedapi/feed"
 PARTITIONS_TAG = "feedapi/partitions"  # comma-separated partition ids a run requested by the sensor or schedule loads
 REBUILD_TAG = "feedapi/rebuild"
+# On the schedule's runs: a sync of every open partition, every few minutes. Its partitions with
+# nothing new get no materialization (thousands of events per sync); the sync's observation says it.
+SYNC_TAG = "feedapi/sync"
+SCHEDULED_SYNC = "schedule"
+# Report statuses of a partition the load brought (or found) up to date: a success for Dagster.
+SUCCEEDED = frozenset({"loaded", "drained", "waiting"})
 BACKFILL_TAG = "dagster/backfill"
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
@@ -118,20 +128,26 @@ def make_loader(binding: FeedBinding, context: dg.OpExecutionContext) -> FeedLoa
 
 
 def report_metadata(report: PartitionReport, outcome: LoadOutcome, row_count: int) -> dict[str, dg.RawMetadataValue]:
-    """The partition's cursor of record and what the load did, with Dagster's standard table keys."""
+    """The partition's cursor of record and what the load did, with Dagster's standard table keys.
+    A partition the load committed nothing for has the cursor and Delta version of the state."""
+    version = report.delta_version if report.delta_version is not None else outcome.committed.delta_version
     return {
+        "status": _status(report),
         "cursor": report.cursor,
         "position": report.position,
         "events": report.events,
         "pages": report.pages,
         "duplicates_skipped": report.duplicates,
+        # the partition's own read, from its first request to its checkpoint row, and the load's
+        # wall time that read it (Spark's job, the write, the commits): no rate per partition, which
+        # said nothing true of either
         "read_seconds": round(report.read_seconds, 3),
-        "events_per_second": round(report.events / report.read_seconds) if report.read_seconds else 0,
+        "load_seconds": round(report.load_seconds, 3),
         "drained": report.drained,
         "rebuilt": report.rebuilt,
         "start_cursor": report.start_cursor,
         "dialect": outcome.info.dialect,
-        "delta_version": report.delta_version if report.delta_version is not None else -1,
+        "delta_version": version if version is not None else -1,
         # Dagster's standard keys; the table's rows are the partitions' committed positions summed
         "dagster/table_name": outcome.table.path,
         "dagster/partition_row_count": report.position,
@@ -139,14 +155,74 @@ def report_metadata(report: PartitionReport, outcome: LoadOutcome, row_count: in
     }
 
 
+def _status(report: PartitionReport) -> str:
+    if report.status == "loaded":
+        return "loaded" if report.delta_version is not None else "up to date: nothing new"
+    if report.status == "waiting":
+        return f"waiting: {report.error}"  # the plan's reason (which parent it waits for)
+    return report.status
+
+
+def materialized_reports(run: dg.DagsterRun, outcome: LoadOutcome, asked: Iterable[int]) -> list[PartitionReport]:
+    """The partitions a run logs a materialization for: each it committed something for and, unless
+    it is the schedule's sync, each of those it was asked for (`asked`) that it found up to date
+    (a backfill's partitions succeed when they are materialized; the UI shows them so)."""
+    committed = [r for r in outcome.reports.values() if r.status == "loaded" and r.delta_version is not None]
+    if run.tags.get(SYNC_TAG) == SCHEDULED_SYNC:
+        return committed
+    asked = set(asked)
+    return [r for r in outcome.reports.values()
+            if r.status in SUCCEEDED and (r.delta_version is not None or r.partition_id in asked)]
+
+
 def materializations(binding: FeedBinding, reports: Iterable[PartitionReport],
                      outcome: LoadOutcome) -> list[dg.AssetMaterialization]:
-    """One materialization per partition this load committed something for."""
+    """One materialization per report."""
     rows = sum(p.position for p in outcome.committed.state.partitions.values())
     return [
         dg.AssetMaterialization(binding.key, partition=str(r.partition_id), metadata=report_metadata(r, outcome, rows))
-        for r in reports if r.status == "loaded"
+        for r in reports
     ]
+
+
+def sync_observation(binding: FeedBinding, outcome: LoadOutcome,
+                     logger: "dg.DagsterLogManager | None" = None) -> dg.AssetObservation:
+    """One observation of the asset per load, whatever its number of partitions: when it was synced,
+    what it brought, and (where the protocol says) how many events the feed holds past the cursors
+    of record now."""
+    reports = outcome.reports.values()
+    metadata: dict[str, dg.RawMetadataValue] = {
+        "last_synced": dg.MetadataValue.timestamp(time.time()),
+        "partitions_synced": sum(r.status in SUCCEEDED for r in reports),
+        "partitions_with_new_events": sum(r.status == "loaded" and r.events > 0 for r in reports),
+        "partitions_failed": sum(r.status not in SUCCEEDED for r in reports),
+        "events_loaded": sum(r.events for r in reports if r.status == "loaded"),
+        "delta_version": outcome.committed.delta_version if outcome.committed.delta_version is not None else -1,
+    }
+    if (behind := events_behind(binding, outcome, logger)) is not None:
+        metadata["events_behind"] = behind
+    return dg.AssetObservation(binding.key, metadata=metadata)
+
+
+def events_behind(binding: FeedBinding, outcome: LoadOutcome,
+                  logger: "dg.DagsterLogManager | None" = None) -> int | None:
+    """Events the feed holds past the cursors of record, summed over its partitions, from a discovery
+    made now; None where the protocol cannot tell (FeedAPI) or the discovery failed."""
+    state = outcome.committed.state
+    client = binding.feed.client()
+    try:
+        if not client.protocol.tells_newest_events:
+            return None
+        partitions = client.discover().partitions
+        counts = [client.protocol.events_behind(p, state.get(p.id).cursor if state.get(p.id) else FIRST)
+                  for p in partitions]
+    except FeedAPIError as error:
+        if logger is not None:
+            logger.warning("how far behind the feed the table is is unknown: discovery failed (%s)", error)
+        return None
+    finally:
+        client.close()
+    return None if None in counts else sum(counts)
 
 
 def latest_metadata_by_partition(instance: dg.DagsterInstance, binding: FeedBinding,

@@ -47,6 +47,8 @@ class FeedProtocol:
     name: ClassVar[str]
     # the payload field that identifies an event (dotted for a nested one), unless the feed says
     event_id_field: ClassVar[str]
+    # discovery says where each partition's newest event is (`events_behind` answers)
+    tells_newest_events: ClassVar[bool] = False
     # whether the server deletes events on its own (retention) and says which are gone
     # (`retention_gap`): the feed's asset then has a check of events that expired unread
     reports_retention_gaps: ClassVar[bool] = False
@@ -73,6 +75,11 @@ class FeedProtocol:
                      what: str) -> FeedAPIError:
         """The error for a response that is neither a success nor transient (never quoting the token)."""
         return client.status_error(response, partition, what, response.text[:500].strip())
+
+    def events_behind(self, partition: Partition, cursor: str) -> int | None:
+        """How many events the server holds after `cursor` in `partition`, as discovery says (Nakadi's
+        newest offset); None where it cannot tell (`tells_newest_events`: FeedAPI never can)."""
+        return None
 
     def retention_gap(self, partition: Partition | None, cursor: str) -> str | None:
         """What was lost when the server no longer holds the events right after `cursor` (its

@@ -47,6 +47,7 @@ class Nakadi(FeedProtocol):
     name = "nakadi"
     reports_retention_gaps = True  # old events are deleted whether they were read or not
     event_id_field = "metadata.eid"
+    tells_newest_events = True
 
     def check(self, feed: "Feed") -> None:
         if not feed.event_type:
@@ -105,6 +106,16 @@ class Nakadi(FeedProtocol):
         said = ": ".join(str(problem[key])[:300] for key in ("title", "detail") if problem.get(key))
         return client.status_error(response, partition, what, said)
 
+    def events_behind(self, partition: Partition, cursor: str) -> int | None:
+        if partition.last_cursor is None:  # nothing was ever published there
+            return 0
+        newest = _offset_key(partition.last_cursor)
+        if cursor == FIRST:  # every event still held: from the oldest available offset to the newest
+            oldest = _offset_key(partition.oldest_available or "")
+            return newest[-1] - oldest[-1] + 1 if _same_timeline(newest, oldest) else None
+        after = _offset_key(cursor)
+        return max(newest[-1] - after[-1], 0) if _same_timeline(newest, after) else None
+
     def retention_gap(self, partition: Partition | None, cursor: str) -> str | None:
         if partition is None or partition.oldest_available is None or cursor == FIRST:
             return None
@@ -132,6 +143,11 @@ def _partition(entry: Any) -> Partition:
         raise ValueError("offsets must be strings")
     return Partition(id=entry["partition"], last_cursor=None if newest == BEGIN else newest,
                      oldest_available=oldest)
+
+
+def _same_timeline(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Two offsets whose difference counts events (offsets of two timelines, or unparsed: it does not)."""
+    return bool(a) and len(a) == len(b) and a[:-1] == b[:-1]
 
 
 def _offset_key(offset: str) -> tuple[int, ...]:

@@ -4,16 +4,22 @@ real Spark and Delta -> dagster-webserver -> Chromium.
 A demo FeedAPI server publishes 3 partitions; a user's own dg project (tests/user_project.py) has the
 feed in one defs.yaml; discovery runs for real over HTTP into a temporary Dagster instance and one
 run of the feed's asset loads every partition (the local Spark session of the tests).
+Then a backfill of the three partitions, which have nothing new, is recorded as the UI launches one
+and run by `dagster-daemon` (its backfill loop, the run queue, a run process of its own).
 `dagster-webserver` serves the project against that instance; headless Chromium opens the asset's
 page and must show the partition keys 0, 1 and 2 materialized, the sensor and schedule that load it,
-Dagster's standard table metadata (row count, columns, storage URI) and the checks of the load passed.
+Dagster's standard table metadata (row count, columns, storage URI), the checks of the load passed,
+the backfill completed with its three partitions succeeded, and the asset's last sync (the load's
+observation: `last_synced`, partitions synced).
 
 Needs Debian's chromium and chromium-driver: `make browser` installs them (the test fails, never
 skips, without them).
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -33,6 +39,7 @@ from feedapi_dagster.orchestration import SPARK_RESOURCE_KEY, FeedConfig, Projec
 from feedapi_dagster.orchestration.automation import load_request, register_discovered_partitions
 from feedapi_dagster.orchestration.loads import FeedBinding
 
+from ..backfills import launch_backfill, running_daemon, wait_for_backfill
 from ..user_project import importable, write_user_project
 
 INSTANCE_TEMPLATE = Path(feedapi_dagster.demo.__file__).with_name("dagster.yaml")
@@ -105,8 +112,10 @@ def feed_server():
 @pytest.fixture
 def user_project(tmp_path, feed_server, monkeypatch) -> Path:
     """A user's dg project with the feed in one defs.yaml (Spark: this process's local session)."""
+    # the sensor and the schedule stopped: the daemon runs the backfill only
     root = write_user_project(tmp_path / "project", feed_server.url, {"mode": "local"},
-                              lakehouse=tmp_path / "lakehouse")
+                              lakehouse=tmp_path / "lakehouse",
+                              feed={"schedule": {"enabled": False, "discovery_enabled": False}})
     monkeypatch.setenv("ORDERS_FEED_TOKEN", "unused-by-the-demo-server")
     with importable(root):
         yield root
@@ -175,8 +184,21 @@ def test_the_asset_page_shows_partitions_automations_checks_and_table_metadata(
         spark, tmp_path, user_project, dagster_home, feed_server):
     _require_browser()
     started = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        _check_the_ui(stack, started, tmp_path, user_project, dagster_home, feed_server)
+
+
+def _check_the_ui(stack: contextlib.ExitStack, started: float, tmp_path: Path, user_project: Path, dagster_home: Path,
+                  feed_server: DemoFeedServer) -> None:
+    from dagster._core.execution.backfill import BulkActionStatus
+    from dagster._core.instance.ref import InstanceRef
 
     assert _discover_and_load(user_project, dagster_home, feed_server.url) == EXPECTED_KEYS
+    # the three partitions have nothing new: a backfill of them, as the UI launches it, run by the daemon
+    instance = stack.enter_context(dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(dagster_home))))
+    daemon_log = tmp_path / "daemon.log"
+    daemon = stack.enter_context(running_daemon(user_project, dagster_home, daemon_log))
+    backfill_id = launch_backfill(instance, user_project, dg.AssetKey(["feedapi", "orders"]), EXPECTED_KEYS)
 
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
@@ -193,9 +215,11 @@ def test_the_asset_page_shows_partitions_automations_checks_and_table_metadata(
         from selenium.webdriver.common.by import By
         from selenium.webdriver.support.ui import WebDriverWait
 
-        # Chromium starts while the webserver loads the code location
+        # Chromium starts while the webserver loads the code location and the daemon runs the backfill
         driver = _chrome(str(tmp_path / "chromium-profile"))  # a fresh profile
         _wait_for_server(server, url, log)
+        backfill = wait_for_backfill(instance, backfill_id, daemon, daemon_log)
+        assert backfill.status == BulkActionStatus.COMPLETED_SUCCESS, daemon_log.read_text()[-3000:]
         served = time.monotonic()
 
         def page(path: str, wanted: list[str], name: str, own: tuple[str, ...] = ()) -> tuple[list[dict], str]:
@@ -250,6 +274,21 @@ def test_the_asset_page_shows_partitions_automations_checks_and_table_metadata(
             assert lines[lines.index(check) + 1] == "Succeeded", body[:3000]
         # a FeedAPI feed has no check of events expired unread (its protocol reports no retention gaps)
         assert "Checks (3)" in lines and "Passed" in lines and "no_events_expired_unread" not in body, body[:3000]
+
+        # the backfill of partitions with nothing new: succeeded (it ended COMPLETED_FAILED when its run
+        # logged no materialization for them)
+        _, body = page(f"/runs/b/{backfill_id}", [backfill_id, "Status"], "backfill")
+        lines = body.splitlines()
+        assert lines[lines.index("Status") + 1] == "Succeeded", body[:3000]
+        # the asset's last sync: the observation of every load (when, how many partitions, what it brought),
+        # the newest first in its events
+        (run,) = instance.get_runs(dg.RunsFilter(tags={"dagster/backfill": backfill_id}))
+        _, body = page("/assets/feedapi/orders?view=events", ["last_synced", f"Observed in run {run.run_id[:8]}"],
+                       "events")
+        lines = body.splitlines()
+        assert re.fullmatch(r"\w{3} \d{1,2}, \d{1,2}:\d{2}:\d{2} [AP]M UTC", lines[lines.index("last_synced") + 1]), body
+        assert lines[lines.index("partitions_synced") + 1] == "3", body[:3000]
+        assert lines[lines.index("partitions_with_new_events") + 1] == "0", body[:3000]
         print(f"webserver up after {served - started:.1f} s, pages checked after {time.monotonic() - served:.1f} s")
     finally:
         if driver is not None:

@@ -9,7 +9,7 @@ import dagster as dg
 import pytest
 
 from feedapi_dagster.demo import Faults
-from feedapi_dagster.demo.nakadi import NakadiDemoServer, NakadiEventType
+from feedapi_dagster.demo.nakadi import NakadiDemoServer, NakadiEventType, parse_offset
 from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.lakehouse.state import read_committed_state
 from feedapi_dagster.orchestration import FeedConfig, ProjectConfig
@@ -19,6 +19,7 @@ from feedapi_dagster.orchestration.checks import NO_DUPLICATES, NO_RETENTION_GAP
 from ..lakehouse.conftest import payloads
 from ..user_project import importable, write_user_project
 from .conftest import Harness
+from .test_sync_status import sync_observations
 from .test_secrets import files_containing
 
 TOKEN_ENV, TOKEN = "NAKADI_FLOW_TOKEN", "nakadi-flow-secret-7f3a"
@@ -101,7 +102,10 @@ def test_events_expired_unread_stop_the_partition_until_the_loss_is_accepted(spa
     harness = build(nakadi_parts, {})
     event_type = harness.feed
     (request,) = harness.tick_sensor().run_requests
-    assert harness.launch(request).success
+    run = harness.launch(request)
+    assert run.success
+    (seen,) = sync_observations(harness, run)
+    assert seen["events_behind"] == 0  # caught up with the newest offsets Nakadi lists
     loaded = payloads(spark, harness.table, 0)
     cursor = harness.metadata(0)["cursor"]
 
@@ -116,6 +120,11 @@ def test_events_expired_unread_stop_the_partition_until_the_loss_is_accepted(spa
     (named,) = gap.metadata["gaps"].value
     assert "partition 0" in named and cursor in named and oldest in named
     assert payloads(spark, harness.table, 0) == loaded and harness.metadata(0)["cursor"] == cursor  # it stays
+    # the asset says how far behind the feed it is: partition 0's events after its cursor
+    newest = next(p["newest_available_offset"] for p in event_type.partitions() if p["partition"] == "0")
+    (seen,) = sync_observations(harness, run)
+    assert seen["events_behind"] == parse_offset(newest) - parse_offset(cursor) > 0
+    assert seen["partitions_failed"] == 1
     assert_exactly_once(spark, harness, [1, 2])  # the others loaded
 
     # the loss accepted: the partition reads on from the oldest event left; the check fails this once

@@ -150,6 +150,24 @@ def test_retention_gap_is_named_and_a_too_old_cursor_is_a_clear_422(event_type):
         assert len(eids) == 20
 
 
+def test_events_behind_a_cursor_are_counted_from_the_listings_newest_offset(event_type):
+    """What a read of the partition after the cursor would give (Nakadi's duplicates included: they
+    are events on the wire), from the listing alone; FeedAPI's discovery cannot say."""
+    protocol = PROTOCOLS["nakadi"]
+    with NakadiDemoServer(event_type) as server, FeedClient(nakadi_feed(server, page_size_hint=9)) as client:
+        partition = client.discover().partition(1)
+        assert protocol.events_behind(partition, "_first") == len(in_order(event_type, 1))
+        cursor = next(iter(client.page_runs(1))).cursor  # the first batch read
+        eids, newest, _ = read(client, 1, cursor)
+        assert protocol.events_behind(partition, cursor) == len(eids) > 0
+        assert protocol.events_behind(partition, newest) == 0
+        event_type.expire(1, keep_last=0)  # all gone: nothing left to read after any cursor
+        assert protocol.events_behind(client.discover().partition(1), "_first") == 0
+        event_type.repartition(4)  # a new partition that never had an event
+        assert protocol.events_behind(client.discover().partition(3), "_first") == 0
+    assert not PROTOCOLS["feedapi"].tells_newest_events
+
+
 def test_the_event_id_is_metadata_eid():
     raws = [b'{"metadata":{"eid":"e-1","occurred_at":"x"},"a":1}', b'{"a":1,"metadata":{"occurred_at":"x","eid":"e-2"}}',
             b'{"metadata":"not an object"}', b'{"metadata":{"eid":"e-3","eid":"e-4"}}']
