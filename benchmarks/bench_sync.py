@@ -62,6 +62,7 @@ from pathlib import Path
 import requests
 
 from feedapi_dagster.orchestration.demo import PLANNED_SUBSET_ENV
+from feedapi_dagster.orchestration.loads import listed_partitions
 from procstat import MemoryWatch, proc_cpu, status_mb, stop_process, stop_strays, tree_cpu, wait_with_usage
 
 HERE = Path(__file__).resolve().parent
@@ -521,12 +522,14 @@ def verify(setup: Setup, run_id: str, events: int, changed: int | None) -> None:
     materialized = [e for e in setup.instance.all_logs(run_id)
                     if e.dagster_event is not None and e.dagster_event.event_type_value == "ASSET_MATERIALIZATION"]
     left = list((Path(path) / "_feedapi_progress").glob("load-*")) if "://" not in path else []
-    listed = setup.instance.get_run_by_id(run_id).tags.get("feedapi/partitions", "")
+    tags = setup.instance.get_run_by_id(run_id).tags
+    listed = listed_partitions(tags)
     materializations = len(partitions) if changed is None else changed
-    if rows != events or len(materialized) != materializations or left or set(listed.split(",")) != set(partitions):
+    if (rows != events or len(materialized) != materializations or left
+            or (listed is not None and listed != {int(p) for p in partitions})):
         raise RuntimeError(f"run {run_id}: {rows} rows (expected {events}), {len(materialized)} materializations "
                            f"(expected {materializations}), read notes left: {left}, tag feedapi/partitions "
-                           f"{listed!r}")
+                           f"{tags.get('feedapi/partitions')!r}")
 
 
 STARTUP = "process start, imports, Dagster run start-up"

@@ -17,9 +17,9 @@ from feedapi_dagster.protocol.registry import protocol_of
 
 from .checks import feed_check_results, feed_check_specs, recorded_user_deletes
 from .maintenance import maintain_after_load
-from .loads import (BACKFILL_TAG, PARTITIONS_TAG, REBUILD_TAG, SUCCEEDED, FeedBinding, active_partitions, failure,
-                    latest_metadata_by_partition, make_loader, materializations, materialized_reports, mirror_repairs,
-                    sync_observation)
+from .loads import (BACKFILL_TAG, REBUILD_TAG, SUCCEEDED, FeedBinding, active_partitions, failure,
+                    latest_metadata_by_partition, listed_partitions, make_loader, materializations,
+                    materialized_reports, mirror_repairs, sync_observation)
 
 
 class LoadConfig(dg.Config):
@@ -64,8 +64,8 @@ def _feed_asset(binding: FeedBinding, spec: dg.AssetSpec) -> dg.AssetsDefinition
 
 def load(binding: FeedBinding, context: dg.AssetExecutionContext, config: LoadConfig):
     keys = [int(key) for key in context.partition_keys]
-    if listed := context.run.tags.get(PARTITIONS_TAG):  # the sensor's and the schedule's runs say which
-        keys = [key for key in keys if str(key) in listed.split(",")]
+    if (listed := listed_partitions(context.run.tags)) is not None:  # the sensor's and schedule's runs say which
+        keys = [key for key in keys if key in listed]
     busy = active_partitions(context.instance, binding, exclude_run_id=context.run.run_id)
     if len(keys) == 1 and keys[0] in busy:
         raise dg.Failure(f"feed {binding.name} partition {keys[0]}: another run is loading it; not starting a "

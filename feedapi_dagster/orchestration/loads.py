@@ -4,7 +4,7 @@ sync into one observation of the asset (when it was last synced, how far behind 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,7 +23,11 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 FEED_TAG = "feedapi/feed"
-PARTITIONS_TAG = "feedapi/partitions"  # comma-separated partition ids a run requested by the sensor or schedule loads
+PARTITIONS_TAG = "feedapi/partitions"  # the partition ids a run of the sensor or the schedule loads (`partitions_tag`)
+# The instance indexes run tags, and PostgreSQL refuses an index row over 8191 bytes: a run tagged with
+# 2,000 ids one by one could not be created. Runs of 3+ ids go as ranges ("0-1999"), and a list still
+# longer than this is left out: the run then loads every due partition of its key range.
+MAX_PARTITIONS_TAG_CHARS = 1000
 REBUILD_TAG = "feedapi/rebuild"
 # On the schedule's runs: a sync of every open partition, every few minutes. Its partitions with
 # nothing new get no materialization (thousands of events per sync); the sync's observation says it.
@@ -78,9 +82,11 @@ class FeedBinding:
 def partition_run_tags(binding: FeedBinding, partition_ids: Iterable[int], order: Sequence[str]) -> dict[str, str]:
     """Tags of a run of the asset over `partition_ids`: one partition key, or the range of keys (in the
     order the instance lists the dynamic partitions) from the first to the last of them. The run loads
-    every due partition of its range; our own tag says which ones were asked for."""
+    every due partition of its range; our own tag says which ones were asked for, where it is short."""
     keys = {str(p) for p in partition_ids}
-    tags = {FEED_TAG: binding.name, PARTITIONS_TAG: ",".join(sorted(keys, key=int))}
+    tags = {FEED_TAG: binding.name}
+    if len(listed := partitions_tag(int(key) for key in keys)) <= MAX_PARTITIONS_TAG_CHARS:
+        tags[PARTITIONS_TAG] = listed
     if len(keys) == 1:
         tags["dagster/partition"] = next(iter(keys))
     else:
@@ -89,11 +95,37 @@ def partition_run_tags(binding: FeedBinding, partition_ids: Iterable[int], order
     return tags
 
 
+def partitions_tag(partition_ids: Iterable[int]) -> str:
+    """Partition ids as a tag's value: "0-2,5,7,9-12"."""
+    ids = sorted(set(partition_ids))
+    runs: list[list[int]] = []
+    for pid in ids:
+        if runs and pid == runs[-1][-1] + 1:
+            runs[-1].append(pid)
+        else:
+            runs.append([pid])
+    return ",".join(f"{run[0]}-{run[-1]}" if len(run) >= 3 else ",".join(map(str, run)) for run in runs)
+
+
+def listed_partitions(tags: Mapping[str, str]) -> set[int] | None:
+    """The partition ids a run's `PARTITIONS_TAG` lists (None: it has none)."""
+    listed = tags.get(PARTITIONS_TAG)
+    if not listed:
+        return None
+    ids: set[int] = set()
+    for item in listed.split(","):
+        first, _, last = item.strip().partition("-")
+        if first.isdigit() and (not last or last.isdigit()):
+            ids.update(range(int(first), int(last or first) + 1))
+    return ids
+
+
 def run_partitions(run: dg.DagsterRun, order: Sequence[str]) -> set[int]:
     """The partitions a run of the asset loads (its own list, its partition key or its key range)."""
-    listed = run.tags.get(PARTITIONS_TAG) or run.tags.get("dagster/partition")
-    if listed:
-        return {int(p) for p in listed.split(",") if p.strip().isdigit()}
+    if (listed := listed_partitions(run.tags)) is not None:
+        return listed
+    if (key := run.tags.get("dagster/partition")) and key.isdigit():
+        return {int(key)}
     start, end = run.tags.get(RANGE_START_TAG), run.tags.get(RANGE_END_TAG)
     if start in order and end in order:
         return {int(key) for key in order[order.index(start):order.index(end) + 1] if key.isdigit()}

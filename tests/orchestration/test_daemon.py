@@ -54,7 +54,7 @@ def test_the_daemon_runs_the_sensors_load_of_a_users_project(tmp_path, connect_s
             daemon.wait(timeout=60)
             log.close()
     assert run.is_success, (tmp_path / "daemon.log").read_text()[-3000:]
-    assert run.job_name == "feedapi_orders_load" and run.tags["feedapi/partitions"] == "0,1,2"
+    assert run.job_name == "feedapi_orders_load" and run.tags["feedapi/partitions"] == "0-2"
     materializations, checks = instance_records
     assert sorted(m.partition_key for m in materializations) == ["0", "1", "2"]
     for record in materializations:
