@@ -59,6 +59,8 @@ def feed_check_specs(key: dg.AssetKey, protocol: FeedProtocol) -> list[dg.AssetC
 
 def recorded_user_deletes(instance: dg.DagsterInstance, key: dg.AssetKey) -> UserDeletes | None:
     """The count of users' DELETEs the feed's latest positions check recorded (None: none did)."""
+    # DagsterInstance has no public read of a check's latest evaluation with its metadata; this storage
+    # method (and its status enum, imported from dagster._core) is what the UI's check history uses
     evaluated = {AssetCheckExecutionRecordStatus.SUCCEEDED, AssetCheckExecutionRecordStatus.FAILED}
     records = instance.event_log_storage.get_asset_check_execution_history(
         dg.AssetCheckKey(key, CONTIGUOUS), limit=1, status=evaluated)

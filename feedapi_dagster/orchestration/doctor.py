@@ -82,6 +82,7 @@ def open_instance(dagster_home: Path | None) -> Iterator[tuple[dg.DagsterInstanc
                              + ("" if configured else " (no dagster.yaml: Dagster's defaults)"))
         return
     # what `dagster dev` does without DAGSTER_HOME: a temporary instance, configured from the folder
+    # (no public API builds it; InstanceRef.from_dir is what `dagster dev` itself calls)
     from dagster._core.instance.ref import InstanceRef
 
     with tempfile.TemporaryDirectory() as storage, \
@@ -107,6 +108,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def dagster_home_setting() -> Path | None:
     """DAGSTER_HOME as `dg dev` run in this folder sees it: the folder's `.env` first, then the environment."""
+    # the `.env` reader `dg dev` uses (Dagster has no public one)
     from dagster._core.secrets.env_file import get_env_var_dict
 
     value = get_env_var_dict(os.getcwd()).get("DAGSTER_HOME") or os.environ.get("DAGSTER_HOME")
