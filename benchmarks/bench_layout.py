@@ -63,6 +63,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench_sync import start_feed_server  # the bundled demo feed in its own process, as the sync benchmark's
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 BIN = Path(sys.executable).parent
@@ -88,19 +90,6 @@ def load_text(avg: tuple[float, float, float] | None = None) -> str:
 
 
 # ----------------------------------------------------------------------------- the feed
-def start_feed_server(partitions: int, events: int, log_path: Path) -> tuple[subprocess.Popen, str]:
-    command = [str(BIN / "feedapi-dagster"), "demo-server", "--dialect", "published", "--partitions", str(partitions),
-               "--events", str(events), "--host", "127.0.0.1", "--port", "0"]
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, cwd=ROOT,
-                                start_new_session=True)
-    url = proc.stdout.readline().decode().strip()  # printed once the feed is generated and the port listens
-    if not url.startswith("http"):
-        proc.kill()
-        raise RuntimeError(f"the feed server printed no URL (exit {proc.wait()}); see {log_path}")
-    return proc, url
-
-
 def stop(proc: subprocess.Popen | None) -> None:
     if proc is not None and proc.poll() is None:
         proc.terminate()
@@ -141,7 +130,7 @@ def read_feed(spark, shape: Shape, work: Path) -> tuple[subprocess.Popen, Data]:
     from pyspark.sql import functions as F
 
     t0 = time.monotonic()
-    proc, url = start_feed_server(shape.partitions, shape.partitions * shape.events, work / "feed-server.log")
+    proc, url = start_feed_server("feedapi", shape.partitions, shape.partitions * shape.events, work / "feed-server.log")
     t1 = time.monotonic()
     page_size = min(5000, max(100, shape.events))
     rows = (spark.read.format("feedapi").option("url", url).option("pageSizeHint", str(page_size)).load()

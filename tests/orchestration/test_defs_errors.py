@@ -9,17 +9,8 @@ from pydantic import ValidationError
 
 from feedapi_dagster.protocol import Feed
 
-from ..user_project import MODULE, importable, write_user_project
-from .test_component import dg_command
-
-
-@pytest.fixture
-def user_project(tmp_path, monkeypatch):
-    root = write_user_project(tmp_path / "project", "http://127.0.0.1:9/feed", {"mode": "embedded"},
-                              lakehouse=tmp_path / "lakehouse")
-    monkeypatch.setenv("ORDERS_FEED_TOKEN", "tok-user-project-secret")
-    with importable(root):
-        yield root
+from ..user_project import MODULE
+from .test_component import dg_command, user_project  # noqa: F401 - the fixture, shared
 
 
 def defs_yaml(root):
