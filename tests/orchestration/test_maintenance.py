@@ -14,8 +14,10 @@ EVERY_TWO_NO_WINDOW = {"maintenance": {"optimize_every_commits": 2, "vacuum_ever
 
 
 def observations(harness) -> list[dict]:
-    records = harness.instance.fetch_observations(dg.AssetKey(["feedapi", "orders"]), limit=10).records
-    return [{k: v.value for k, v in r.asset_observation.metadata.items()} for r in records]
+    """The maintenance observations of the asset, newest first (each load also logs one of its sync)."""
+    records = harness.instance.fetch_observations(dg.AssetKey(["feedapi", "orders"]), limit=50).records
+    seen = [{k: v.value for k, v in r.asset_observation.metadata.items()} for r in records]
+    return [metadata for metadata in seen if "maintenance" in metadata]
 
 
 @pytest.mark.parametrize("harness", [EVERY_TWO_NO_WINDOW], indirect=True)
