@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""A feed table's layout: a folder per feed partition (`PARTITIONED BY (partition_id)`, today's) against
-liquid clustering on `partition_id` (`CLUSTER BY`) and no layout at all, for what the product does
+"""A feed table's layout: a folder per feed partition (`PARTITIONED BY (partition_id)`, up to 0.1.0) against
+liquid clustering on `partition_id` (`CLUSTER BY`, what `FeedTable.ensure_table` creates since) and no layout at all, for what the product does
 with the table (issue #26).
 
     .venv/bin/python benchmarks/bench_layout.py                          # 2,000 x 10 and 16 x 25,000, 2 repetitions
@@ -20,7 +20,7 @@ each layout in turn (A B C A B C: contention from other work hits all of them), 
 
 * create: `CREATE TABLE delta.`...` (the product's DDL) USING delta` + the layout:
   `partitioned` - `PARTITIONED BY (partition_id)`, statistics of `position` (what `FeedTable.ensure_table`
-  creates); `clustered` - `CLUSTER BY (partition_id)`, statistics of `partition_id, position` (Delta wants
+  created up to 0.1.0); `clustered` - `CLUSTER BY (partition_id)`, statistics of `partition_id, position` (Delta wants
   them of clustering columns), checked with `DESCRIBE DETAIL`'s `clusteringColumns`; `sorted` - the same
   clustered table, with every write's rows range-partitioned by `partition_id` into `--range-files`
   Spark tasks first (an extra shuffle; Delta 4.4 does not cluster rows on write, only `OPTIMIZE` does);
@@ -161,11 +161,11 @@ def read_feed(spark, shape: Shape, work: Path) -> tuple[subprocess.Popen, Data]:
 
 # ----------------------------------------------------------------------------- one layout, one table
 def create_sql(path: str, layout: str) -> str:
-    from feedapi_dagster.lakehouse.delta import STATS_COLUMNS, TABLE_DDL
+    from feedapi_dagster.lakehouse.delta import TABLE_DDL
 
-    if layout == "partitioned":  # FeedTable.ensure_table's
+    if layout == "partitioned":  # FeedTable.ensure_table's up to 0.1.0
         return (f"CREATE TABLE delta.`{path}` ({TABLE_DDL}) USING delta PARTITIONED BY (partition_id) "
-                f"TBLPROPERTIES ({STATS_COLUMNS})")
+                "TBLPROPERTIES ('delta.dataSkippingStatsColumns' = 'position')")
     stats = "TBLPROPERTIES ('delta.dataSkippingStatsColumns' = 'partition_id,position')"
     if layout in ("clustered", "sorted"):
         return f"CREATE TABLE delta.`{path}` ({TABLE_DDL}) USING delta CLUSTER BY (partition_id) {stats}"

@@ -27,6 +27,7 @@ from .storage import explain_storage_error
 from .table import PARTITION_COLUMN, TABLE_SCHEMA, spark_ddl
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 TXN_APP_ID = "feedapi-dagster"
@@ -38,9 +39,16 @@ ABANDONED_AFTER_SECONDS = 3600
 log = logging.getLogger(__name__)
 
 TABLE_DDL = spark_ddl(TABLE_SCHEMA)
-# File statistics only of what is looked up by them: positions (the checks, per partition from the log).
-# Delta's default, the first 32 columns, has every commit compute min/max of each payload too.
-STATS_COLUMNS = "'delta.dataSkippingStatsColumns' = 'position'"
+# A new table is clustered by the feed's partition (liquid clustering): a first load of thousands of
+# small partitions writes a file per read task, not a folder per partition (2,000 partitions: ~1 s
+# against 20-28 s; `benchmarks/README.md`, issue #26). OPTIMIZE lays the files out by `partition_id`.
+# Tables created `PARTITIONED BY (partition_id)` (by 0.1.0 and earlier) keep their layout: every reader here
+# tells the two apart by the table's metadata (`DeltaLog.partitioned`).
+LAYOUT = f"CLUSTER BY ({PARTITION_COLUMN})"
+# File statistics only of what is looked up by them: the clustering column (Delta requires them; data
+# skipping of a partition's files) and positions. Delta's default, the first 32 columns, has every
+# commit compute min/max of each payload too.
+STATS_COLUMNS = f"'delta.dataSkippingStatsColumns' = '{PARTITION_COLUMN},position'"
 
 # operations of the Delta log that maintenance writes (VACUUM logs a START and an END commit)
 OPTIMIZE = "OPTIMIZE"
@@ -136,26 +144,102 @@ class DeltaLog:
         """The table's newest version."""
         return self.snapshot().version()
 
-    def files_at(self, version: int) -> dict[int, dict[str, int]]:
-        """Each partition's data files at a past version and their row counts (`numRecords`), from a
-        snapshot of that version of its own (the current one stays as it is)."""
-        import pyarrow as pa
+    def partitioned(self, snapshot: Any = None) -> bool:
+        """Whether the table (`snapshot`: a version of it) has a folder per feed partition
+        (`PARTITIONED BY (partition_id)`: partition values and statistics per partition in the log);
+        else it is clustered by `partition_id` (`LAYOUT`; or has no layout), and a data file holds rows
+        of many partitions."""
+        return PARTITION_COLUMN in (snapshot or self.snapshot()).metadata().partition_columns
+
+    def at(self, version: int) -> Any:
+        """A snapshot of a past version of its own (the current one stays as it is)."""
         from deltalake import DeltaTable
 
-        past = DeltaTable(self.path, version=version, storage_options=self.storage_options or None)
-        actions = pa.table(past.get_add_actions(flatten=True)).to_pydict()
-        files: dict[int, dict[str, int]] = {}
-        for partition, path, rows in zip(actions[f"partition.{PARTITION_COLUMN}"], actions["path"],
-                                         actions["num_records"]):
-            if partition is not None:
-                files.setdefault(int(partition), {})[path] = rows
-        return files
+        return DeltaTable(self.path, version=version, storage_options=self.storage_options or None)
+
+    def files_at(self, version: int) -> dict[int, dict[str, int]]:
+        """Each partition's data files at a past version and their row counts (`numRecords`), from a
+        snapshot of that version of its own (the current one stays as it is). A partitioned table's
+        only (`partitioned`): a clustered table's files have no partition."""
+        return partition_files(self.at(version))
+
+    def partition_columns(self, snapshot: Any = None, paths: set[str] | None = None,
+                          wanted: set[int] | None = None) -> "pa.Table":
+        """The columns `partition_id` and `position` of the table's rows (`snapshot`: of a version), read
+        by delta-rs in this process: of the data files `paths` only, or of the files whose statistics
+        (min/max `partition_id`) admit one of the `wanted` partitions, and then of those partitions'
+        rows only. Raises where delta-rs cannot read the data (deletion vectors, column mapping)."""
+        import pyarrow.compute as pc
+        import pyarrow.dataset as ds
+
+        snapshot = snapshot or self.snapshot()
+        if wanted is not None and paths is None:
+            paths = _files_admitting(snapshot, wanted)
+        dataset = snapshot.to_pyarrow_dataset()
+        if paths is not None:
+            fragments = [fragment for fragment in dataset.get_fragments() if fragment.path in paths]
+            dataset = ds.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
+        columns = dataset.to_table(columns=[PARTITION_COLUMN, "position"])
+        if wanted is not None:
+            import array
+
+            import pyarrow as pa
+
+            # built from a buffer: `pa.array(list)` makes pyarrow import pandas (~1.5 s, `table.py`)
+            values = array.array("q", sorted(wanted))
+            value_set = pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
+            keys = columns[PARTITION_COLUMN].cast(pa.int64())
+            columns = columns.filter(pc.is_in(keys, value_set=value_set))
+        return columns
 
     def history(self, limit: int | None) -> list[HistoryEntry]:
         """The table's commits, newest first (`limit`: the newest ones only)."""
         return [HistoryEntry(h["version"], h.get("operation", ""), h.get("userMetadata"),
                              _strings(h.get("operationMetrics")), _strings(h.get("operationParameters")))
                 for h in self.snapshot().history(limit)]
+
+
+def partition_files(snapshot: Any) -> dict[int, dict[str, int]]:
+    """Each partition's data files in a partitioned table's snapshot and their row counts."""
+    import pyarrow as pa
+
+    actions = pa.table(snapshot.get_add_actions(flatten=True)).to_pydict()
+    files: dict[int, dict[str, int]] = {}
+    for partition, path, rows in zip(actions.get(f"partition.{PARTITION_COLUMN}", ()), actions["path"],
+                                     actions["num_records"]):
+        if partition is not None:
+            files.setdefault(int(partition), {})[path] = rows
+    return files
+
+
+def data_files(snapshot: Any) -> set[str]:
+    """The paths of a snapshot's data files, as its add actions (and its Arrow dataset's fragments) name them."""
+    import pyarrow as pa
+
+    return set(pa.table(snapshot.get_add_actions(flatten=True)).column("path").to_pylist())
+
+
+def _files_admitting(snapshot: Any, wanted: set[int]) -> set[str]:
+    """The data files whose min/max `partition_id` admits one of `wanted` (a file without statistics: all)."""
+    import bisect
+
+    import pyarrow as pa
+
+    actions = pa.table(snapshot.get_add_actions(flatten=True)).to_pydict()
+    lows = actions.get(f"min.{PARTITION_COLUMN}")
+    highs = actions.get(f"max.{PARTITION_COLUMN}")
+    if lows is None or highs is None:
+        return set(actions["path"])
+    ordered = sorted(wanted)
+    admitted = set()
+    for path, low, high in zip(actions["path"], lows, highs):
+        if low is None or high is None:
+            admitted.add(path)
+            continue
+        at = bisect.bisect_left(ordered, low)
+        if at < len(ordered) and ordered[at] <= high:
+            admitted.add(path)
+    return admitted
 
 
 class FeedTable:
@@ -185,7 +269,7 @@ class FeedTable:
         if self._log is None:
             try:
                 self.spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{self.path}` ({TABLE_DDL}) USING delta "
-                               f"PARTITIONED BY ({PARTITION_COLUMN}) TBLPROPERTIES ({STATS_COLUMNS})")
+                               f"{LAYOUT} TBLPROPERTIES ({STATS_COLUMNS})")
             except Exception as error:  # noqa: BLE001 - Spark's error types differ between classic and Connect
                 if (explained := explain_storage_error(self.path, error)) is not None:
                     raise explained from None  # what to set, not Hadoop's stack trace

@@ -97,7 +97,7 @@ class DeltaSink:
                 if found != want:
                     raise PartitionConflict(partition_id, want, found)
             new_state = base.state.advanced(dict(updates))
-            metadata = committed.encode(new_state, commit_id, self.run_id, pending)
+            metadata = committed.encode(new_state, commit_id, self.run_id, pending, replace)
             commit = Commit(rows(), metadata, base.txn_version, replace)
             try:
                 self.table.write(commit, self.run_id)

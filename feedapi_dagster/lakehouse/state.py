@@ -115,12 +115,28 @@ class History:
     complete: bool  # the log reaches back to version 0: nothing was cleaned up
 
 
-def encode(state: FeedState, load_id: str, run_id: str | None, pending: tuple[int, ...] = ()) -> str:
-    """`pending`: a rows commit's partitions, whose ends its rows hold (`state` has their starts)."""
+def encode(state: FeedState, load_id: str, run_id: str | None, pending: tuple[int, ...] = (),
+           replaced: tuple[int, ...] = ()) -> str:
+    """`pending`: a rows commit's partitions, whose ends its rows hold (`state` has their starts);
+    `replaced`: the partitions whose rows the commit replaced (a rebuild), which the count of users'
+    DELETEs (`deletes.py`) cannot tell from the files of a clustered table."""
     body = {"load_id": load_id, "run_id": run_id, **state.model_dump(mode="json")}
     if pending:
         body["pending"] = sorted(pending)
+    if replaced:
+        body["replaced"] = sorted(replaced)
     return json.dumps({METADATA_KEY: body}, separators=(",", ":"))
+
+
+def replaced_partitions(user_metadata: str | None) -> tuple[int, ...] | None:
+    """The partitions a load's commit says it replaced (`encode`); None when it does not say (a commit
+    of an older release, or not a load's)."""
+    try:
+        body = json.loads(user_metadata or "")[METADATA_KEY]
+        replaced = body.get("replaced")
+        return None if replaced is None else tuple(int(p) for p in replaced)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
 
 
 def decode(user_metadata: str | None, version: int) -> tuple[FeedState, str, tuple[int, ...]] | None:

@@ -2,7 +2,8 @@
 
 What exactly-once means, verified on the data the load just committed: positions of each loaded
 partition are 0..n-1 with n its committed position, but for the rows a user's DELETE removed (from
-the Delta log's file statistics, no scan; `lakehouse/deletes.py`),
+the Delta log's file statistics in a table partitioned by partition_id, from a delta-rs read of the
+columns partition_id and position in a clustered one; `lakehouse/stats.py`, `lakehouse/deletes.py`),
 no event id is stored twice in it (where the feed's ids are unique, the load's read tasks count the
 ids it sent twice among the rows they read; otherwise a scan of those partitions' id column), and the cursor
 in every partition's latest materialization is the one in Delta (the log, and Dagster's event log as

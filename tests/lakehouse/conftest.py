@@ -53,3 +53,19 @@ def table_rows(spark, path, partition_id):
 
 def payloads(spark, path, partition_id):
     return [row.payload for row in table_rows(spark, path, partition_id)]
+
+
+def create_partitioned_table(spark, path):
+    """The table as releases up to 0.1.0 created it: a folder per feed partition, statistics of
+    `position` only. Loads must go on with it as it is (it is never rewritten)."""
+    from feedapi_dagster.lakehouse.delta import TABLE_DDL
+
+    spark.sql(f"CREATE TABLE delta.`{path}` ({TABLE_DDL}) USING delta PARTITIONED BY (partition_id) "
+              "TBLPROPERTIES ('delta.dataSkippingStatsColumns' = 'position')")
+
+
+def table_layout(spark, path) -> tuple[list[str], list[str], dict[str, str]]:
+    """The table's partition columns, clustering columns and properties (`DESCRIBE DETAIL`)."""
+    row = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").select("partitionColumns", "clusteringColumns",
+                                                              "properties").first()
+    return list(row[0]), list(row[1] or []), dict(row[2] or {})

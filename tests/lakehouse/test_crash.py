@@ -107,7 +107,7 @@ def test_a_nakadi_load_sigkilled_at_its_commit_then_resumed_lands_every_event_on
 
 
 @pytest.mark.parametrize("lakehouse", ["s3"], indirect=True)
-@pytest.mark.parametrize("held", ["/partition_id=", "/_delta_log/0"], ids=["during-the-write", "before-the-commit-file"])
+@pytest.mark.parametrize("held", ["/part-", "/_delta_log/0"], ids=["during-the-write", "before-the-commit-file"])
 def test_sigkill_of_the_run_while_its_delta_write_uploads_to_s3_lands_every_event_once(
         spark, connect_server, s3_server, lakehouse, table_path, held):
     feed = DemoFeed(partitions=2, events=300, seed=24)

@@ -7,7 +7,7 @@ import pytest
 from feedapi_dagster.lakehouse.state import read_committed_state, read_history
 from feedapi_dagster.orchestration.loads import listed_partitions
 
-from ..lakehouse.conftest import payloads
+from ..lakehouse.conftest import create_partitioned_table, payloads, table_layout
 from ..s3_server import TEST_CREDENTIALS
 from .test_secrets import files_containing
 
@@ -255,14 +255,22 @@ def test_an_exactly_once_feed_that_sends_an_id_twice_fails_the_duplicate_check(s
     assert len(rows) == 2 and len({r.position for r in rows}) == 2
 
 
-def test_a_users_delete_is_no_loss_but_rows_removed_otherwise_are(spark, harness):
-    """A GDPR erasure (a DELETE of events in the middle of a partition, with delta-rs) passes the next
-    loads' positions check; rows an overwrite outside the loader removed still fail it."""
+@pytest.mark.parametrize("layout", ["clustered", "partitioned"])
+def test_a_users_delete_is_no_loss_but_rows_removed_otherwise_are(spark, harness, layout):
+    """A GDPR erasure (a DELETE of events in the middle of a partition) passes the next loads'
+    positions check; rows an overwrite outside the loader removed still fail it. In a new table
+    (clustered by partition_id; delta-rs cannot write to it: the DELETE is Spark SQL's) and in a table
+    partitioned by partition_id, as releases up to 0.1.0 created it (the DELETE is delta-rs's)."""
     import pyarrow.compute as pc
     from deltalake import DeltaTable, write_deltalake
 
+    if layout == "partitioned":
+        create_partitioned_table(spark, harness.table)
     assert harness.launch(harness.tick_sensor().run_requests[0]).success
-    DeltaTable(harness.table).delete("partition_id = 1 AND position IN (3, 4)")
+    if layout == "partitioned":
+        DeltaTable(harness.table).delete("partition_id = 1 AND position IN (3, 4)")
+    else:
+        spark.sql(f"DELETE FROM delta.`{harness.table}` WHERE partition_id = 1 AND position IN (3, 4)")
     harness.feed.append(10, partition=1)
     run = harness.launch(harness.tick_schedule().run_requests[0])
     contiguous = {e.check_name: e for e in run.get_asset_check_evaluations()}["positions_contiguous"]
@@ -278,9 +286,14 @@ def test_a_users_delete_is_no_loss_but_rows_removed_otherwise_are(spark, harness
     assert rows.count() == harness.metadata(1)["position"] - 2
 
     # partition 2's rows rewritten outside the loader, one of them left out: a loss, not a DELETE
-    kept = DeltaTable(harness.table).to_pyarrow_table(filters=[("partition_id", "=", 2)])
-    write_deltalake(harness.table, kept.filter(pc.not_equal(kept["position"], 3)), mode="overwrite",
-                    predicate="partition_id = 2")
+    if layout == "partitioned":
+        kept = DeltaTable(harness.table).to_pyarrow_table(filters=[("partition_id", "=", 2)])
+        write_deltalake(harness.table, kept.filter(pc.not_equal(kept["position"], 3)), mode="overwrite",
+                        predicate="partition_id = 2")
+    else:
+        kept = spark.read.format("delta").load(harness.table).where("partition_id = 2 AND position != 3") \
+            .localCheckpoint()
+        kept.write.format("delta").mode("overwrite").option("replaceWhere", "partition_id = 2").save(harness.table)
     harness.feed.append(5, partition=2)
     run = harness.launch(harness.tick_schedule().run_requests[0], raise_on_error=False)
     contiguous = {e.check_name: e for e in run.get_asset_check_evaluations()}["positions_contiguous"]
@@ -288,3 +301,5 @@ def test_a_users_delete_is_no_loss_but_rows_removed_otherwise_are(spark, harness
     position = harness.metadata(2)["position"]
     assert contiguous.metadata["problems"].value == [
         f"partition 2: {position - 1} rows at positions 0..{position - 1}, committed position {position}"]
+    partitions, clustering, _ = table_layout(spark, harness.table)
+    assert (partitions, clustering) == ((["partition_id"], []) if layout == "partitioned" else ([], ["partition_id"]))
