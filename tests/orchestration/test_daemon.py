@@ -37,6 +37,10 @@ def test_the_daemon_runs_the_sensors_load_of_a_users_project(tmp_path, connect_s
     home = tmp_path / "dagster_home"
     home.mkdir()
     shutil.copy(INSTANCE_TEMPLATE, home / "dagster.yaml")
+    # the instance's SQLite storage created once, as `feedapi-dagster doctor` does in the README's set-up:
+    # the daemon and its code server creating it at once can stamp its schema twice (Dagster 1.13:
+    # "Version table 'alembic_version' has more than one head present"), and no run ever starts
+    dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home))).dispose()
     with DemoFeedServer(feed, dialect="published") as server:
         project = write_user_project(
             tmp_path / "project", server.url,
