@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from feedapi_dagster.protocol import FeedAPIError, FeedClient, FeedInfo, PageRun, RediscoveryNeeded
+from feedapi_dagster.protocol import ProtocolError, FeedClient, FeedInfo, PageRun, RediscoveryNeeded
 
 from .table import EVENT_SCHEMA, EventBatch, event_ids
 
@@ -195,7 +195,7 @@ class PartitionRead:
         try:
             for runs in self._run_groups():
                 yield self._batch(runs, schema)
-        except FeedAPIError as failure:
+        except ProtocolError as failure:
             if not settings.checkpoint_rows:
                 raise
             error = str(failure)

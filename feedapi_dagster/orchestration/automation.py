@@ -6,7 +6,7 @@ from collections.abc import Sequence
 import dagster as dg
 from pydantic import BaseModel, Field
 
-from feedapi_dagster.protocol import FeedAPIError, FeedInfo
+from feedapi_dagster.protocol import ProtocolError, FeedInfo
 
 from .loads import (REBUILD_TAG, SCHEDULED_SYNC, SYNC_TAG, FeedBinding, active_partitions, latest_metadata_by_partition,
                     partition_run_tags)
@@ -100,7 +100,7 @@ def build_discovery_sensor(binding: FeedBinding, job: dg.JobDefinition) -> dg.Se
         client = feed.client()
         try:
             info = client.discover()
-        except FeedAPIError as error:
+        except ProtocolError as error:
             raise dg.Failure(f"feed {feed.name}: discovery failed: {error}") from None
         finally:
             client.close()

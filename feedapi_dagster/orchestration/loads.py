@@ -13,7 +13,7 @@ import dagster as dg
 from feedapi_dagster.lakehouse.delta import FeedTable
 from feedapi_dagster.lakehouse.loader import FeedLoader, LoadOutcome, PartitionReport
 from feedapi_dagster.lakehouse.sink import DeltaSink
-from feedapi_dagster.protocol import FeedAPIError
+from feedapi_dagster.protocol import ProtocolError
 from feedapi_dagster.protocol.models import FIRST
 
 from .config import FeedConfig, ProjectConfig
@@ -248,7 +248,7 @@ def events_behind(binding: FeedBinding, outcome: LoadOutcome,
         partitions = client.discover().partitions
         counts = [client.protocol.events_behind(p, state.get(p.id).cursor if state.get(p.id) else FIRST)
                   for p in partitions]
-    except FeedAPIError as error:
+    except ProtocolError as error:
         if logger is not None:
             logger.warning("how far behind the feed the table is is unknown: discovery failed (%s)", error)
         return None

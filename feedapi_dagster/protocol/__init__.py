@@ -2,12 +2,12 @@
 dialects, retries."""
 from .client import FeedClient
 from .dialects import EventFilter
-from .errors import FeedAPIError, MalformedResponse, RediscoveryNeeded
+from feedapi_dagster.errors import ProtocolError, MalformedResponse, RediscoveryNeeded
 from .feed import Feed
 from .models import Event, FeedInfo, Page, PageRun, Partition
 from .retry import RetryPolicy
 
 __all__ = [
-    "Event", "EventFilter", "Feed", "FeedAPIError", "FeedClient", "FeedInfo", "MalformedResponse", "Page",
+    "Event", "EventFilter", "Feed", "ProtocolError", "FeedClient", "FeedInfo", "MalformedResponse", "Page",
     "PageRun", "Partition", "RediscoveryNeeded", "RetryPolicy",
 ]

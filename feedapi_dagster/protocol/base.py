@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import requests
 
-from .errors import FeedAPIError
+from feedapi_dagster.errors import ProtocolError
 from .models import FeedInfo, PageRun, Partition
 
 if TYPE_CHECKING:
@@ -68,11 +68,11 @@ class FeedProtocol:
 
     def read_end(self, info: FeedInfo, partition_id: int) -> str | None:
         """The cursor at which a read of the partition stops (None: when the server says it is caught
-        up); raises `FeedAPIError` for a partition the protocol cannot read."""
+        up); raises `ProtocolError` for a partition the protocol cannot read."""
         return None
 
     def status_error(self, client: "FeedClient", response: requests.Response, partition: int | None,
-                     what: str) -> FeedAPIError:
+                     what: str) -> ProtocolError:
         """The error for a response that is neither a success nor transient (never quoting the token)."""
         return client.status_error(response, partition, what, response.text[:500].strip())
 

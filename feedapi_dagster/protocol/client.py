@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 import requests
 
 from .base import BodyReader, FeedProtocol
-from .errors import FeedAPIError, MalformedResponse
+from feedapi_dagster.errors import ProtocolError, MalformedResponse
 from .feed import Feed, redact_url
 from .models import FIRST, FeedInfo, Page, PageRun
 from .registry import protocol_of
@@ -43,7 +43,7 @@ class FeedClient:
         new one; None: discover on first use."""
         parts = urlsplit(feed.url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise FeedAPIError(f"feed URL must be an http or https URL, got {redact_url(feed.url)!r}")
+            raise ProtocolError(f"feed URL must be an http or https URL, got {redact_url(feed.url)!r}")
         self.feed = feed
         self.timeout = timeout
         self.max_page_bytes = max_page_bytes
@@ -101,8 +101,8 @@ class FeedClient:
         info = self.info
         try:
             end_cursor = self.protocol.read_end(info, partition_id)
-        except FeedAPIError as error:
-            raise FeedAPIError(f"feed {self.safe_url}: {error}", partition=partition_id) from None
+        except ProtocolError as error:
+            raise ProtocolError(f"feed {self.safe_url}: {error}", partition=partition_id) from None
         while cursor != end_cursor:
             advanced = False
             body = self.protocol.reader(self.feed, info, partition_id, self.max_page_bytes)
@@ -185,23 +185,23 @@ class FeedClient:
                        error: BaseException | None) -> None:
         where = f"feed {self.safe_url}" + (f" partition {partition}" if partition is not None else "")
         if attempt >= self.feed.retry.max_attempts:
-            raise FeedAPIError(f"{where}: giving up after {attempt} attempts: {reason}",
+            raise ProtocolError(f"{where}: giving up after {attempt} attempts: {reason}",
                                partition=partition) from error
         delay = self.feed.retry.delay(attempt, retry_after)
         log.warning("%s: %s; retry %d/%d in %.2fs", where, reason, attempt, self.feed.retry.max_attempts - 1, delay)
         time.sleep(delay)
 
     def status_error(self, response: requests.Response, partition: int | None, what: str,
-                     explanation: str) -> FeedAPIError:
+                     explanation: str) -> ProtocolError:
         """The error of a refused request, quoting the server's `explanation` (without the token)."""
         status = response.status_code
         body = self._redact(explanation)
         where = f"feed {self.safe_url}" + (f" partition {partition}" if partition is not None else "")
         if status in (401, 403):
             hint = "the token was refused" if self._token else "the server wants a bearer token"
-            return FeedAPIError(f"{where}: {what} not authorized (HTTP {status}): {hint}: {body}",
+            return ProtocolError(f"{where}: {what} not authorized (HTTP {status}): {hint}: {body}",
                                 status=status, partition=partition)
-        return FeedAPIError(f"{where}: {what} failed (HTTP {status}): {body}", status=status, partition=partition)
+        return ProtocolError(f"{where}: {what} failed (HTTP {status}): {body}", status=status, partition=partition)
 
     def _redact(self, text: str) -> str:
         return text.replace(self._token, "***") if self._token else text

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from .dialects import EventFilter
-from .errors import FeedAPIError
+from feedapi_dagster.errors import ProtocolError
 from .models import Dialect
 from .registry import PROTOCOLS, ProtocolName, protocol_of
 from .retry import RetryPolicy
@@ -67,7 +67,7 @@ class Feed(BaseModel):
             return None
         token = os.environ.get(self.token_env)
         if not token:
-            raise FeedAPIError(f"{self.describe()}: environment variable {self.token_env} (token_env) is not set "
+            raise ProtocolError(f"{self.describe()}: environment variable {self.token_env} (token_env) is not set "
                                "where this runs")
         return token
 

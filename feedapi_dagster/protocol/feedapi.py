@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from .base import BodyReader, FeedProtocol, FetchRequest
 from .dialects import DIALECTS
-from .errors import FeedAPIError, RediscoveryNeeded
+from feedapi_dagster.errors import ProtocolError, RediscoveryNeeded
 from .models import FeedInfo, PageRun, Partition
 from .ndjson import PageReader
 
@@ -50,7 +50,7 @@ class FeedApi(FeedProtocol):
                 if feed.dialect != "auto":
                     raise self.status_error(client, response, None, "discovery")
                 if feed.partition_count is None:
-                    raise FeedAPIError(
+                    raise ProtocolError(
                         f"feed {client.safe_url}: discovery answered 400, so the server speaks v1 "
                         "(ZeroEventHub), which has no discovery: configure partition_count",
                         status=400,
@@ -61,7 +61,7 @@ class FeedApi(FeedProtocol):
             try:
                 document = response.json()
             except ValueError as error:
-                raise FeedAPIError(f"feed {client.safe_url}: discovery response is not JSON") from error
+                raise ProtocolError(f"feed {client.safe_url}: discovery response is not JSON") from error
         return _parse_discovery(client, document)
 
     def fetch(self, feed: "Feed", info: FeedInfo, partition_id: int, cursor: str) -> FetchRequest:
@@ -74,11 +74,11 @@ class FeedApi(FeedProtocol):
     def read_end(self, info: FeedInfo, partition_id: int) -> str | None:
         partition = info.partition(partition_id)
         if partition is None and info.dialect != "v1":
-            raise FeedAPIError(f"partition {partition_id} is not in discovery", partition=partition_id)
+            raise ProtocolError(f"partition {partition_id} is not in discovery", partition=partition_id)
         return partition.last_cursor if partition is not None and partition.closed else None
 
     def status_error(self, client: "FeedClient", response: requests.Response, partition: int | None,
-                     what: str) -> FeedAPIError:
+                     what: str) -> ProtocolError:
         if response.status_code == 409 and partition is not None:
             return RediscoveryNeeded(
                 f"feed {client.safe_url}: partition {partition}: the discovery token changed (409); "
@@ -114,13 +114,13 @@ def _v1_info(feed: "Feed") -> FeedInfo:
 def _parse_discovery(client: "FeedClient", document: Any) -> FeedInfo:
     feed, url = client.feed, client.safe_url
     if not isinstance(document, dict) or not isinstance(document.get("partitions"), list):
-        raise FeedAPIError(f"feed {url}: discovery document has no 'partitions' list")
+        raise ProtocolError(f"feed {url}: discovery document has no 'partitions' list")
     token = document.get("token")
     if token is not None and not isinstance(token, str):
-        raise FeedAPIError(f"feed {url}: discovery 'token' must be a string")
+        raise ProtocolError(f"feed {url}: discovery 'token' must be a string")
     dialect = feed.dialect if feed.dialect != "auto" else ("published" if token is not None else "draft")
     if dialect == "published" and token is None:
-        raise FeedAPIError(f"feed {url}: dialect 'published' forced, but discovery has no token")
+        raise ProtocolError(f"feed {url}: dialect 'published' forced, but discovery has no token")
     partitions: list[Partition] = []
     rejected: list[str] = []
     for entry in document["partitions"]:

@@ -29,7 +29,7 @@ import msgspec
 import requests
 
 from .base import BodyReader, FeedProtocol, FetchRequest
-from .errors import FeedAPIError, MalformedResponse
+from feedapi_dagster.errors import ProtocolError, MalformedResponse
 from .models import FIRST, FeedInfo, PageRun, Partition
 
 if TYPE_CHECKING:
@@ -64,9 +64,9 @@ class Nakadi(FeedProtocol):
             try:
                 document = response.json()
             except ValueError as error:
-                raise FeedAPIError(f"feed {client.safe_url}: the partition listing is not JSON") from error
+                raise ProtocolError(f"feed {client.safe_url}: the partition listing is not JSON") from error
         if not isinstance(document, list):
-            raise FeedAPIError(f"feed {client.safe_url}: the partition listing is not a list of partitions")
+            raise ProtocolError(f"feed {client.safe_url}: the partition listing is not a list of partitions")
         partitions: list[Partition] = []
         rejected: list[str] = []
         for entry in document:
@@ -91,11 +91,11 @@ class Nakadi(FeedProtocol):
     def read_end(self, info: FeedInfo, partition_id: int) -> str | None:
         partition = info.partition(partition_id)
         if partition is None:
-            raise FeedAPIError(f"partition {partition_id} is not in the partition listing", partition=partition_id)
+            raise ProtocolError(f"partition {partition_id} is not in the partition listing", partition=partition_id)
         return partition.last_cursor or FIRST  # FIRST: nothing was ever published there
 
     def status_error(self, client: "FeedClient", response: requests.Response, partition: int | None,
-                     what: str) -> FeedAPIError:
+                     what: str) -> ProtocolError:
         """Nakadi answers errors with a `Problem` (RFC 7807): its title and detail say what is wrong."""
         try:
             problem = response.json()

@@ -26,7 +26,7 @@ from operator import add, attrgetter, is_not, not_, sub
 
 import msgspec
 
-from .errors import MalformedResponse
+from feedapi_dagster.errors import MalformedResponse
 from .models import DONE_CURSORS, Page, PageRun
 
 

@@ -7,7 +7,7 @@ from pydantic import ValidationError
 from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.lakehouse.storage import StorageError
 from feedapi_dagster.orchestration import ProjectConfig, SparkResource
-from feedapi_dagster.protocol import FeedAPIError
+from feedapi_dagster.protocol import ProtocolError
 from feedapi_dagster.orchestration.component import FeedApiAttributes, FeedApiComponent
 
 GOOD = """
@@ -115,7 +115,7 @@ def test_duplicate_feed_names_and_a_missing_token_variable(tmp_path, monkeypatch
         FeedApiComponent(**dict(validate(twice))).project_config(tmp_path)
     monkeypatch.delenv("ORDERS_TOKEN", raising=False)
     feed = validate(GOOD).feeds[0]
-    with pytest.raises(FeedAPIError, match="feed 'orders': environment variable ORDERS_TOKEN"):
+    with pytest.raises(ProtocolError, match="feed 'orders': environment variable ORDERS_TOKEN"):
         feed.client()
     monkeypatch.setenv("ORDERS_TOKEN", "s3cr3t-value")
     assert "s3cr3t-value" not in repr(feed.client())

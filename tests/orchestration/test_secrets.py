@@ -10,7 +10,7 @@ from feedapi_dagster.orchestration import (SPARK_RESOURCE_KEY, FeedConfig, Proje
                                           build_feedapi_definitions)
 from feedapi_dagster.orchestration.automation import DiscoveryCursor, evaluate_discovery, load_request
 from feedapi_dagster.orchestration.loads import FeedBinding
-from feedapi_dagster.protocol import FeedAPIError
+from feedapi_dagster.protocol import ProtocolError
 
 TOKEN = "tok-9f8e7d6c5b4a-secret"
 
@@ -55,7 +55,7 @@ def test_the_token_never_leaks(spark, spark_work_dir, instance, tmp_path, monkey
         assert errors and "not authorized (HTTP 401)" in str(errors[0].event_specific_data)
         try:
             config.client().discover()
-        except FeedAPIError as error:
+        except ProtocolError as error:
             assert TOKEN not in str(error) and TOKEN not in repr(error)
 
     needle = TOKEN.encode()

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
-from feedapi_dagster.protocol import Feed, FeedAPIError, FeedClient, RetryPolicy
+from feedapi_dagster.protocol import Feed, ProtocolError, FeedClient, RetryPolicy
 
 from .conftest import LocalServer
 
@@ -48,7 +48,7 @@ def test_an_endless_body_is_cut_at_the_page_bound(streaming):
 
     server = streaming(endless)
     client = FeedClient(Feed(url=server.url, retry=NO_WAIT), max_page_bytes=2_000_000)
-    with pytest.raises(FeedAPIError, match=r"partition 0: .*more than 2000000 bytes of events without a checkpoint"):
+    with pytest.raises(ProtocolError, match=r"partition 0: .*more than 2000000 bytes of events without a checkpoint"):
         list(client.pages(0))
 
 
@@ -59,7 +59,7 @@ def test_a_server_that_hangs_times_out(streaming):
     server = streaming(hang)
     client = FeedClient(Feed(url=server.url, retry=NO_WAIT), timeout=(1.0, 0.3))
     started = time.monotonic()
-    with pytest.raises(FeedAPIError, match=r"partition 0: giving up after 2 attempts: .*(Timeout|timed out)"):
+    with pytest.raises(ProtocolError, match=r"partition 0: giving up after 2 attempts: .*(Timeout|timed out)"):
         list(client.pages(0))
     assert time.monotonic() - started < 3
 
@@ -76,7 +76,7 @@ def test_bad_lines_fail_clearly_after_retries(streaming, body, reason):
         handler.wfile.write(body)
 
     server = streaming(send)
-    with pytest.raises(FeedAPIError, match=f"feed http://127.0.0.1:.*partition 0: giving up after 2 attempts: .*{reason}"):
+    with pytest.raises(ProtocolError, match=f"feed http://127.0.0.1:.*partition 0: giving up after 2 attempts: .*{reason}"):
         list(FeedClient(Feed(url=server.url, retry=NO_WAIT)).pages(0))
 
 

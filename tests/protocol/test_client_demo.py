@@ -4,7 +4,7 @@ import time
 import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults
-from feedapi_dagster.protocol import (EventFilter, Feed, FeedAPIError, FeedClient, RediscoveryNeeded,
+from feedapi_dagster.protocol import (EventFilter, Feed, ProtocolError, FeedClient, RediscoveryNeeded,
                                       RetryPolicy)
 
 from .conftest import json_reply
@@ -108,10 +108,10 @@ def test_bearer_token_is_sent_and_never_shown():
     feed = DemoFeed(partitions=1, events=50, seed=6)
     with DemoFeedServer(feed, dialect="draft", token=secret) as server:
         assert read_all(client_for(server, feed, token=secret), 0)[0] == feed.published(0)
-        with pytest.raises(FeedAPIError, match="401") as caught:
+        with pytest.raises(ProtocolError, match="401") as caught:
             client_for(server, feed, token="wrong-" + secret).discover()
         assert secret not in str(caught.value) and secret not in repr(client_for(server, feed, token=secret))
-        with pytest.raises(FeedAPIError, match="wants a bearer token"):
+        with pytest.raises(ProtocolError, match="wants a bearer token"):
             client_for(server, feed).discover()
 
 
@@ -137,7 +137,7 @@ def test_draft_filter_is_sent_and_cursor_only_pages_advance():
         assert any(not p.records for p in pages) or len(pages) >= 1
         assert {e["type"] for p in pages for e in p.events} == {"order.shipped"}
         bad = client_for(server, feed, filters=EventFilter(fields={"colour": "red"}))
-        with pytest.raises(FeedAPIError, match="HTTP 400"):
+        with pytest.raises(ProtocolError, match="HTTP 400"):
             list(bad.pages(0))
 
 
@@ -153,7 +153,7 @@ def test_large_events_of_several_megabytes():
 def test_bad_cursor_fails_fast_with_the_servers_message():
     feed = DemoFeed(partitions=1, events=5, seed=10)
     with DemoFeedServer(feed, dialect="draft") as server:
-        with pytest.raises(FeedAPIError, match="partition 0: fetch failed \\(HTTP 400\\)") as caught:
+        with pytest.raises(ProtocolError, match="partition 0: fetch failed \\(HTTP 400\\)") as caught:
             list(client_for(server, feed).pages(0, "not-a-cursor"))
         assert caught.value.partition == 0
 
@@ -163,7 +163,7 @@ def test_retries_give_up_with_a_clear_error():
     with DemoFeedServer(feed, dialect="draft", faults=Faults(rate=1.0, seed=1, retry_after=0,
                                                                       kinds=("500", "reset", "truncated", "junk"))) as server:
         client = client_for(server, feed, retry=RetryPolicy(max_attempts=4, base_delay=0.001))
-        with pytest.raises(FeedAPIError, match="partition 0: giving up after 4 attempts"):
+        with pytest.raises(ProtocolError, match="partition 0: giving up after 4 attempts"):
             list(client.pages(0))
 
 

@@ -1,7 +1,7 @@
 """Discovery negotiation and tolerant parsing, over real HTTP against scripted replies."""
 import pytest
 
-from feedapi_dagster.protocol import Feed, FeedAPIError, FeedClient
+from feedapi_dagster.protocol import Feed, ProtocolError, FeedClient
 
 from .conftest import json_reply
 
@@ -43,7 +43,7 @@ def test_published_dialect_and_go_parent_zero_quirk(canned):
 
 def test_400_means_v1_and_v1_needs_a_partition_count(canned):
     server = canned(lambda path, query, headers: (400, {}, b"no cursors"))
-    with pytest.raises(FeedAPIError, match="configure partition_count"):
+    with pytest.raises(ProtocolError, match="configure partition_count"):
         FeedClient(Feed(url=server.url)).discover()
     info = FeedClient(Feed(url=server.url, partition_count=3)).discover()
     assert info.dialect == "v1" and [p.id for p in info.partitions] == [0, 1, 2] and not info.exactly_once
@@ -52,7 +52,7 @@ def test_400_means_v1_and_v1_needs_a_partition_count(canned):
 @pytest.mark.parametrize("status", [401, 403, 404])
 def test_errors_never_fall_back_to_v1(canned, status):
     server = canned(lambda path, query, headers: (status, {}, b"go away"))
-    with pytest.raises(FeedAPIError, match=f"HTTP {status}.*go away") as caught:
+    with pytest.raises(ProtocolError, match=f"HTTP {status}.*go away") as caught:
         FeedClient(Feed(url=server.url, partition_count=3)).discover()
     assert caught.value.status == status
 
@@ -61,7 +61,7 @@ def test_5xx_is_retried_then_fails_clearly(canned):
     server = canned(lambda path, query, headers: (503, {"Retry-After": "0"}, b"busy"))
     from feedapi_dagster.protocol import RetryPolicy
     client = FeedClient(Feed(url=server.url, retry=RetryPolicy(max_attempts=3, base_delay=0)))
-    with pytest.raises(FeedAPIError, match="giving up after 3 attempts: discovery: HTTP 503"):
+    with pytest.raises(ProtocolError, match="giving up after 3 attempts: discovery: HTTP 503"):
         client.discover()
     assert len(server.requests) == 3
 
@@ -69,7 +69,7 @@ def test_5xx_is_retried_then_fails_clearly(canned):
 @pytest.mark.parametrize("body", [b"not json", b"[1,2]", b'{"partition": []}'])
 def test_malformed_discovery_is_a_clear_error(canned, body):
     server = canned(lambda path, query, headers: (200, {}, body))
-    with pytest.raises(FeedAPIError, match="discovery"):
+    with pytest.raises(ProtocolError, match="discovery"):
         FeedClient(Feed(url=server.url)).discover()
 
 
@@ -84,5 +84,5 @@ def test_forced_dialect_skips_negotiation(canned):
 
 @pytest.mark.parametrize("url", ["ftp://example.com/feed", "file:///etc/passwd", "127.0.0.1:8000/feed"])
 def test_only_http_urls(url):
-    with pytest.raises(FeedAPIError, match="http or https"):
+    with pytest.raises(ProtocolError, match="http or https"):
         FeedClient(Feed(url=url))

@@ -10,7 +10,7 @@ from feedapi_dagster.demo import Faults
 from feedapi_dagster.demo.faults import KINDS
 from feedapi_dagster.demo.nakadi import NakadiDemoServer, NakadiEventType
 from feedapi_dagster.lakehouse.table import event_ids
-from feedapi_dagster.protocol import Feed, FeedAPIError, FeedClient, RetryPolicy
+from feedapi_dagster.protocol import Feed, ProtocolError, FeedClient, RetryPolicy
 from feedapi_dagster.protocol.nakadi import BATCH_FLUSH_TIMEOUT
 from feedapi_dagster.protocol.registry import PROTOCOLS
 
@@ -121,7 +121,7 @@ def test_refused_tokens_quote_the_problem_and_never_the_token(event_type, sent, 
         if sent:
             monkeypatch.setenv("NAKADI_TEST_TOKEN", sent)
             options["token_env"] = "NAKADI_TEST_TOKEN"
-        with pytest.raises(FeedAPIError) as error:
+        with pytest.raises(ProtocolError) as error:
             FeedClient(nakadi_feed(server, **options)).discover()
         assert error.value.status == status
         assert said in str(error.value) and "not authorized" in str(error.value)
@@ -143,7 +143,7 @@ def test_retention_gap_is_named_and_a_too_old_cursor_is_a_clear_422(event_type):
         oldest = info.partition(0).oldest_available
         assert gap and "partition 0" in gap and cursor in gap and oldest in gap
         assert protocol.retention_gap(info.partition(0), "_first") is None  # BEGIN: the oldest there is
-        with pytest.raises(FeedAPIError) as error:
+        with pytest.raises(ProtocolError) as error:
             list(client.page_runs(0, cursor))
         assert error.value.status == 422 and "Unprocessable Entity" in str(error.value) and oldest in str(error.value)
         eids, _, _ = read(client, 0)

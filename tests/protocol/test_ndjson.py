@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from feedapi_dagster.protocol.errors import MalformedResponse
+from feedapi_dagster.errors import MalformedResponse
 from feedapi_dagster.protocol.ndjson import PageReader
 
 
