@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import dagster as dg
 
 import feedapi_dagster.demo
-from feedapi_dagster.demo import demo_feed_settings, demo_server
+from feedapi_dagster.demo.demo_feeds import demo_feed_settings, demo_server
 from feedapi_dagster.lakehouse.connect_server import ensure_embedded_server
 from feedapi_dagster.lakehouse.delta import FeedTable
 from feedapi_dagster.lakehouse.jars import ensure_delta_jars
