@@ -7,12 +7,17 @@ from __future__ import annotations
 import json
 import socket
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, Self
 from urllib.parse import SplitResult, urlsplit
 
-from feedapi_dagster.demo.admin import AdminActions, fault_admin_actions, run_admin_action
+from feedapi_dagster.demo.admin import (
+    AdminActions,
+    fault_admin_actions,
+    run_admin_action,
+)
 from feedapi_dagster.demo.faults import Faults
 from feedapi_dagster.demo.gate import Gate
 
@@ -56,18 +61,10 @@ class DemoHandler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True  # headers and body are two writes: don't let Nagle delay the second
 
     def do_GET(self) -> None:
-        url = urlsplit(self.path)
-        if url.path.startswith("/admin/"):
-            self._admin(url)
-        else:
-            self.get(url)
+        self._route(self.get)
 
     def do_POST(self) -> None:
-        url = urlsplit(self.path)
-        if url.path.startswith("/admin/"):
-            self._admin(url)
-        else:
-            self.post(url)
+        self._route(self.post)
 
     def get(self, url: SplitResult) -> None:
         raise NotImplementedError
@@ -77,6 +74,10 @@ class DemoHandler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:
         pass  # one line per request would cost more than the request at benchmark rates
+
+    def _route(self, serve: Callable[[SplitResult], None]) -> None:
+        url = urlsplit(self.path)
+        (self._admin if url.path.startswith("/admin/") else serve)(url)
 
     def _admin(self, url: SplitResult) -> None:
         length = int(self.headers.get("Content-Length") or 0)

@@ -12,7 +12,11 @@ from feedapi_dagster.demo.http_server import DemoHandler
 from feedapi_dagster.demo.nakadi.event_type import UnknownPartitionError
 from feedapi_dagster.demo.nakadi.problems import Problem, problem
 from feedapi_dagster.demo.nakadi.stream import stream
-from feedapi_dagster.demo.nakadi.stream_request import parse_cursors, parse_stream_request, partition_id
+from feedapi_dagster.demo.nakadi.stream_request import (
+    parse_cursors,
+    parse_stream_request,
+    partition_id,
+)
 from feedapi_dagster.demo.tokens import bearer_token, is_token
 
 _EVENTS_PATH = re.compile(r"/event-types/([^/]+)/(events|partitions)(?:/([^/]+))?")
