@@ -7,7 +7,12 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from feedapi_dagster.demo import DemoFeed, DemoFeedServer, NakadiDemoServer, NakadiEventType
+from feedapi_dagster.demo import (
+    DemoFeed,
+    DemoFeedServer,
+    NakadiDemoServer,
+    NakadiEventType,
+)
 from feedapi_dagster.demo.http_server import DemoServer
 
 
