@@ -77,6 +77,16 @@ class DemoFeedServer(DemoServer):
     def admin_actions(self) -> AdminActions:
         return {**feed_admin_actions(self.feed, self.rotate_token), **super().admin_actions()}
 
+    def parse_fetch(self, query: str) -> Fetch:
+        """Validate a fetch's query string for this dialect (400, or 409 for an old token)."""
+        pairs = parse_qsl(query, keep_blank_values=True)
+        params = dict(pairs)
+        if self.dialect == "v1":
+            return parse_v1(pairs, params, self.feed.partition_count())
+        if self.dialect == "draft":
+            return parse_draft(pairs, params)
+        return parse_published(params, self.discovery_token, self.ignore_filters)
+
     # ---- pages ---------------------------------------------------------------------------------
 
     def page(self, fetch: Fetch) -> bytes:
@@ -134,6 +144,7 @@ class DemoFeedServer(DemoServer):
         return b'{"cursor":"%s"}' % encode_cursor(seq).encode()
 
     def discovery(self) -> dict[str, object]:
+        """The discovery document of this dialect."""
         partitions: list[dict[str, object]] = []
         for p in self.feed.discovery():
             entry: dict[str, object] = {"id": str(p.id)}
@@ -149,16 +160,6 @@ class DemoFeedServer(DemoServer):
         if self.dialect == "published":
             return {"token": self.discovery_token, "partitions": partitions, "exactlyOnce": self.feed.exactly_once}
         return {"partitions": partitions, "exactlyOnce": self.feed.exactly_once, "filters": list(DRAFT_FILTERS)}
-
-    def parse_fetch(self, query: str) -> Fetch:
-        """Validate a fetch's query string for this dialect (400, or 409 for an old token)."""
-        pairs = parse_qsl(query, keep_blank_values=True)
-        params = dict(pairs)
-        if self.dialect == "v1":
-            return parse_v1(pairs, params, self.feed.partition_count())
-        if self.dialect == "draft":
-            return parse_draft(pairs, params)
-        return parse_published(params, self.discovery_token, self.ignore_filters)
 
 
 def _quirky(lines: list[bytes]) -> list[bytes]:
