@@ -22,8 +22,7 @@ import time
 
 import requests
 
-from feedapi_dagster.demo.feed import DemoFeed
-from feedapi_dagster.demo.server import DemoFeedServer
+from feedapi_dagster.demo.feedapi import DemoFeed, DemoFeedServer
 from feedapi_dagster.lakehouse.table import EventBatch
 from feedapi_dagster.protocol.ndjson import PageReader
 

@@ -61,7 +61,7 @@ from pathlib import Path
 
 import requests
 
-from feedapi_dagster.orchestration.demo import PLANNED_SUBSET_ENV
+from feedapi_dagster.orchestration.demo_commands import PLANNED_SUBSET_ENV
 from feedapi_dagster.orchestration.loads import listed_partitions
 from procstat import MemoryWatch, proc_cpu, status_mb, stop_process, stop_strays, tree_cpu, wait_with_usage
 

@@ -11,11 +11,11 @@ import sys
 
 # module path of each subcommand provider, in the order shown by --help
 _COMMAND_MODULES: tuple[str, ...] = (
-    "feedapi_dagster.orchestration.demo",
+    "feedapi_dagster.orchestration.demo_commands",
     "feedapi_dagster.orchestration.doctor",
     "feedapi_dagster.lakehouse.cli",
-    "feedapi_dagster.demo.cli",
-    "feedapi_dagster.demo.nakadi",
+    "feedapi_dagster.demo.feedapi.command",
+    "feedapi_dagster.demo.nakadi.command",
 )
 
 

@@ -1,27 +1,11 @@
 """Bundled demo servers (pure stdlib) for the demo, the tests and the benchmarks: a FeedAPI feed
-(`server.py`, any dialect) and a Nakadi event type (`nakadi.py`)."""
+(`feedapi/`, any dialect) and a Nakadi event type (`nakadi/`). What both share is beside them: HTTP
+serving (`http_server.py`), faults (`faults.py`) and the admin endpoint (`admin.py`), the gate a test
+holds reads with (`gate.py`), tokens (`tokens.py`) and their console commands' flags (`server_command.py`);
+`demo_feeds.py` is the demo command's feed of each protocol."""
 from feedapi_dagster.demo.faults import Faults
-from feedapi_dagster.demo.feed import DemoFeed
+from feedapi_dagster.demo.feedapi import DemoFeed, DemoFeedServer
+from feedapi_dagster.demo.gate import Gate
 from feedapi_dagster.demo.nakadi import NakadiDemoServer, NakadiEventType
-from feedapi_dagster.demo.server import DemoFeedServer, Gate
 
 __all__ = ["DemoFeed", "DemoFeedServer", "Faults", "Gate", "NakadiDemoServer", "NakadiEventType"]
-
-# The demo command's feed per protocol: its settings beside a bundled server on `port`, and the server
-DEMO_EVENT_TYPE = "demo.orders"
-
-
-def demo_feed_settings(protocol: str, port: int) -> dict[str, str]:
-    """The `Feed` settings of the demo feed of `protocol` served on 127.0.0.1:`port`."""
-    if protocol == "nakadi":
-        return {"protocol": "nakadi", "url": f"http://127.0.0.1:{port}", "event_type": DEMO_EVENT_TYPE}
-    return {"url": f"http://127.0.0.1:{port}/feed"}
-
-
-def demo_server(protocol: str, port: int, events: int, partitions: int) -> DemoFeedServer | NakadiDemoServer:
-    """The bundled server of `protocol` with a generated feed (not started). Nakadi's repeats a few
-    events, as Nakadi may: the demo shows them deduplicated."""
-    if protocol == "nakadi":
-        return NakadiDemoServer(NakadiEventType(DEMO_EVENT_TYPE, partitions=partitions, events=events,
-                                                duplicate_ratio=0.02), port=port)
-    return DemoFeedServer(DemoFeed(partitions=partitions, events=events), dialect="published", port=port)

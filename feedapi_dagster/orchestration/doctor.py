@@ -22,7 +22,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from .demo import INSTANCE_TEMPLATE
+from .demo_commands import INSTANCE_TEMPLATE
 
 PARTITION_TAG = "dagster/partition"
 

@@ -169,13 +169,13 @@ class CountingGate(Gate):
         self.second = threading.Event()
         self._lock = threading.Lock()
 
-    def hold(self, fetch) -> None:
-        if fetch.partition == self.partition:
+    def hold(self, partition: int) -> None:
+        if partition == self.partition:
             with self._lock:
                 self.held += 1
                 if self.held >= 2:
                     self.second.set()
-        super().hold(fetch)
+        super().hold(partition)
 
 
 def test_dead_executors_and_speculative_copies_load_every_event_once(spark, cluster, tmp_path):

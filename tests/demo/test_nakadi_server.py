@@ -11,15 +11,15 @@ import pytest
 import requests
 
 from feedapi_dagster.demo.faults import KINDS, Faults
+from feedapi_dagster.demo.gate import Gate
 from feedapi_dagster.demo.nakadi import (
     BEGIN,
     NakadiDemoServer,
     NakadiEventType,
-    NakadiGate,
     format_offset,
     parse_offset,
-    register,
 )
+from feedapi_dagster.demo.nakadi.command import register
 
 NAME = "demo.orders"
 
@@ -350,7 +350,7 @@ def test_stream_limit_timeout_and_keep_alive_limit_end_the_stream() -> None:
 def test_gate_holds_a_partition() -> None:
     event_type = NakadiEventType(partitions=2, events=20, seed=13)
     with NakadiDemoServer(event_type) as server:
-        server.gate = gate = NakadiGate(partition=1)
+        server.gate = gate = Gate(partition=1)
         result: list[list[tuple[dict, bytes]]] = []
         reader = threading.Thread(target=lambda: result.append(read_stream(
             server, [{"partition": "1", "offset": BEGIN}], batch_limit=100)))

@@ -7,8 +7,7 @@ import re
 import threading
 import time
 
-from feedapi_dagster.demo import DemoFeed, DemoFeedServer
-from feedapi_dagster.demo.server import Gate
+from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Gate
 from feedapi_dagster.lakehouse.progress import ReadNotes
 from feedapi_dagster.lakehouse.reads import GroupRead, ReadEnd, ReadSettings
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import dagster as dg
 import yaml
 
-from feedapi_dagster.orchestration.demo import INSTANCE_TEMPLATE
+from feedapi_dagster.orchestration.demo_commands import INSTANCE_TEMPLATE
 from feedapi_dagster.orchestration.doctor import instance_findings
 
 COMMAND = str(Path(sys.executable).with_name("feedapi-dagster"))

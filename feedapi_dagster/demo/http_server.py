@@ -1,16 +1,25 @@
-"""What the bundled demo servers share: a threaded HTTP/1.1 server that really stops (its open
-connections are shut down), the handler's plain responses, running it in a thread, and a console
-command that serves until SIGINT/SIGTERM."""
+"""What the bundled demo servers share on HTTP: a threaded HTTP/1.1 server that really stops (its open
+connections are shut down), the base of their request handlers (plain responses, the admin endpoint
+routed to the server's admin actions), and `DemoServer`, a demo server's life in a thread with what
+every demo server can be given (a token, faults, a gate)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, Self
+from urllib.parse import SplitResult, urlsplit
+
+from feedapi_dagster.demo.admin import (
+    AdminActions,
+    fault_admin_actions,
+    run_admin_action,
+)
+from feedapi_dagster.demo.faults import Faults
+from feedapi_dagster.demo.gate import Gate
 
 
 class DemoHTTPServer(ThreadingHTTPServer):
@@ -44,11 +53,36 @@ class DemoHTTPServer(ThreadingHTTPServer):
 
 
 class DemoHandler(BaseHTTPRequestHandler):
+    """A demo server's requests: those under /admin/ go to the server's admin actions, the others to
+    the protocol's `get` and `post`."""
+
+    server: DemoHTTPServer
     protocol_version = "HTTP/1.1"  # keep-alive: every response carries Content-Length (or is chunked)
     disable_nagle_algorithm = True  # headers and body are two writes: don't let Nagle delay the second
 
+    def do_GET(self) -> None:
+        self._route(self.get)
+
+    def do_POST(self) -> None:
+        self._route(self.post)
+
+    def get(self, url: SplitResult) -> None:
+        raise NotImplementedError
+
+    def post(self, url: SplitResult) -> None:
+        raise NotImplementedError
+
     def log_message(self, format: str, *args: object) -> None:
         pass  # one line per request would cost more than the request at benchmark rates
+
+    def _route(self, serve: Callable[[SplitResult], None]) -> None:
+        url = urlsplit(self.path)
+        (self._admin if url.path.startswith("/admin/") else serve)(url)
+
+    def _admin(self, url: SplitResult) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        self._send_json(*run_admin_action(self.server.demo.admin_actions(), self.command, url, body))
 
     def _send_json(self, status: int, value: object) -> None:
         self._send(status, json.dumps(value, ensure_ascii=False).encode(), "application/json")
@@ -63,11 +97,16 @@ class DemoHandler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
-class ServedInThread:
+class DemoServer:
     """A demo server's life: served by a thread from `start` (or `with`) to `stop`; `closing` is set
-    when it stops (open streams end), `fault_counts` counts the faults it played."""
+    when it stops (open streams end). `token` (required as a bearer token when set), `faults` and
+    `gate` may be swapped at runtime; `fault_counts` counts the faults it played."""
 
-    def __init__(self, host: str, port: int, handler: type[BaseHTTPRequestHandler]) -> None:
+    def __init__(self, host: str, port: int, handler: type[DemoHandler], token: str | None = None,
+                 faults: Faults | None = None) -> None:
+        self.token = token
+        self.faults = faults
+        self.gate: Gate | None = None
         self.fault_counts: dict[str, int] = {}
         self.closing = threading.Event()
         self._lock = threading.Lock()
@@ -79,9 +118,23 @@ class ServedInThread:
         host, port = self._httpd.server_address[:2]
         return f"http://{host}:{port}"
 
-    def record_fault(self, kind: str) -> None:
+    def admin_actions(self) -> AdminActions:
+        """What /admin/ offers: the protocol's actions on the served model, and the faults."""
+        return fault_admin_actions(self)
+
+    def play_fault(self) -> tuple[str, int] | None:
+        """The fault this request plays (its kind and Retry-After), counted; None: none."""
+        faults = self.faults  # read once: it may be swapped concurrently
+        kind = None if faults is None else faults.pick()
+        if faults is None or kind is None:
+            return None
         with self._lock:
             self.fault_counts[kind] = self.fault_counts.get(kind, 0) + 1
+        return kind, faults.retry_after
+
+    def counted_faults(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.fault_counts)
 
     def start(self) -> Self:
         # a short poll interval: `stop` waits for it, and tests start and stop many servers
@@ -103,24 +156,3 @@ class ServedInThread:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
-
-
-def token_from(env_name: str | None) -> str | None:
-    """A console command's `--token-env`: the token the server requires, read from that variable."""
-    if not env_name:
-        return None
-    token = os.environ.get(env_name)
-    if not token:
-        raise SystemExit(f"environment variable {env_name} is not set")
-    return token
-
-
-def serve_until_signalled(server: ServedInThread) -> int:
-    """Serve, print the server's URL (what a caller waits for), and stop on SIGINT or SIGTERM."""
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    with server:
-        print(server.url, flush=True)
-        stop.wait()
-    return 0

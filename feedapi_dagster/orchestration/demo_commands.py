@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import dagster as dg
 
 import feedapi_dagster.demo
-from feedapi_dagster.demo import demo_feed_settings, demo_server
+from feedapi_dagster.demo.demo_feeds import demo_feed_settings, demo_server
 from feedapi_dagster.lakehouse.connect_server import ensure_embedded_server
 from feedapi_dagster.lakehouse.delta import FeedTable
 from feedapi_dagster.lakehouse.jars import ensure_delta_jars
@@ -45,7 +45,8 @@ DEMO_FEED_PORT = 8765
 FEED_PORT_ENV, SPARK_PORT_ENV = "FEEDAPI_DAGSTER_DEMO_FEED_PORT", "FEEDAPI_DAGSTER_DEMO_SPARK_PORT"
 PROTOCOL_ENV = "FEEDAPI_DAGSTER_DEMO_PROTOCOL"
 # Dagster's setting for where runs are created: one ASSET_MATERIALIZATION_PLANNED event for a run over
-# many partition keys instead of one per key (2,000 keys: 30 s of SQLite writes before a sync starts).
+# many partition keys instead of one per key (per key, a sync of thousands of partitions first spends
+# seconds to minutes writing them to SQLite: figures in benchmarks/README.md, issue #18 part 2).
 # What it costs: a failed run does not mark its partitions failed (README "Thousands of partitions").
 PLANNED_SUBSET_ENV = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
 
