@@ -13,7 +13,7 @@ import sys
 _COMMAND_MODULES: tuple[str, ...] = (
     "feedapi_dagster.orchestration.demo",
     "feedapi_dagster.orchestration.doctor",
-    "feedapi_dagster.lakehouse.cli",
+    "feedapi_dagster.lakehouse.commands",
     "feedapi_dagster.demo.cli",
     "feedapi_dagster.demo.nakadi",
 )

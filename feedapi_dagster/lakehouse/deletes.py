@@ -48,7 +48,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .delta import DELETE, DeltaLog, HistoryEntry, data_files, partition_files
-from .state import decode, replaced_partitions
+from .cursor_record import decode, replaced_partitions
 from .table import PARTITION_COLUMN
 
 # the write mode of a commit that replaced rows (a load's rebuild of partitions, `replaceWhere`)

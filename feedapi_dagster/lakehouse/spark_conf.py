@@ -78,10 +78,6 @@ logger.hiveconf.level = error
 """
 
 
-class SparkStartupError(RuntimeError):
-    """A Spark session or Spark Connect server could not be started."""
-
-
 # --------------------------------------------------------------------------------------------
 # settings
 

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .delta import DeltaLog, FeedTable, in_partitions
+from .spark_errors import first_line
 from .table import PARTITION_COLUMN
 
 _log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ def partition_stats(table: FeedTable, partition_ids: Iterable[int]) -> dict[int,
         except Exception as error:  # noqa: BLE001 - delta-rs raises many types
             # what delta-rs does not read (deletion vectors, column mapping a user turned on): Spark does
             _log.info("the positions of %s are read by Spark: delta-rs cannot read its rows here (%s: %s)",
-                      table.path, type(error).__name__, str(error).splitlines()[0][:200] if str(error) else "")
+                      table.path, type(error).__name__, first_line(error, 200))
     # storage only the cluster reaches: Spark answers from the same statistics (Delta's
     # metadata-only aggregation) or, where it cannot, reads the columns of these partitions
     from pyspark.sql import functions as F
