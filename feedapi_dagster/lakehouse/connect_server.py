@@ -164,8 +164,8 @@ class SparkConnectServer:
         """The Spark Connect URL a client connects with: the token goes over a local channel (gRPC's
         local credentials, which pyspark uses for `localhost` with a token). Every client of this
         server joins one server-side session: a session has Python workers of its own, and a new one
-        per run would start and import them again in every run (400k events: 5.6 s to stage a read in
-        a new session, 2.5 s in the shared one)."""
+        per run would start and import them again in every run (a read takes twice as long to stage
+        in a new session: `benchmarks/README.md`)."""
         token = read_token(self.port)
         return f"sc://localhost:{self.port}/;token={token};session_id={uuid.uuid5(_SESSION_NAMESPACE, token)}"
 

@@ -64,7 +64,7 @@ FILE_MAINTENANCE = frozenset({OPTIMIZE, VACUUM_START, VACUUM_END})
 _RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
 _VACUUM_LOGGING = "spark.databricks.delta.vacuum.logging.enabled"
 # the tasks VACUUM lists the table's files with (Spark's default, 10,000, makes a VACUUM of a small
-# table take 35-40 s on 2 cores; 4 tasks: 5 s)
+# table take several times as long as a few tasks do: `benchmarks/README.md`)
 _LISTING_PARALLELISM = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
 
 
@@ -157,12 +157,6 @@ class DeltaLog:
         from deltalake import DeltaTable
 
         return DeltaTable(self.path, version=version, storage_options=self.storage_options or None)
-
-    def files_at(self, version: int) -> dict[int, dict[str, int]]:
-        """Each partition's data files at a past version and their row counts (`numRecords`), from a
-        snapshot of that version of its own (the current one stays as it is). A partitioned table's
-        only (`partitioned`): a clustered table's files have no partition."""
-        return partition_files(self.at(version))
 
     def partition_columns(self, snapshot: Any = None, paths: set[str] | None = None,
                           wanted: set[int] | None = None) -> "pa.Table":

@@ -314,7 +314,7 @@ class FeedLoader:
         # `localCheckpoint`, not `cache`: a cached read that lost a block would be read from the feed
         # again, and a second read may differ from the first (the feed grew, a retry): the cursors
         # committed must be those of the rows committed. On disk: memory stays bounded whatever the
-        # load's size, and it was as fast here (400k events: 6.3-7.0 s, in memory 5.9-7.7 s).
+        # load's size, and it is as fast as in memory (`benchmarks/README.md`).
         started = time.monotonic()
         kept = run_with_progress(lambda: source.localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY),
                                  progress, self._tasks(starts), self.log)

@@ -7,8 +7,8 @@ up to 0.1.0): row counts and position bounds of a partition are in the log (`num
 table's size. A clustered table (`CLUSTER BY (partition_id)`, what `FeedTable.ensure_table` creates):
 a data file holds rows of many partitions, so its statistics give no per-partition count; delta-rs
 reads the columns `partition_id` and `position` of the files whose min/max `partition_id` admit the
-partitions asked for, and Arrow groups them (10,000 partitions x 10 events: 0.02-0.05 s; it grows with
-the rows of those files, where the log's statistics do not). Whether event ids repeat is not in any
+partitions asked for, and Arrow groups them (hundredths of a second for 10,000 small partitions,
+`benchmarks/README.md`; it grows with the rows of those files, where the log's statistics do not). Whether event ids repeat is not in any
 statistic: that takes a scan of the given partitions (for at-least-once feeds; an exactly-once
 feed's loads count repeats as they read).
 """
