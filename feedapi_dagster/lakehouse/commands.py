@@ -1,4 +1,6 @@
-"""`feedapi-dagster setup-jars`, `spark-server`, `spark status|stop` and `state`."""
+"""The lakehouse's commands: `feedapi-dagster setup-jars` (the Delta and s3a jars), `spark-server`
+(the embedded Spark Connect server until Ctrl-C), `spark status|stop` (the server the runs left running)
+and `state` (a feed table's cursor of record). `feedapi_dagster/cli.py` registers them."""
 from __future__ import annotations
 
 import argparse
