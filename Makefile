@@ -33,7 +33,7 @@ browser:
 
 # Two pytest workers (pytest-xdist), a test file each at a time: much of the suite waits on other
 # processes (Spark servers, the cluster, Dagster runs), and a file's module-scoped servers stay in one
-# worker. Measured here: 17:17 instead of 22:52 for the whole suite (2026-11-25).
+# worker: the suite takes three quarters of the time of one worker (benchmarks/README.md).
 test: setup browser
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 

@@ -13,7 +13,7 @@ import sys
 _COMMAND_MODULES: tuple[str, ...] = (
     "feedapi_dagster.orchestration.demo_commands",
     "feedapi_dagster.orchestration.doctor",
-    "feedapi_dagster.lakehouse.cli",
+    "feedapi_dagster.lakehouse.commands",
     "feedapi_dagster.demo.feedapi.command",
     "feedapi_dagster.demo.nakadi.command",
 )

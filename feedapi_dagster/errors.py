@@ -9,8 +9,16 @@ subclass for one kind of failure.
     ├── StateError               the cursor of record cannot be read or recovered
     ├── LoadError                a load could not finish (what was committed before is kept)
     │   ├── CommitExhausted      Delta's optimistic commit lost every retry to other writers
+    │   ├── PartitionConflict    another load committed a partition first (`partition_id`)
+    │   ├── KeptReadLost         the read Spark kept was lost before its write: nothing committed
     │   └── RebuildAbandoned     a rebuild stopped before its atomic replace: nothing was replaced
     └── SparkError               Spark could not be started, reached or set up
+        └── SparkUnresponsive    the Spark Connect server stopped answering: the load was abandoned
+
+A few subclasses live beside the code that raises them, for the code that catches them there:
+`DeltaJarsError` and `DeltaJarsNotSetUp` (`lakehouse/jars.py`) and `ServerNotStopped`
+(`lakehouse/connect_server.py`) are `SparkError`s, `RecoveryNeedsSpark` (`lakehouse/cursor_record.py`)
+a `StateError`, `ReadEndsMissing` (`lakehouse/feed_read.py`) a `LoadError`.
 
 Messages name the feed by its URL without credentials and never quote a token. This module is pure
 Python: every layer imports it, it imports nothing of the package.
@@ -59,9 +67,28 @@ class CommitExhausted(LoadError):
     """Delta's optimistic commit kept losing to other writers of the table until its retries ran out."""
 
 
+class PartitionConflict(LoadError):
+    """Another load committed progress for a partition this load was writing: this load's rows for it
+    are discarded (they are the other load's too) and the load stops; the next load goes on."""
+
+    def __init__(self, message: str, *, partition_id: int):
+        super().__init__(message)
+        self.partition_id = partition_id
+
+
+class KeptReadLost(LoadError):
+    """The read Spark kept (`localCheckpoint`) was lost before its Delta write (an executor holding it
+    died): the load committed nothing, and the next load reads the partitions again."""
+
+
 class RebuildAbandoned(LoadError):
     """A rebuild stopped before its atomic replace of the partitions' rows: nothing was replaced."""
 
 
 class SparkError(FeedApiDagsterError):
     """Spark could not be started, reached or set up (its server, its session, its jars)."""
+
+
+class SparkUnresponsive(SparkError):
+    """The Spark Connect server did not answer within the bound (`load.spark_unresponsive_seconds`):
+    the load was abandoned and its Spark client closed; what it committed stays."""

@@ -27,7 +27,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from feedapi_dagster.lakehouse.jars import pyspark_home
+from feedapi_dagster.errors import SparkError
+from feedapi_dagster.lakehouse.jars import log_tail, pyspark_home
 from feedapi_dagster.lakehouse.server_record import (
     ServerRecord,
     is_recorded_server,
@@ -44,18 +45,10 @@ from feedapi_dagster.lakehouse.spark_conf import (
     FULL_JIT_JAVA_OPTION,
     LOCAL_MASTER,
     LOOPBACK,
-    SparkStartupError,
     build_conf,
 )
 
 log = logging.getLogger(__name__)
-
-
-def find_free_port(host: str = LOOPBACK) -> int:
-    """An ephemeral port that is free right now on ``host``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def port_open(port: int, host: str = LOOPBACK, timeout: float = 0.5) -> bool:
@@ -64,15 +57,6 @@ def port_open(port: int, host: str = LOOPBACK, timeout: float = 0.5) -> bool:
             return True
     except OSError:
         return False
-
-
-def _tail(path: Path | None, lines: int = 40) -> str:
-    if path is None:
-        return "(no log)"
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 _SESSION_NAMESPACE = uuid.UUID("0b0e7d2c-6f5e-4f43-9a43-8f3c1b7e2a51")
@@ -100,10 +84,10 @@ def read_token(port: int) -> str:
     try:
         info = path.stat()
     except FileNotFoundError:
-        raise SparkStartupError(f"a Spark Connect server listens on port {port}, but {path} (its token) is "
+        raise SparkError(f"a Spark Connect server listens on port {port}, but {path} (its token) is "
                                 "missing: it was not started by feedapi-dagster as this user") from None
     if info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise SparkStartupError(f"{path} must belong to this user with mode 0600; not using it")
+        raise SparkError(f"{path} must belong to this user with mode 0600; not using it")
     return path.read_text().strip()
 
 
@@ -180,8 +164,8 @@ class SparkConnectServer:
         """The Spark Connect URL a client connects with: the token goes over a local channel (gRPC's
         local credentials, which pyspark uses for `localhost` with a token). Every client of this
         server joins one server-side session: a session has Python workers of its own, and a new one
-        per run would start and import them again in every run (400k events: 5.6 s to stage a read in
-        a new session, 2.5 s in the shared one)."""
+        per run would start and import them again in every run (a read takes twice as long to stage
+        in a new session: `benchmarks/README.md`)."""
         token = read_token(self.port)
         return f"sc://localhost:{self.port}/;token={token};session_id={uuid.uuid5(_SESSION_NAMESPACE, token)}"
 
@@ -219,7 +203,7 @@ class SparkConnectServer:
     def command(self) -> list[str]:
         """The spark-submit command line (configuration included)."""
         if self._work_dir is None:
-            raise RuntimeError("work dir not prepared")
+            raise SparkError("work dir not prepared")
         # The server lives long and does the loads' heavy lifting (JSON functions, Parquet encoding),
         # where C1-only code is slow (the benchmark's JVM time per commit): full JIT (C2) back.
         conf = build_conf(self._work_dir, self._conf, jars=self._jars,
@@ -257,11 +241,11 @@ class SparkConnectServer:
 
     def start(self) -> "SparkConnectServer":
         if not self._owned:
-            raise RuntimeError(f"{self.url} is not owned by this handle")
+            raise SparkError(f"{self.url} is not owned by this handle")
         if self.is_running():
             return self
         if port_open(self.port, self.host):
-            raise SparkStartupError(f"cannot start a Spark Connect server: port {self.port} is already in use")
+            raise SparkError(f"cannot start a Spark Connect server: port {self.port} is already in use")
         if self._work_dir is None:
             if self.detach:
                 self._work_dir = Path(tempfile.gettempdir()) / f"feedapi-dagster-spark-{self.port}"
@@ -289,11 +273,11 @@ class SparkConnectServer:
         try:
             self._wait_ready()
         except BaseException as exc:
-            tail = _tail(self.log_path)
+            tail = log_tail(self.log_path, 40) if self.log_path is not None else "(no log)"
             self.stop()
-            if not isinstance(exc, SparkStartupError):
+            if not isinstance(exc, SparkError):
                 raise
-            raise SparkStartupError(
+            raise SparkError(
                 f"Spark Connect server on {self.url} did not start ({exc}); last log lines:\n{tail}"
             ) from None
         log.info("Spark Connect server ready on %s after %.1f s (pid %s)", self.url,
@@ -306,11 +290,11 @@ class SparkConnectServer:
         while time.monotonic() < deadline:
             code = self._proc.poll()
             if code is not None:
-                raise SparkStartupError(f"server exited with code {code}")
+                raise SparkError(f"server exited with code {code}")
             if port_open(self.port, self.host, timeout=0.25):
                 return
             time.sleep(0.2)
-        raise SparkStartupError(f"server not listening after {self.startup_timeout:.0f} s")
+        raise SparkError(f"server not listening after {self.startup_timeout:.0f} s")
 
     def stop(self, timeout: float = 30.0) -> None:
         """Terminate (SIGTERM to the process group), wait, kill after ``timeout``; idempotent."""
@@ -457,7 +441,7 @@ def outlives_message(server: SparkConnectServer) -> str:
             f"`{_spark_command('stop', server.port)}` stops it.")
 
 
-class ServerNotStopped(SparkStartupError):
+class ServerNotStopped(SparkError):
     """`stop_recorded_server` refused, or failed, to stop what runs on a port."""
 
 

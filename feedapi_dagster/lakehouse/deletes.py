@@ -31,7 +31,8 @@ the version it restores.
 **Cost.** A count goes on from the previous one (`since`, which the check records in its result):
 only the commits after it are read, and only a DELETE or a load's overwrite among them costs two
 snapshots of the table (and, for a clustered table, a read of the `partition_id` column of the files
-a DELETE rewrote). Without a previous count the whole log is read (2,000 commits: 0.09 s locally).
+a DELETE rewrote). Without a previous count the whole log is read (a tenth of a second for 2,000
+commits: `benchmarks/README.md`).
 
 **Log cleanup.** Delta's log cleanup removes old commits (behind a checkpoint, after
 `delta.logRetentionDuration`, 30 days by default). A count carried on from one load to the next
@@ -48,7 +49,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .delta import DELETE, DeltaLog, HistoryEntry, data_files, partition_files
-from .state import decode, replaced_partitions
+from .cursor_record import decode, replaced_partitions
 from .table import PARTITION_COLUMN
 
 # the write mode of a commit that replaced rows (a load's rebuild of partitions, `replaceWhere`)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
+from .spark_errors import first_line
 from .storage import explain_storage_error
 from .table import PARTITION_COLUMN, TABLE_SCHEMA, spark_ddl
 
@@ -58,12 +59,12 @@ RESTORE = "RESTORE"
 DELETE = "DELETE"  # a DELETE statement's commit (Spark SQL's, delta-rs's `DeltaTable.delete`)
 # commits that rewrite or delete files without changing the table's rows
 FILE_MAINTENANCE = frozenset({OPTIMIZE, VACUUM_START, VACUUM_END})
-# Delta refuses a VACUUM retention under 7 days unless this check is off; `maintenance.py` computes a
-# retention that covers the time-travel window and running loads, so the check is lifted for it
+# Delta refuses a VACUUM retention under 7 days unless this check is off; `delta_maintenance.py`
+# computes a retention that covers the time-travel window and running loads, so the check is lifted for it
 _RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
 _VACUUM_LOGGING = "spark.databricks.delta.vacuum.logging.enabled"
 # the tasks VACUUM lists the table's files with (Spark's default, 10,000, makes a VACUUM of a small
-# table take 35-40 s on 2 cores; 4 tasks: 5 s)
+# table take several times as long as a few tasks do: `benchmarks/README.md`)
 _LISTING_PARALLELISM = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
 
 
@@ -156,12 +157,6 @@ class DeltaLog:
         from deltalake import DeltaTable
 
         return DeltaTable(self.path, version=version, storage_options=self.storage_options or None)
-
-    def files_at(self, version: int) -> dict[int, dict[str, int]]:
-        """Each partition's data files at a past version and their row counts (`numRecords`), from a
-        snapshot of that version of its own (the current one stays as it is). A partitioned table's
-        only (`partitioned`): a clustered table's files have no partition."""
-        return partition_files(self.at(version))
 
     def partition_columns(self, snapshot: Any = None, paths: set[str] | None = None,
                           wanted: set[int] | None = None) -> "pa.Table":
@@ -289,7 +284,7 @@ class FeedTable:
         except Exception as error:  # noqa: BLE001 - delta-rs raises many types for an unreachable table
             if not quiet:
                 log.info("reading the Delta log of %s through Spark: delta-rs cannot open it here (%s: %s)",
-                         self.path, type(error).__name__, str(error).splitlines()[0][:200] if str(error) else "")
+                         self.path, type(error).__name__, first_line(error, 200))
             return None
         return reader
 
@@ -354,17 +349,13 @@ class FeedTable:
             writer = writer.mode("append")
         writer.save(self.path)
 
-    def is_conflict(self, error: BaseException) -> bool:
-        text = f"{type(error).__name__} {error}"
-        return "DELTA_CONCURRENT" in text or "Concurrent" in text
-
     # ------------------------------------------------------------------ maintenance
     def optimize(self) -> None:
         """Bin-packs small files into larger ones: one commit that changes no rows (no cursor moves)."""
         self.spark.sql(f"OPTIMIZE delta.`{self.path}`").collect()
 
     def vacuum(self, retention_hours: float, listing_parallelism: int) -> None:
-        """Deletes the files no version of the last `retention_hours` uses (`maintenance.py` decides
+        """Deletes the files no version of the last `retention_hours` uses (`delta_maintenance.py` decides
         the retention), listing them with `listing_parallelism` Spark tasks. Logged in the Delta log
         as VACUUM START and VACUUM END."""
         settings = {_RETENTION_CHECK: "false", _VACUUM_LOGGING: "true", _LISTING_PARALLELISM: str(listing_parallelism)}

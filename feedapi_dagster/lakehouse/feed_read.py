@@ -8,8 +8,8 @@ Two kinds, by what the commit needs before it writes:
   `observe`: observed metrics are accumulators, and Spark merges a result task's accumulators only
   from the attempt whose output it keeps (a failed or speculative attempt's output and metrics are
   both dropped), so the ends it reports are those of exactly the rows Delta committed. They are known
-  once the job is over: the commit of the rows cannot carry them (`state.py`: rows commit, then state
-  commit). Each job (a retried commit reads the feed again) gets an observation of its own.
+  once the job is over: the commit of the rows cannot carry them (`cursor_record.py`: rows commit,
+  then state commit). Each job (a retried commit reads the feed again) gets an observation of its own.
 * **kept** (`FeedRead.kept`): Spark keeps what one attempt of each task read (`localCheckpoint`, on
   disk) before anything is written, and the ends are collected from it first. For what must be known
   before the write: a rebuild replaces rows only when every partition read whole, and an at-least-once
@@ -25,7 +25,10 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from feedapi_dagster.errors import LoadError
+
 from .reads import END_COLUMN, ReadEnd
+from .spark_errors import first_line
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -41,7 +44,7 @@ ENDS_TIMEOUT_SECONDS = 60.0
 RELEASE_TIMEOUT_SECONDS = 30.0
 
 
-class ReadEndsMissing(RuntimeError):
+class ReadEndsMissing(LoadError):
     """Spark committed a streamed read's rows but did not report where its partitions stopped."""
 
 
@@ -156,5 +159,5 @@ def release_kept(frame: "DataFrame") -> None:
     except Exception as error:  # noqa: BLE001 - a release that fails is logged; the session's end frees it
         plan._relation_id = None
         log.warning("the read Spark kept was not released (%s); it is freed when the session ends",
-                    str(error).splitlines()[0][:300] if str(error) else type(error).__name__)
+                    first_line(error) or type(error).__name__)
 

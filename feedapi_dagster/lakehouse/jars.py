@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Literal
 
+from feedapi_dagster.errors import SparkError
+
 log = logging.getLogger(__name__)
 
 DELTA_VERSION = "4.4.0"
@@ -55,7 +57,7 @@ NOT_SET_UP_MESSAGE = "Delta and s3a jars not set up: run `make setup` or `feedap
 Resolver = Literal["auto", "ivy", "maven"]
 
 
-class DeltaJarsError(RuntimeError):
+class DeltaJarsError(SparkError):
     """Resolving or locating the Delta jars failed."""
 
 
@@ -253,12 +255,13 @@ def _run(cmd: list[str], *, cwd: Path, env: dict[str, str] | None, log_path: Pat
         except FileNotFoundError as exc:
             raise DeltaJarsError(f"cannot run {cmd[0]}: {exc}") from exc
         except subprocess.TimeoutExpired as exc:
-            raise DeltaJarsError(f"{cmd[0]} timed out after {timeout:.0f} s; log tail:\n{_tail(log_path)}") from exc
+            raise DeltaJarsError(f"{cmd[0]} timed out after {timeout:.0f} s; log tail:\n{log_tail(log_path)}") from exc
     if proc.returncode != 0:
-        raise DeltaJarsError(f"{Path(cmd[0]).name} exited with {proc.returncode}; log tail:\n{_tail(log_path)}")
+        raise DeltaJarsError(f"{Path(cmd[0]).name} exited with {proc.returncode}; log tail:\n{log_tail(log_path)}")
 
 
-def _tail(path: Path, lines: int = 30) -> str:
+def log_tail(path: Path, lines: int = 30) -> str:
+    """The last `lines` lines of a child process's log (what a failure message quotes)."""
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
@@ -286,7 +289,7 @@ def _resolve_with_ivy(coordinates: list[str], work: Path, timeout: float = 900) 
     _run(cmd, cwd=work, env=env, log_path=work / "spark-submit.log", timeout=timeout)
     retrieved = sorted((ivy / "jars").glob("*.jar"))
     if not retrieved:
-        raise DeltaJarsError(f"Ivy retrieved no jars; log tail:\n{_tail(work / 'spark-submit.log')}")
+        raise DeltaJarsError(f"Ivy retrieved no jars; log tail:\n{log_tail(work / 'spark-submit.log')}")
     return [_parse_ivy_jar(p, ivy / "cache") for p in retrieved]
 
 
@@ -343,7 +346,7 @@ def _resolve_with_maven(coordinates: list[str], work: Path, timeout: float = 900
             raise DeltaJarsError(f"unexpected layout from maven: {path}")
         jars.append(ResolvedJar(".".join(parts[:-3]), parts[-3], parts[-2], path))
     if not jars:
-        raise DeltaJarsError(f"maven copied no jars; log tail:\n{_tail(work / 'mvn.log')}")
+        raise DeltaJarsError(f"maven copied no jars; log tail:\n{log_tail(work / 'mvn.log')}")
     return jars
 
 

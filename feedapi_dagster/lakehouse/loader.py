@@ -10,7 +10,7 @@ that read to the commit, in one of two shapes:
   reads the feed and Spark's Delta writer appends the rows, in the **rows commit**, which carries the
   state the load started from with its partitions pending. Spark reports where the committed task
   attempts stopped (`observe`), and the **state commit** (no rows) carries that state. A load killed
-  between the two resumes after the rows the rows commit added (`state.py`).
+  between the two resumes after the rows the rows commit added (`cursor_record.py`).
 * **kept** (a rebuild, or at-least-once rows deduplicated against the table): Spark job 1 reads and
   keeps the read (`localCheckpoint`), its ends are collected, and one commit carries the rows (for a
   rebuild, replacing the partitions' rows) with the state they end at. If the kept blocks are lost
@@ -31,18 +31,20 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from feedapi_dagster.errors import KeptReadLost, RebuildAbandoned
 from feedapi_dagster.planning import (DEFAULT_TASKS, FeedState, PartitionPlan, PartitionState, PlanStatus,
                                       plan_feed, plan_rebuilds)
 from feedapi_dagster.protocol import Feed, FeedClient, FeedInfo
 from feedapi_dagster.protocol.models import FIRST
 
+from .cursor_record import CommittedState
 from .datasource import EVENT_DDL, SOURCE_NAME, FeedSourceOptions
 from .feed_read import FeedRead, PartitionEnd, ReadEndsMissing
 from .progress import run_with_progress
 from .delta import FeedTable
 from .sink import DeltaSink
 from .sessions import register_feed_source
-from .state import CommittedState
+from .spark_errors import is_kept_read_lost
 from .watchdog import DEFAULT_UNRESPONSIVE_SECONDS, answering
 
 if TYPE_CHECKING:
@@ -116,14 +118,6 @@ class PartitionReport:
         later.repeated_ids += self.repeated_ids
         later.repeated_examples = (*self.repeated_examples, *later.repeated_examples)[:5]
         return later
-
-
-# Spark's error class for a kept (locally checkpointed) block that is gone with its executor
-_LOST_BLOCK = "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND"
-
-
-class KeptReadLost(RuntimeError):
-    """The read that Spark kept was lost before it was written: the load committed nothing."""
 
 
 @dataclass(frozen=True)
@@ -257,7 +251,7 @@ class FeedLoader:
         for partition_id in partition_ids:
             partition = info.partition(partition_id)
             if partition is None:
-                raise ValueError(f"partition {partition_id} is not in discovery; it cannot be rebuilt")
+                raise RebuildAbandoned(f"partition {partition_id} is not in discovery; it cannot be rebuilt")
             partitions.append(partition)
         plans = plan_rebuilds(info, self.sink.state, partitions, list(drop))
         reports = {p.partition_id: _idle_report(p) for p in plans if not p.due}
@@ -320,7 +314,7 @@ class FeedLoader:
         # `localCheckpoint`, not `cache`: a cached read that lost a block would be read from the feed
         # again, and a second read may differ from the first (the feed grew, a retry): the cursors
         # committed must be those of the rows committed. On disk: memory stays bounded whatever the
-        # load's size, and it was as fast here (400k events: 6.3-7.0 s, in memory 5.9-7.7 s).
+        # load's size, and it is as fast as in memory (`benchmarks/README.md`).
         started = time.monotonic()
         kept = run_with_progress(lambda: source.localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY),
                                  progress, self._tasks(starts), self.log)
@@ -351,7 +345,7 @@ class FeedLoader:
                    for plan in plans}
         ended = {pid: PartitionState(cursor=r.cursor, position=r.position, drained=r.drained,
                                      inherited_from=starts[pid].inherited_from) for pid, r in reports.items()}
-        if ended == starts:  # nothing read: the rows commit (no row) leaves them where they are (`state.py`)
+        if ended == starts:  # nothing read: the rows commit (no row) leaves them where they are (`cursor_record.py`)
             self.log.info("partitions %s: nothing new (Spark's read took %.1f s; its Delta version %s holds no rows)",
                           sorted(starts), time.monotonic() - started, version)
             return reports
@@ -386,8 +380,8 @@ class FeedLoader:
             _check_nothing_expired(self.client.info, reports, base.state)
             failed = [r for r in reports.values() if r.status == "failed"]
             if failed:
-                raise RuntimeError(f"rebuild of partitions {sorted(reports)} abandoned, nothing replaced: "
-                                   + "; ".join(f"partition {r.partition_id}: {r.error}" for r in failed))
+                raise RebuildAbandoned(f"rebuild of partitions {sorted(reports)} abandoned, nothing replaced: "
+                                       + "; ".join(f"partition {r.partition_id}: {r.error}" for r in failed))
         updates = {}
         for pid, report in reports.items():
             state = PartitionState(cursor=report.cursor, position=report.position, drained=report.drained,
@@ -442,7 +436,7 @@ class FeedLoader:
 
 def _explained(error: Exception, partitions) -> Exception:
     """Spark's error for a kept read lost with its executor, said as what it means for the load."""
-    if _LOST_BLOCK in str(error):  # Spark's own advice (use `rdd.checkpoint()`) does not apply here
+    if is_kept_read_lost(error):
         return KeptReadLost(f"partitions {sorted(partitions)}: the read Spark kept was lost before the Delta write "
                             "(an executor holding it died); nothing was committed, and the next load reads these "
                             "partitions again from their cursors of record")
@@ -457,9 +451,9 @@ def _check_nothing_expired(info: FeedInfo, reports: dict[int, PartitionReport], 
               if (partition := info.partition(pid)) is not None and partition.oldest_available is not None
               and (state := committed.get(pid)) is not None and report.position < state.position]
     if shrunk:
-        raise RuntimeError(f"rebuild of partitions {sorted(reports)} abandoned, nothing replaced: the server no "
-                           "longer holds every event the table has (its retention dropped some): "
-                           + "; ".join(shrunk))
+        raise RebuildAbandoned(f"rebuild of partitions {sorted(reports)} abandoned, nothing replaced: the server "
+                               "no longer holds every event the table has (its retention dropped some): "
+                               + "; ".join(shrunk))
 
 
 def _report(plan: PartitionPlan, start: PartitionState, end: PartitionEnd | None,

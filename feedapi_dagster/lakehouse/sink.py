@@ -1,6 +1,6 @@
 """`DeltaSink`: rows and the feed's state in idempotent Delta commits, made by Spark: one commit of
 rows and the state they end at (a kept read), or a streamed read's rows commit (the state it started
-from, its partitions pending) followed by its state commit (`state.py`)."""
+from, its partitions pending) followed by its state commit (`cursor_record.py`)."""
 from __future__ import annotations
 
 import logging
@@ -8,10 +8,12 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
+from feedapi_dagster.errors import CommitExhausted, PartitionConflict
 from feedapi_dagster.planning import FeedState, PartitionState
 
-from . import state as committed
+from . import cursor_record as committed
 from .delta import Commit, FeedTable
+from .spark_errors import is_commit_conflict
 from .table import EVENT_SCHEMA, spark_ddl
 
 if TYPE_CHECKING:
@@ -20,17 +22,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class PartitionConflict(RuntimeError):
-    """Another load committed progress for a partition this load was writing: this load's rows for it
-    are discarded (they are the other load's too) and the load stops."""
-
-    def __init__(self, partition_id: int, expected: PartitionState | None, found: PartitionState | None):
-        super().__init__(
-            f"partition {partition_id}: another load committed first (expected cursor "
-            f"{expected.cursor if expected else None!r}, found {found.cursor if found else None!r}); "
-            "nothing of this load was committed for it"
-        )
-        self.partition_id = partition_id
+def _conflict(partition_id: int, expected: PartitionState | None, found: PartitionState | None) -> PartitionConflict:
+    return PartitionConflict(
+        f"partition {partition_id}: another load committed first (expected cursor "
+        f"{expected.cursor if expected else None!r}, found {found.cursor if found else None!r}); "
+        "nothing of this load was committed for it",
+        partition_id=partition_id,
+    )
 
 
 # commits looked at first for a commit of this sink's own (Spark writes, or a write that raised)
@@ -85,7 +83,7 @@ class DeltaSink:
         (a rows commit; `commit_state` follows). `expected` is each updated partition's committed state
         this load continues from; when another writer changed it meanwhile, `PartitionConflict` is
         raised and nothing is committed. A commit that lost a race with a writer of other partitions is
-        rebased and retried.
+        rebased and retried; `CommitExhausted` when it lost every one of `max_conflict_retries`.
         """
         replace = tuple(sorted(set(replace)))
         pending = tuple(sorted(set(pending)))
@@ -95,7 +93,7 @@ class DeltaSink:
             for partition_id, want in expected.items():
                 found = base.state.get(partition_id)
                 if found != want:
-                    raise PartitionConflict(partition_id, want, found)
+                    raise _conflict(partition_id, want, found)
             new_state = base.state.advanced(dict(updates))
             metadata = committed.encode(new_state, commit_id, self.run_id, pending, replace)
             commit = Commit(rows(), metadata, base.txn_version, replace)
@@ -105,7 +103,7 @@ class DeltaSink:
                 if (version := self._landed(commit_id)) is not None:
                     return self._after(committed.CommittedState(new_state, "commit", commit_id, version, version,
                                                                 version, pending))
-                if not self.table.is_conflict(error):
+                if not is_commit_conflict(error):
                     raise
                 log.info("commit to %s lost a race (attempt %d); rebasing", self.path, attempt)
                 continue
@@ -114,8 +112,8 @@ class DeltaSink:
                                                             version, pending))
             # Delta skipped the write: another load committed after this one read the table
             log.info("commit to %s was superseded by another load's (attempt %d); rebasing", self.path, attempt)
-        raise RuntimeError(f"could not commit to {self.path} after {self.max_conflict_retries} attempts: "
-                           "other loads of this feed committed first every time")
+        raise CommitExhausted(f"could not commit to {self.path} after {self.max_conflict_retries} attempts: "
+                              "other loads of this feed committed first every time")
 
     def _after(self, landed: committed.CommittedState) -> committed.CommittedState:
         """The state to base the next commit on: this commit's own (a rows commit's is read again, once
@@ -134,7 +132,7 @@ class DeltaSink:
         try:
             self.table.write(Commit(empty, metadata, rows_commit + 1), self.run_id)
         except Exception as error:  # noqa: BLE001 - classified below; Spark raises many types
-            if not self.table.is_conflict(error) and self._landed(commit_id) is None:
+            if not is_commit_conflict(error) and self._landed(commit_id) is None:
                 raise
         version = self._landed(commit_id)
         if version is None:

@@ -44,9 +44,8 @@ SMALL_WORK_CONF: dict[str, str] = {
 # 1: a Python worker that dies would fail the load instead of being retried).
 LOCAL_MASTER = "local[*,4]"
 
-# Short-lived JVMs doing small jobs: C1 only. Measured on 2 cores: Connect server ready in ~7-10 s
-# instead of ~13-14 s, first Delta client on a cold server ~22 s instead of ~30-39 s. Long, CPU-heavy
-# jobs want C2 back: pass spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=4 (the last flag wins).
+# Short-lived JVMs doing small jobs: C1 only, which starts a Connect server and its first Delta client
+# markedly sooner (`benchmarks/README.md`). Long, CPU-heavy jobs want C2 back: pass spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=4 (the last flag wins).
 # One code cache of 512 MB (reserved; committed as used): a JVM that lives long (the embedded server,
 # a test run's session) compiles many generated classes and method handles, and the small segment
 # the segmented cache keeps for method handle intrinsics ran out in a full test run ("Out of space in
@@ -76,10 +75,6 @@ logger.nativecode.level = error
 logger.hiveconf.name = org.apache.hadoop.hive.conf.HiveConf
 logger.hiveconf.level = error
 """
-
-
-class SparkStartupError(RuntimeError):
-    """A Spark session or Spark Connect server could not be started."""
 
 
 # --------------------------------------------------------------------------------------------

@@ -7,8 +7,8 @@ up to 0.1.0): row counts and position bounds of a partition are in the log (`num
 table's size. A clustered table (`CLUSTER BY (partition_id)`, what `FeedTable.ensure_table` creates):
 a data file holds rows of many partitions, so its statistics give no per-partition count; delta-rs
 reads the columns `partition_id` and `position` of the files whose min/max `partition_id` admit the
-partitions asked for, and Arrow groups them (10,000 partitions x 10 events: 0.02-0.05 s; it grows with
-the rows of those files, where the log's statistics do not). Whether event ids repeat is not in any
+partitions asked for, and Arrow groups them (hundredths of a second for 10,000 small partitions,
+`benchmarks/README.md`; it grows with the rows of those files, where the log's statistics do not). Whether event ids repeat is not in any
 statistic: that takes a scan of the given partitions (for at-least-once feeds; an exactly-once
 feed's loads count repeats as they read).
 """
@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .delta import DeltaLog, FeedTable, in_partitions
+from .spark_errors import first_line
 from .table import PARTITION_COLUMN
 
 _log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ def partition_stats(table: FeedTable, partition_ids: Iterable[int]) -> dict[int,
         except Exception as error:  # noqa: BLE001 - delta-rs raises many types
             # what delta-rs does not read (deletion vectors, column mapping a user turned on): Spark does
             _log.info("the positions of %s are read by Spark: delta-rs cannot read its rows here (%s: %s)",
-                      table.path, type(error).__name__, str(error).splitlines()[0][:200] if str(error) else "")
+                      table.path, type(error).__name__, first_line(error, 200))
     # storage only the cluster reaches: Spark answers from the same statistics (Delta's
     # metadata-only aggregation) or, where it cannot, reads the columns of these partitions
     from pyspark.sql import functions as F

@@ -35,6 +35,10 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from feedapi_dagster.errors import StorageError
+
+from .spark_errors import StorageFailure, first_line, storage_failure
+
 S3A = "s3a"
 LOG_STORE_KEYS = ("spark.delta.logStore.s3a.impl", "spark.delta.logStore.class")
 # Each credential setting: the delta-rs option and the s3a setting that get the value it names.
@@ -57,10 +61,6 @@ NO_FILE_SYSTEM_CACHE = "fs.s3a.impl.disable.cache"
 SESSION_KEYS = ("fs.s3a.path.style.access", "fs.s3a.endpoint", "fs.s3a.connection.ssl.enabled",
                 "fs.s3a.endpoint.region", NO_FILE_SYSTEM_CACHE, CREDENTIALS_PROVIDER,
                 *(key for _, key in _CREDENTIALS.values()))
-
-
-class StorageError(RuntimeError):
-    """The lakehouse's storage is misconfigured or unreachable; the message names the setting."""
 
 
 class S3Storage(BaseModel):
@@ -208,26 +208,23 @@ def check_single_driver(uri: str, spark_mode: str, spark_conf: Mapping[str, str]
         "(spark.delta.logStore.s3a.impl, e.g. io.delta.storage.S3DynamoDBLogStore)")
 
 
-# What Hadoop's and the AWS SDK's errors mean, said with the setting to change (checked in order).
-_MEANINGS: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("Class org.apache.hadoop.fs.s3a.S3AFileSystem", 'No FileSystem for scheme "s3a"'),
-     "the Spark that runs the load has no s3a file system (hadoop-aws and the AWS SDK): run "
-     "`feedapi-dagster setup-jars` for the embedded or local Spark; a cluster needs "
-     "org.apache.hadoop:hadoop-aws (its Hadoop's version) and the AWS SDK on its classpath"),
-    (("NoAuthWithAWSException", "No AWS Credentials", "Unable to load credentials"),
-     "no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a profile or role) where Spark "
-     "runs, or name the variables in storage.s3.access_key_id_env / secret_access_key_env"),
-    (("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403 Forbidden", "Status Code: 403"),
-     "S3 refused the credentials (access denied): check the key in storage.s3 (or the AWS default chain) "
-     "and its rights on the bucket"),
-    (("NoSuchBucket", "The specified bucket does not exist", "UnknownStoreException"),
-     "the bucket does not exist (or the endpoint in storage.s3 is not the server that has it)"),
-    (("UnknownHostException", "Connection refused", "ConnectException", "Unable to execute HTTP request"),
-     "cannot reach the S3 endpoint: check storage.s3.endpoint and that the server is up"),
-)
-
-
-_PY4J_PREAMBLE = "An error occurred while calling"  # classic pyspark's first line, before Java's message
+# What each storage failure means, said with the setting to change.
+_MEANINGS: dict[StorageFailure, str] = {
+    StorageFailure.NO_S3A_FILE_SYSTEM:
+        "the Spark that runs the load has no s3a file system (hadoop-aws and the AWS SDK): run "
+        "`feedapi-dagster setup-jars` for the embedded or local Spark; a cluster needs "
+        "org.apache.hadoop:hadoop-aws (its Hadoop's version) and the AWS SDK on its classpath",
+    StorageFailure.NO_CREDENTIALS:
+        "no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a profile or role) where Spark "
+        "runs, or name the variables in storage.s3.access_key_id_env / secret_access_key_env",
+    StorageFailure.ACCESS_DENIED:
+        "S3 refused the credentials (access denied): check the key in storage.s3 (or the AWS default chain) "
+        "and its rights on the bucket",
+    StorageFailure.NO_BUCKET:
+        "the bucket does not exist (or the endpoint in storage.s3 is not the server that has it)",
+    StorageFailure.UNREACHABLE:
+        "cannot reach the S3 endpoint: check storage.s3.endpoint and that the server is up",
+}
 
 
 def explain_storage_error(uri: str, error: BaseException) -> StorageError | None:
@@ -236,10 +233,7 @@ def explain_storage_error(uri: str, error: BaseException) -> StorageError | None
     kept: no stack trace from deep in Hadoop."""
     if not is_s3(uri):
         return None
-    text = f"{type(error).__name__}: {error}"
-    for needles, meaning in _MEANINGS:
-        if any(needle in text for needle in needles):
-            first = next((line.lstrip(": ") for line in str(error).splitlines()
-                          if line.strip() and not line.startswith(_PY4J_PREAMBLE)), "")[:300]
-            return StorageError(f"lakehouse table {uri}: {meaning} (Spark said: {first})")
-    return None
+    failure = storage_failure(error)
+    if failure is None:
+        return None
+    return StorageError(f"lakehouse table {uri}: {_MEANINGS[failure]} (Spark said: {first_line(error)})")

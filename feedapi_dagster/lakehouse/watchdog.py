@@ -17,6 +17,8 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from feedapi_dagster.errors import SparkUnresponsive
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -24,10 +26,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_UNRESPONSIVE_SECONDS = 60.0
 _PROBED_SETTING = "spark.sql.session.timeZone"
-
-
-class SparkUnresponsive(RuntimeError):
-    """The Spark Connect server did not answer within the bound: the load was abandoned."""
 
 
 def _is_connect(session: Any) -> bool:

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from feedapi_dagster.lakehouse.loader import LoadSettings
-from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
+from feedapi_dagster.lakehouse.delta_maintenance import MaintenanceSettings
 from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.lakehouse.storage import S3Storage, check_storage, is_s3
 from feedapi_dagster.lakehouse.table import check_id_field

@@ -28,9 +28,9 @@ from feedapi_dagster.demo.demo_feeds import demo_feed_settings, demo_server
 from feedapi_dagster.lakehouse.connect_server import ensure_embedded_server
 from feedapi_dagster.lakehouse.delta import FeedTable
 from feedapi_dagster.lakehouse.jars import ensure_delta_jars
-from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
+from feedapi_dagster.lakehouse.delta_maintenance import MaintenanceSettings
 from feedapi_dagster.lakehouse.spark_conf import DEFAULT_PORT, SparkSettings
-from feedapi_dagster.lakehouse.state import read_committed_state
+from feedapi_dagster.lakehouse.cursor_record import read_committed_state
 from feedapi_dagster.protocol.registry import PROTOCOLS
 
 from .automation import load_request, register_discovered_partitions

@@ -12,7 +12,7 @@ import datetime as dt
 import dagster as dg
 
 from feedapi_dagster.lakehouse.delta import FeedTable
-from feedapi_dagster.lakehouse.maintenance import RUNNING_LOAD_MARGIN_HOURS, MaintenanceReport, due, maintain
+from feedapi_dagster.lakehouse.delta_maintenance import RUNNING_LOAD_MARGIN_HOURS, MaintenanceReport, due, maintain
 
 from .loads import FeedBinding, runs_loading
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from feedapi_dagster.protocol.models import FIRST, FeedInfo, Partition
 
-from .state import FeedState, PartitionState
+from .feed_state import FeedState, PartitionState
 
 
 class PlanStatus(str, Enum):

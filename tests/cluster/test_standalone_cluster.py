@@ -20,9 +20,10 @@ import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Gate
 from feedapi_dagster.lakehouse.jars import pyspark_home
-from feedapi_dagster.lakehouse.connect_server import SparkConnectServer, find_free_port, port_open, read_token
+from feedapi_dagster.lakehouse.connect_server import SparkConnectServer, port_open, read_token
+from tests.ports import find_free_port
 from feedapi_dagster.lakehouse.spark_conf import LOOPBACK
-from feedapi_dagster.lakehouse.state import read_committed_state
+from feedapi_dagster.lakehouse.cursor_record import read_committed_state
 
 from ..conftest import BUCKET
 from ..lakehouse.conftest import payloads

@@ -11,7 +11,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from feedapi_dagster.lakehouse.deletes import count_user_deletes
 from feedapi_dagster.lakehouse.delta import DeltaLog
-from feedapi_dagster.lakehouse.state import encode
+from feedapi_dagster.lakehouse.cursor_record import encode
 from feedapi_dagster.lakehouse.stats import PartitionStats
 from feedapi_dagster.planning import FeedState
 

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
+from feedapi_dagster.errors import StateError
+from feedapi_dagster.lakehouse.cursor_record import REASSERT_AFTER_COMMITS, read_committed_state
 from feedapi_dagster.lakehouse.datasource import EVENT_DDL
 from feedapi_dagster.lakehouse.delta import Commit, FeedTable
 from feedapi_dagster.lakehouse.loader import BEFORE_COMMIT
-from feedapi_dagster.lakehouse.state import REASSERT_AFTER_COMMITS, StateError, read_committed_state
 
 from .conftest import table_rows
 

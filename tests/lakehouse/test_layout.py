@@ -10,7 +10,7 @@ import pytest
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
 from feedapi_dagster.lakehouse.deletes import UserDeletes, count_user_deletes
 from feedapi_dagster.lakehouse.delta import DeltaLog
-from feedapi_dagster.lakehouse.state import read_committed_state
+from feedapi_dagster.lakehouse.cursor_record import read_committed_state
 from feedapi_dagster.lakehouse.stats import NO_ROWS, PartitionStats, partition_stats
 
 from .conftest import create_partitioned_table, payloads, table_layout

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from feedapi_dagster.lakehouse.connect_server import find_free_port, start_embedded_server
+from feedapi_dagster.lakehouse.connect_server import start_embedded_server
+
+from tests.ports import find_free_port
 from feedapi_dagster.lakehouse.storage import S3Storage
 from tests.s3_server import S3Server
 

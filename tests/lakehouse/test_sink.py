@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults
+from feedapi_dagster.errors import PartitionConflict, RebuildAbandoned
+from feedapi_dagster.lakehouse.cursor_record import read_committed_state
 from feedapi_dagster.lakehouse.loader import LoadSettings
-from feedapi_dagster.lakehouse.sink import PartitionConflict
-from feedapi_dagster.lakehouse.state import read_committed_state
 from feedapi_dagster.protocol import EventFilter
 
 from .conftest import LOG_READERS, payloads, table_rows
@@ -137,7 +137,7 @@ def test_a_failed_rebuild_replaces_nothing(spark, make_loader, table_path):
         from feedapi_dagster.protocol import RetryPolicy
         loader = make_loader(server, settings=None,
                              retry=RetryPolicy(max_attempts=2, base_delay=0))
-        with pytest.raises(RuntimeError, match="rebuild .* abandoned, nothing replaced"):
+        with pytest.raises(RebuildAbandoned, match="rebuild .* abandoned, nothing replaced"):
             loader.rebuild([0])
     assert read_committed_state(table_path).delta_version == before.delta_version
     assert payloads(spark, table_path, 0) == feed.published(0)

@@ -24,7 +24,8 @@ from feedapi_dagster.lakehouse.jars import (
     pyspark_jars_dir,
     read_manifest,
 )
-from feedapi_dagster.lakehouse.connect_server import SparkConnectServer, ensure_embedded_server, find_free_port, port_open
+from feedapi_dagster.lakehouse.connect_server import SparkConnectServer, ensure_embedded_server, port_open
+from tests.ports import find_free_port
 from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 
 # Java-level proxies that lead nowhere: any HTTP(S) download attempted by the JVM (Ivy) would fail.

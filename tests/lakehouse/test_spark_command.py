@@ -11,7 +11,9 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from feedapi_dagster.lakehouse.connect_server import find_free_port, port_open
+from feedapi_dagster.lakehouse.connect_server import port_open
+
+from tests.ports import find_free_port
 from feedapi_dagster.lakehouse.jars import JARS_DIR_ENV, jars_dir
 from feedapi_dagster.lakehouse.server_record import process_group, read_record, write_record
 from tests.spark_processes import connect_server_pid

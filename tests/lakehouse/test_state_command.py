@@ -9,7 +9,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from feedapi_dagster.lakehouse.connect_server import find_free_port
+from tests.ports import find_free_port
 from tests.conftest import BUCKET
 from tests.s3_server import TEST_CREDENTIALS
 

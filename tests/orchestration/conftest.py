@@ -4,7 +4,7 @@ import dagster as dg
 import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
-from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
+from feedapi_dagster.lakehouse.delta_maintenance import MaintenanceSettings
 from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.orchestration import (SPARK_RESOURCE_KEY, FeedConfig, ProjectConfig, SparkResource,
                                           build_feedapi_definitions)

@@ -5,7 +5,7 @@ import yaml
 from pydantic import ValidationError
 
 from feedapi_dagster.lakehouse.spark_conf import SparkSettings
-from feedapi_dagster.lakehouse.storage import StorageError
+from feedapi_dagster.errors import StorageError
 from feedapi_dagster.orchestration import ProjectConfig, SparkResource
 from feedapi_dagster.protocol import ProtocolError
 from feedapi_dagster.orchestration.component import FeedApiAttributes, FeedApiComponent

@@ -24,7 +24,7 @@ from deltalake import DeltaTable
 
 import feedapi_dagster.demo
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
-from feedapi_dagster.lakehouse.connect_server import find_free_port
+from tests.ports import find_free_port
 
 from ..backfills import launch_backfill, running_daemon, wait_for_backfill
 from ..user_project import write_user_project

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from feedapi_dagster.lakehouse.connect_server import find_free_port, port_open
+from feedapi_dagster.lakehouse.connect_server import port_open
+
+from tests.ports import find_free_port
 
 START_TIMEOUT = 300.0
 MATERIALIZED = """{ assetOrError(assetKey: {path: ["feedapi", "demo"]}) {

@@ -4,7 +4,7 @@ event exactly once, in order within each partition."""
 import dagster as dg
 import pytest
 
-from feedapi_dagster.lakehouse.state import read_committed_state, read_history
+from feedapi_dagster.lakehouse.cursor_record import read_committed_state, read_history
 from feedapi_dagster.orchestration.loads import listed_partitions
 
 from ..lakehouse.conftest import create_partitioned_table, payloads, table_layout

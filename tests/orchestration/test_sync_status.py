@@ -4,7 +4,7 @@ is one observation of the asset (when it was synced, what it brought), and the r
 Spark ran it and where its UI is. Real runs in a Dagster instance, real Spark and Delta."""
 import dagster as dg
 
-from feedapi_dagster.lakehouse.state import read_committed_state
+from feedapi_dagster.lakehouse.cursor_record import read_committed_state
 
 KEY = dg.AssetKey(["feedapi", "orders"])
 

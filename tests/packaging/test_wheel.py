@@ -30,7 +30,9 @@ from pathlib import Path
 
 import pytest
 
-from feedapi_dagster.lakehouse.connect_server import find_free_port, port_open
+from feedapi_dagster.lakehouse.connect_server import port_open
+
+from tests.ports import find_free_port
 from feedapi_dagster.lakehouse.jars import MANIFEST_NAME, jars_dir
 
 from ..spark_processes import connect_server_pid

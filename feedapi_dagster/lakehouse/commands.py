@@ -1,4 +1,6 @@
-"""`feedapi-dagster setup-jars`, `spark-server`, `spark status|stop` and `state`."""
+"""The lakehouse's commands: `feedapi-dagster setup-jars` (the Delta and s3a jars), `spark-server`
+(the embedded Spark Connect server until Ctrl-C), `spark status|stop` (the server the runs left running)
+and `state` (a feed table's cursor of record). `feedapi_dagster/cli.py` registers them."""
 from __future__ import annotations
 
 import argparse
@@ -15,7 +17,7 @@ from typing import TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:
     from feedapi_dagster.lakehouse.server_record import ServerRecord
-    from feedapi_dagster.lakehouse.state import CommittedState
+    from feedapi_dagster.lakehouse.cursor_record import CommittedState
 
 
 def _configure_logging() -> None:
@@ -37,9 +39,8 @@ def _setup_jars(args: argparse.Namespace) -> int:
 
 
 def _spark_server(args: argparse.Namespace) -> int:
-    from feedapi_dagster.lakehouse.jars import DeltaJarsNotSetUp
+    from feedapi_dagster.errors import SparkError
     from feedapi_dagster.lakehouse.connect_server import SparkConnectServer
-    from feedapi_dagster.lakehouse.spark_conf import SparkStartupError
 
     _configure_logging()
     stop = threading.Event()
@@ -52,7 +53,7 @@ def _spark_server(args: argparse.Namespace) -> int:
     try:
         try:
             server.start()
-        except (SparkStartupError, DeltaJarsNotSetUp) as exc:
+        except SparkError as exc:  # the server did not start, or the jars are not set up
             print(str(exc), file=sys.stderr)
             return 1
         print(f"Spark Connect server listening on {server.url} (pid {server.pid}, log {server.log_path}); "
@@ -137,7 +138,7 @@ def _state(args: argparse.Namespace) -> int:
     """The cursor of record of a feed table and where it came from: delta-rs where it can read the
     table and the state is in a commit; a local Spark session where the state must be recovered from
     the rows (or delta-rs cannot open the table)."""
-    from feedapi_dagster.lakehouse.state import StateError
+    from feedapi_dagster.errors import StateError
 
     try:
         committed = _committed_state(args.table)
@@ -162,7 +163,8 @@ def _committed_state(table: str) -> "CommittedState":
     """The table's cursor of record; `StateError` (one line) when there is no table to read it from."""
     from deltalake.exceptions import TableNotFoundError
 
-    from feedapi_dagster.lakehouse.state import RecoveryNeedsSpark, StateError, read_committed_state
+    from feedapi_dagster.errors import StateError
+    from feedapi_dagster.lakehouse.cursor_record import RecoveryNeedsSpark, read_committed_state
 
     no_table = "no Delta table here (no _delta_log with commits under it)"
     local = _local_path(table)
@@ -190,9 +192,11 @@ def _local_path(table: str) -> Path | None:
 def _read_with_spark(table: str) -> "CommittedState":
     import tempfile
 
+    from feedapi_dagster.errors import StateError
+    from feedapi_dagster.lakehouse.cursor_record import read_committed_state
     from feedapi_dagster.lakehouse.delta import FeedTable
     from feedapi_dagster.lakehouse.sessions import local_spark_session
-    from feedapi_dagster.lakehouse.state import StateError, read_committed_state
+    from feedapi_dagster.lakehouse.spark_errors import first_line
     from feedapi_dagster.lakehouse.storage import explain_storage_error
 
     spark_log = Path(tempfile.gettempdir()) / "feedapi-dagster-state-spark.log"
@@ -204,7 +208,7 @@ def _read_with_spark(table: str) -> "CommittedState":
             raise
         except Exception as error:  # noqa: BLE001 - Spark's errors quote its stack: a person reads one line
             explained = explain_storage_error(table, error)
-            reason = str(explained) if explained is not None else str(error).strip().splitlines()[0]
+            reason = str(explained) if explained is not None else first_line(error, limit=1000)
             raise StateError(f"Spark cannot read it: {reason} (Spark's log: {spark_log})") from None
         finally:
             spark.stop()

@@ -45,6 +45,7 @@ from typing import Literal
 
 from pydantic import ValidationError
 
+from feedapi_dagster.errors import StateError
 from feedapi_dagster.planning import FeedState, PartitionState
 
 from .delta import FILE_MAINTENANCE, DeltaLog, FeedTable, HistoryEntry
@@ -60,10 +61,6 @@ REASSERT_AFTER_COMMITS = 5
 Source = Literal["commit", "rows", "new"]
 # the operation metric of a Delta write (in its commit's `operationMetrics`) counting the rows it added
 _ROWS_WRITTEN = "numOutputRows"
-
-
-class StateError(RuntimeError):
-    """The table's cursor of record cannot be found or read: nothing is loaded into it."""
 
 
 class RecoveryNeedsSpark(StateError):

@@ -1,7 +1,7 @@
 """What a consumer remembers of each partition: the cursor of record and what it covered.
 
-The lakehouse stores a `FeedState` in every Delta commit it makes (see `lakehouse/state.py`); this
-module only defines it, so that planning stays pure.
+The lakehouse stores a `FeedState` in every Delta commit it makes (see `lakehouse/cursor_record.py`);
+this module only defines it, so that planning stays pure.
 """
 from __future__ import annotations
 
