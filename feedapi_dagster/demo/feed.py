@@ -16,7 +16,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-MAX_PARTITION_ID = 32767
+from feedapi_dagster.protocol.models import MAX_PARTITION_ID
 EVENT_TYPES = ("order.created", "order.paid", "order.shipped")
 
 # One `data` body per event type, formatted with (amount, small number). They are raw JSON text on

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from feedapi_dagster.planning import (DEFAULT_TASKS, FeedState, PartitionPlan, PartitionState, PlanStatus,
                                       plan_feed, plan_rebuilds)
-from feedapi_dagster.protocol import Feed, FeedClient, FeedInfo
+from feedapi_dagster.protocol import FeedClient, FeedInfo, FeedSettings
 from feedapi_dagster.protocol.models import FIRST
 
 from .datasource import EVENT_DDL, SOURCE_NAME, FeedSourceOptions
@@ -140,7 +140,7 @@ class LoadOutcome:
 class FeedLoader:
     def __init__(
         self,
-        feed: Feed,
+        feed: FeedSettings,
         sink: DeltaSink,
         settings: LoadSettings | None = None,
         *,

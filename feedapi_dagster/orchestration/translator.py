@@ -11,7 +11,7 @@ from pathlib import Path
 import dagster as dg
 
 from feedapi_dagster.lakehouse.table import TABLE_SCHEMA
-from feedapi_dagster.protocol.feed import redact_url
+from feedapi_dagster.protocol.settings import redact_url
 
 from .config import FeedConfig
 
