@@ -25,7 +25,7 @@ import requests
 from feedapi_dagster.demo.feed import DemoFeed
 from feedapi_dagster.demo.server import DemoFeedServer
 from feedapi_dagster.lakehouse.table import EventBatch
-from feedapi_dagster.protocol.ndjson import PageReader
+from feedapi_dagster.protocol.feedapi.ndjson import PageReader
 
 CHUNK = 256 * 1024  # FeedClient's read size
 
