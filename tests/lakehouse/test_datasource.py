@@ -132,3 +132,26 @@ def test_one_feed_model_is_the_config_the_spark_options_and_the_client():
     assert TOKEN not in repr(read) and TOKEN not in repr(read.client())
     with pytest.raises(ValueError, match="bad option: pageSizeHint: Input should be greater than or equal to 1"):
         FeedSourceOptions.parse({"url": feed.url, "pagesizehint": "0"})
+
+
+def test_the_options_are_the_protocols_settings_only():
+    """A project's feed (`FeedConfig`: name, schedule, load...) gives the source its protocol's settings,
+    nothing of the project; the options parse back into that protocol's settings model, and an option
+    no field of it has is refused (another protocol's, a misspelt one)."""
+    from feedapi_dagster.orchestration.config import FeedConfig
+
+    feed = FeedConfig(name="orders", protocol="nakadi", url="https://nakadi.example.com", event_type="shop.order",
+                      page_size_hint=9, schedule={"cron": "0 * * * *"}, load={"read_tasks": 2})
+    options = FeedSourceOptions(feed.settings).spark_options()
+    assert options == {"url": "https://nakadi.example.com", "protocol": "nakadi", "eventType": "shop.order",
+                       "pageSizeHint": "9"}
+    parsed = FeedSourceOptions.parse({key.lower(): value for key, value in options.items()})
+    assert parsed.feed == feed.settings and type(parsed.feed).__name__ == "NakadiSettings"
+    with pytest.raises(ValueError, match="bad option: dialect: not a setting of protocol nakadi"):
+        FeedSourceOptions.parse({**options, "dialect": "draft"})
+    with pytest.raises(ValueError, match="bad option: eventType: not a setting of protocol feedapi"):
+        FeedSourceOptions.parse({"url": feed.url, "eventType": "shop.order"})
+    # (a test's own protocol may be registered in this process too)
+    with pytest.raises(ValueError, match="bad option: protocol: unknown protocol 'kafka': the registered ones are "
+                                         "feedapi, (.+, )?nakadi"):
+        FeedSourceOptions.parse({"url": feed.url, "protocol": "kafka"})

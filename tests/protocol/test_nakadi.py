@@ -181,7 +181,7 @@ def test_the_event_id_is_metadata_eid():
     ({"protocol": "nakadi", "event_type": "t", "dialect": "draft"}, r"\ndialect\n  Extra inputs are not permitted"),
     ({"protocol": "nakadi", "event_type": "t", "filters": {"fields": {"a": "b"}}}, r"\nfilters\n  Extra inputs"),
     ({"event_type": "t"}, r"FeedApiSettings\nevent_type\n  Extra inputs are not permitted"),
-    ({"protocol": "kafka"}, "unknown protocol 'kafka': the registered ones are feedapi, nakadi"),
+    ({"protocol": "kafka"}, "unknown protocol 'kafka': the registered ones are feedapi, (.+, )?nakadi"),
 ])
 def test_settings_that_make_no_sense_for_the_protocol_are_refused(options, message):
     with pytest.raises(ValueError, match=message):
