@@ -7,8 +7,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import (BaseModel, ConfigDict, Field, GetJsonSchemaHandler, SecretStr, SerializerFunctionWrapHandler,
-                      ValidationError, field_validator, model_serializer, model_validator)
+from pydantic import (BaseModel, ConfigDict, Field, GetJsonSchemaHandler, SecretStr, SerializeAsAny,
+                      SerializerFunctionWrapHandler, ValidationError, field_validator, model_serializer, model_validator)
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, InitErrorDetails, PydanticCustomError
 
@@ -71,7 +71,8 @@ class FeedConfig(BaseModel):
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
     load: LoadSettings = Field(default_factory=LoadSettings)
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
-    settings: FeedSettings
+    # as its protocol's model, not the base's fields only (the model is the registered protocol's)
+    settings: SerializeAsAny[FeedSettings]
 
     @model_validator(mode="before")
     @classmethod

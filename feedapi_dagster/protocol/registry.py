@@ -28,10 +28,10 @@ _PROTOCOLS: dict[str, FeedProtocol] = {}
 def register_protocol(protocol: FeedProtocol) -> None:
     """Make `protocol` one a feed can name. Registering a protocol of the same class again (its module
     imported twice) replaces it; another class under a registered name is an error."""
-    settings = protocol.settings
-    named = settings.model_fields.get("protocol")
-    if not isinstance(protocol.settings, type) or not issubclass(settings, FeedSettings) or named is None \
-            or named.default != protocol.name:
+    settings = getattr(protocol, "settings", None)
+    named = settings.model_fields.get("protocol") if isinstance(settings, type) and issubclass(settings, FeedSettings) \
+        else None
+    if named is None or named.default != protocol.name:
         raise ProtocolError(f"protocol {protocol.name!r}: its settings model must extend FeedSettings with "
                             f"`protocol: Literal[{protocol.name!r}] = {protocol.name!r}`")
     known = _PROTOCOLS.get(protocol.name)

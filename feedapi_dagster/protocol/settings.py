@@ -49,6 +49,11 @@ class FeedSettings(BaseModel):
         """The URL as messages name the feed: without the credentials it may embed."""
         return redact_url(self.url)
 
+    def location(self) -> str:
+        """Where the feed is, as descriptions name it: its URL without credentials, and what else a protocol
+        needs to pick the feed there (Nakadi's event type)."""
+        return self.safe_url
+
     @property
     def has_token(self) -> bool:
         return self.token is not None or self.token_env is not None

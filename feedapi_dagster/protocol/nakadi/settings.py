@@ -15,3 +15,6 @@ class NakadiSettings(FeedSettings):
     event_type: str = Field(min_length=1, description="the Nakadi event type to load")
     event_id_field: str = Field(default="metadata.eid",
                                 description="the payload field stored as event_id, dotted when nested")
+
+    def location(self) -> str:
+        return f"{self.safe_url}, event type {self.event_type}"
