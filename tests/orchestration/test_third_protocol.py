@@ -6,8 +6,6 @@ themselves: `protocolModule`) into the Delta table with the cursor of record."""
 import importlib
 import json
 
-import dagster as dg
-
 from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.lakehouse.state import read_committed_state
 from feedapi_dagster.orchestration import FeedConfig, ProjectConfig
