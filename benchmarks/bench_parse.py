@@ -24,7 +24,7 @@ import requests
 
 from feedapi_dagster.demo.feedapi import DemoFeed, DemoFeedServer
 from feedapi_dagster.lakehouse.table import EventBatch
-from feedapi_dagster.protocol.ndjson import PageReader
+from feedapi_dagster.protocol.feedapi.ndjson import PageReader
 
 CHUNK = 256 * 1024  # FeedClient's read size
 

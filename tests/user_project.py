@@ -62,8 +62,10 @@ def write_user_project(root: Path, feed_url: str, spark: dict, *, lakehouse: Pat
     attributes = {
         "lakehouse": str(lakehouse),
         "spark": spark,
-        "feeds": [{"name": "orders", "url": feed_url, "dialect": "published", "page_size_hint": 50,
-                   "token": "{{ env.ORDERS_FEED_TOKEN }}", **(feed or {})}],
+        # a None in `feed` leaves the key out (a protocol without FeedAPI's dialect, a feed without a token)
+        "feeds": [{key: value for key, value in {
+            "name": "orders", "url": feed_url, "dialect": "published", "page_size_hint": 50,
+            "token": "{{ env.ORDERS_FEED_TOKEN }}", **(feed or {})}.items() if value is not None}],
     }
     (package / "defs" / "feeds" / "defs.yaml").write_text(
         yaml.safe_dump({"type": "feedapi_dagster.FeedApiComponent", "attributes": attributes}, sort_keys=False))

@@ -12,10 +12,15 @@ Discovery runs once, where Spark plans the read (or not at all: a caller hands i
 of about `GROUP_EVENTS` events (`reads.py`): an executor holds one batch, not a partition. Options are
 camelCase, as Spark's own sources:
 
-* `url` (required), `protocol` (feedapi|nakadi), `eventType` (Nakadi), `dialect`
-  (auto|v1|draft|published), `partitionCount` (v1), `pageSizeHint`, `eventIdField` (the payload
-  field stored as `event_id`, dotted when nested), `filters` and `retry` (JSON of
-  `EventFilter` / `RetryPolicy`), `caBundle`, `verify` (false turns TLS verification off);
+* the feed: the fields of its protocol's settings model, camelCase, JSON for the nested ones, and
+  nothing else (an option no field has is refused). Every protocol's: `url` (required), `protocol`
+  (a registered one: feedapi, the default, nakadi, or a user's), `pageSizeHint`, `eventIdField` (the
+  payload field stored as `event_id`, dotted when nested), `retry` (JSON of `RetryPolicy`), `caBundle`,
+  `verify` (false turns TLS verification off); FeedAPI's `dialect` (auto|v1|draft|published),
+  `partitionCount` (v1), `filters` (JSON of `EventFilter`); Nakadi's `eventType`;
+* `protocolModule`: the module that registers a protocol that is not built in (`spark_options` writes
+  it). Spark parses the options in its Python workers (forked ones of a local session, a Spark Connect
+  server's own), where the user's module may not have been imported: it is imported there first;
 * the bearer token: `tokenEnv`, an environment variable of the executors, or `token`. Spark redacts
   options whose key contains "token" from plans and its UI; the value is also kept out of this
   source's reprs and errors.
@@ -36,18 +41,22 @@ otherwise.
 from __future__ import annotations
 
 import json
+import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic.alias_generators import to_camel
+from pydantic.fields import FieldInfo
 from pyspark.sql.types import StructType
 
 from feedapi_dagster.planning import task_groups
-from feedapi_dagster.protocol import Feed, FeedClient, FeedInfo
+from feedapi_dagster.protocol import FeedClient, FeedInfo, FeedSettings, ProtocolError, feed_settings
 from feedapi_dagster.protocol.models import FIRST
+from feedapi_dagster.protocol.registry import (DEFAULT_PROTOCOL, import_protocol, protocol_module,
+                                               registered_protocols)
 
 from .reads import END_COLUMN, GroupRead, PartitionStart, ReadSettings
 from .table import EVENT_SCHEMA, check_id_field, spark_ddl
@@ -56,17 +65,18 @@ SOURCE_NAME = "feedapi"
 EVENT_DDL = spark_ddl(EVENT_SCHEMA)
 
 
-# The `Feed` fields as options: their camelCase names, as Spark's own sources name options
-_FEED_OPTIONS = {to_camel(name): name for name in Feed.model_fields}
-_JSON_FIELDS = ("filters", "retry")
+PROTOCOL_MODULE = "protocolModule"
+# the options of a read, beside the feed's settings
+_READ_OPTIONS = frozenset({"partitions", "startcursors", "startpositions", "maxevents", "checkpointrows", "discovery",
+                           "tasks", "threadspertask", "progressfolder", PROTOCOL_MODULE.lower()})
 
 
 @dataclass(frozen=True)
 class FeedSourceOptions:
-    """One read: the feed (its `Feed` fields are the options `url`, `pageSizeHint`...) and what to
-    read of it. Parsed and checked where Spark plans the read."""
+    """One read: the feed (its protocol's settings, whose fields are the options `url`,
+    `pageSizeHint`...) and what to read of it. Parsed and checked where Spark plans the read."""
 
-    feed: Feed
+    feed: FeedSettings
     partitions: tuple[int, ...] | None = None
     start_cursors: dict[int, str] = field(default_factory=dict)
     start_positions: dict[int, int] = field(default_factory=dict)
@@ -87,9 +97,7 @@ class FeedSourceOptions:
         if not get("url"):
             raise ValueError("the feedapi data source needs the option `url`")
         try:
-            feed = Feed.model_validate({
-                name: json.loads(value) if name in _JSON_FIELDS else value
-                for option, name in _FEED_OPTIONS.items() if (value := get(option.lower())) is not None})
+            feed = _feed(get, options)
             check_id_field(feed.event_id_field)
             partitions = get("partitions")
             return cls(
@@ -116,8 +124,11 @@ class FeedSourceOptions:
         feed = self.feed.model_dump(mode="json", exclude_defaults=True, exclude_none=True)
         if self.feed.token is not None:  # dumped as "**********"
             feed["token"] = self.feed.token.get_secret_value()
-        options = {to_camel(name): json.dumps(value) if name in _JSON_FIELDS else value for name, value in feed.items()}
+        fields = type(self.feed).model_fields
+        options: dict[str, object] = {
+            to_camel(name): json.dumps(value) if _nested(fields[name]) else value for name, value in feed.items()}
         options |= {
+            "protocol": self.feed.protocol, PROTOCOL_MODULE: protocol_module(self.feed.protocol),
             "partitions": ",".join(map(str, self.partitions)) if self.partitions is not None else None,
             "startCursors": json.dumps({str(k): v for k, v in self.start_cursors.items()}) if self.start_cursors else None,
             "startPositions": json.dumps({str(k): v for k, v in self.start_positions.items()}) if self.start_positions else None,
@@ -135,6 +146,34 @@ class FeedSourceOptions:
     def read_settings(self) -> ReadSettings:
         return ReadSettings(self.feed.event_id_field, self.checkpoint_rows, self.max_events, self.threads_per_task,
                             self.progress_folder)
+
+
+def _feed(get: typing.Callable[[str], str | None], options: dict[str, str]) -> FeedSettings:
+    """The feed's settings from its options, through the registry into its protocol's model."""
+    module = get(PROTOCOL_MODULE.lower())
+    if module:
+        try:
+            import_protocol(module)
+        except ProtocolError as error:
+            raise ValueError(f"{PROTOCOL_MODULE}: {error}") from None
+    name = get("protocol") or DEFAULT_PROTOCOL
+    protocol = registered_protocols().get(name)
+    if protocol is None:
+        return feed_settings(protocol=name)  # the error that lists the registered protocols
+    fields = protocol.settings.model_fields
+    by_option = {to_camel(field).lower(): field for field in fields}
+    unknown = sorted(key for key in options if key.lower() not in by_option and key.lower() not in _READ_OPTIONS)
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)}: not a setting of protocol {name} nor of a read")
+    return feed_settings({field: json.loads(value) if _nested(fields[field]) else value
+                          for option, field in by_option.items() if (value := get(option)) is not None})
+
+
+def _nested(field: FieldInfo) -> bool:
+    """Whether a settings field's option is JSON: a model, or a collection."""
+    kinds = typing.get_args(field.annotation) or (field.annotation,)
+    return any(isinstance(kind, type) and issubclass(kind, (BaseModel, dict, list, tuple))
+               or typing.get_origin(kind) in (dict, list, tuple) for kind in kinds)
 
 
 def _int(value: str | None) -> int | None:

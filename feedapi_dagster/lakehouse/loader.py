@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from feedapi_dagster.errors import KeptReadLost, RebuildAbandoned
 from feedapi_dagster.planning import (DEFAULT_TASKS, FeedState, PartitionPlan, PartitionState, PlanStatus,
                                       plan_feed, plan_rebuilds)
-from feedapi_dagster.protocol import Feed, FeedClient, FeedInfo
+from feedapi_dagster.protocol import FeedClient, FeedInfo, FeedSettings
 from feedapi_dagster.protocol.models import FIRST
 
 from .cursor_record import CommittedState
@@ -134,7 +134,7 @@ class LoadOutcome:
 class FeedLoader:
     def __init__(
         self,
-        feed: Feed,
+        feed: FeedSettings,
         sink: DeltaSink,
         settings: LoadSettings | None = None,
         *,

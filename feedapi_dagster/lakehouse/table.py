@@ -24,7 +24,7 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..protocol.ndjson import json_fields
+from ..protocol.feedapi.ndjson import json_fields
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 # What the loader hands the sink: everything but the commit's own columns.

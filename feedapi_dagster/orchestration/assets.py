@@ -47,7 +47,7 @@ def _feed_asset(binding: FeedBinding, spec: dg.AssetSpec) -> dg.AssetsDefinition
         description=spec.description,
         metadata=spec.metadata,
         partitions_def=dg.DynamicPartitionsDefinition(name=binding.partitions_name),
-        check_specs=feed_check_specs(spec.key, protocol_of(binding.feed)),
+        check_specs=feed_check_specs(spec.key, protocol_of(binding.feed.settings)),
         required_resource_keys={binding.spark_key},
         # one run may load many partitions: a backfill's contiguous keys become one range run
         backfill_policy=dg.BackfillPolicy.single_run(),
@@ -99,7 +99,7 @@ def load(binding: FeedBinding, context: dg.AssetExecutionContext, config: LoadCo
         context.log_event(event)
         events.append(event)
     mirrored.update({event.partition: {k: v.value for k, v in event.metadata.items()} for event in events})
-    yield from feed_check_results(outcome, loaded, mirrored, protocol_of(binding.feed),
+    yield from feed_check_results(outcome, loaded, mirrored, protocol_of(binding.feed.settings),
                                   recorded_user_deletes(context.instance, binding.key))
     maintain_after_load(context, binding, outcome.table)
     if problem := failure(binding, outcome.reports.values()):

@@ -4,16 +4,21 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, GetJsonSchemaHandler, SecretStr, SerializeAsAny,
+                      SerializerFunctionWrapHandler, ValidationError, field_validator, model_serializer, model_validator)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, InitErrorDetails, PydanticCustomError
 
 from feedapi_dagster.lakehouse.loader import LoadSettings
 from feedapi_dagster.lakehouse.delta_maintenance import MaintenanceSettings
 from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.lakehouse.storage import S3Storage, check_storage, is_s3
 from feedapi_dagster.lakehouse.table import check_id_field
-from feedapi_dagster.protocol import Feed, FeedClient
+from feedapi_dagster.protocol import FeedClient, FeedSettings, feed_settings, registered_protocols
+from feedapi_dagster.protocol.registry import DEFAULT_PROTOCOL
 
 _FEED_NAME = re.compile(r"[a-z][a-z0-9_]*")
 _TEMPLATE = re.compile(r"\s*\{\{.*\}\}")  # a defs.yaml template, validated once rendered
@@ -49,14 +54,40 @@ class ScheduleConfig(_Strict):
     rebuild_on_split: bool = False
 
 
-class FeedConfig(Feed):
-    """A feed of the project: the `Feed` (where it is, how to read it) and how this project loads it."""
+class FeedConfig(BaseModel):
+    """A feed of the project: how this project loads it (`name`, `schedule`, `load`, `maintenance`)
+    and its protocol's settings (where it is, how to read it: `settings`), written flat in a defs.yaml.
+
+    Composition rather than a subclass per protocol: the protocols are open (`register_protocol`), so
+    the settings model is known only once the values name their protocol; a FeedConfig class per
+    protocol would have to be made at run time for each registered one. The flat shape is kept by a
+    before-validator (the keys that are not the project's go to the registry, `feed_settings`), a
+    serializer (back out, flat) and a JSON schema built from the registry (so `dg check defs` names a
+    misspelt key of any registered protocol with its line)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(json_schema_extra=FEED_NAME_RULE)
-    url: str = Field(json_schema_extra=URL_RULE)
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
     load: LoadSettings = Field(default_factory=LoadSettings)
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
+    # as its protocol's model, not the base's fields only (the model is the registered protocol's)
+    settings: SerializeAsAny[FeedSettings]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping) or "settings" in data:
+            return data
+        own = {key: value for key, value in data.items() if key in _PROJECT_KEYS}
+        settings = feed_settings({key: value for key, value in data.items() if key not in _PROJECT_KEYS})
+        if not re.match(r"https?://[^/]", settings.url) and not _TEMPLATE.match(settings.url):
+            raise _invalid("url", settings.url, "url must be an http:// or https:// URL")
+        try:
+            check_id_field(settings.event_id_field)
+        except ValueError as error:
+            raise _invalid("event_id_field", settings.event_id_field, str(error)) from None
+        return {**own, "settings": settings}
 
     @field_validator("name")
     @classmethod
@@ -65,23 +96,61 @@ class FeedConfig(Feed):
             raise ValueError(f"feed name must match [a-z][a-z0-9_]* (it names a table and Dagster objects), got {value!r}")
         return value
 
-    @field_validator("url")
-    @classmethod
-    def _url(cls, value: str) -> str:
-        if not re.match(r"https?://[^/]", value) and not _TEMPLATE.match(value):
-            raise ValueError("url must be an http:// or https:// URL")
-        return value
+    @model_serializer(mode="wrap")
+    def _flat_dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        values = handler(self)
+        return {**values.pop("settings"), **values}
 
-    @field_validator("event_id_field")
     @classmethod
-    def _id_field(cls, value: str) -> str:
-        return check_id_field(value)
+    def __get_pydantic_json_schema__(cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        """The flat shape: the project's keys, and those of the protocol `protocol` names (FeedAPI's
+        when absent), no other, for each registered protocol."""
+        schema = dict(handler.resolve_ref_schema(handler(core_schema)))
+        own = {key: value for key, value in schema["properties"].items() if key != "settings"}
+        protocols = registered_protocols()
+        cases = []
+        for name, protocol in sorted(protocols.items()):
+            settings = handler.resolve_ref_schema(handler(protocol.settings.__pydantic_core_schema__))
+            properties = {**settings["properties"], **own}
+            properties["url"] = {**properties["url"], **URL_RULE}
+            chosen: dict[str, Any] = {"properties": {"protocol": {"const": name}}}
+            if name != DEFAULT_PROTOCOL:
+                chosen["required"] = ["protocol"]
+            cases.append({"if": chosen, "then": {"properties": properties, "additionalProperties": False,
+                                                 "required": sorted({"name", *settings.get("required", [])})}})
+        # the keys are checked in the one case that applies, so that a wrong value is reported once
+        return {"title": schema.get("title", cls.__name__), "description": schema.get("description", ""),
+                "type": "object", "properties": {"protocol": {"enum": sorted(protocols)}}, "allOf": cases}
+
+    @property
+    def url(self) -> str:
+        return self.settings.url
+
+    @property
+    def protocol(self) -> str:
+        return self.settings.protocol
+
+    @property
+    def token(self) -> SecretStr | None:
+        return self.settings.token
 
     def describe(self) -> str:
         return f"feed {self.name!r}"
 
+    def bearer_token(self) -> str | None:
+        return self.settings.bearer_token(self.describe())
+
     def client(self) -> FeedClient:
-        return FeedClient(self)
+        return FeedClient(self.settings, label=self.describe())
+
+
+_PROJECT_KEYS = frozenset(FeedConfig.model_fields) - {"settings"}
+
+
+def _invalid(key: str, value: Any, message: str) -> ValidationError:
+    """A feed's error at `key` of its flat shape (a defs.yaml's line)."""
+    return ValidationError.from_exception_data(FeedConfig.__name__, [InitErrorDetails(
+        type=PydanticCustomError("value_error", message), loc=(key,), input=value)])
 
 
 class StorageConfig(_Strict):

@@ -31,7 +31,7 @@ from feedapi_dagster.lakehouse.jars import ensure_delta_jars
 from feedapi_dagster.lakehouse.delta_maintenance import MaintenanceSettings
 from feedapi_dagster.lakehouse.spark_conf import DEFAULT_PORT, SparkSettings
 from feedapi_dagster.lakehouse.cursor_record import read_committed_state
-from feedapi_dagster.protocol.registry import PROTOCOLS
+from feedapi_dagster.protocol import registered_protocols
 
 from .automation import load_request, register_discovered_partitions
 from .config import FeedConfig, ProjectConfig, ScheduleConfig
@@ -84,7 +84,7 @@ def register(subparsers: Any) -> None:
                              help=f"port of the demo FeedAPI server (default {DEMO_FEED_PORT})")
         command.add_argument("--spark-port", type=int, default=None,
                              help=f"port of the embedded Spark server (default {DEFAULT_PORT})")
-        command.add_argument("--protocol", choices=sorted(PROTOCOLS), default="feedapi",
+        command.add_argument("--protocol", choices=sorted(registered_protocols()), default="feedapi",
                              help="the demo feed's protocol: a FeedAPI feed or a Nakadi event type")
     dev.add_argument("dagster_args", nargs=argparse.REMAINDER, help="passed on to `dagster dev`")
     dev.set_defaults(func=run_dev)

@@ -156,7 +156,7 @@ def active_partitions(instance: dg.DagsterInstance, binding: FeedBinding, exclud
 
 def make_loader(binding: FeedBinding, context: dg.OpExecutionContext) -> FeedLoader:
     sink = DeltaSink(binding.table(context), run_id=context.run.run_id)
-    return FeedLoader(binding.feed, sink, binding.feed.load, logger=context.log)
+    return FeedLoader(binding.feed.settings, sink, binding.feed.load, logger=context.log)
 
 
 def report_metadata(report: PartitionReport, outcome: LoadOutcome, row_count: int) -> dict[str, dg.RawMetadataValue]:
@@ -178,7 +178,8 @@ def report_metadata(report: PartitionReport, outcome: LoadOutcome, row_count: in
         "drained": report.drained,
         "rebuilt": report.rebuilt,
         "start_cursor": report.start_cursor,
-        "dialect": outcome.info.dialect,
+        "protocol": outcome.info.protocol,
+        **({"dialect": outcome.info.dialect} if outcome.info.dialect else {}),
         "delta_version": version if version is not None else -1,
         # Dagster's standard keys; the table's rows are the partitions' committed positions summed
         "dagster/table_name": outcome.table.path,

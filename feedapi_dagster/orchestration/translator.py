@@ -11,7 +11,6 @@ from pathlib import Path
 import dagster as dg
 
 from feedapi_dagster.lakehouse.table import TABLE_SCHEMA
-from feedapi_dagster.protocol.feed import redact_url
 
 from .config import FeedConfig
 
@@ -57,8 +56,7 @@ class FeedApiTranslator:
             key=dg.AssetKey(["feedapi", feed.name]),
             group_name="feedapi",
             kinds={"delta", "spark"},
-            description=f"Feed `{feed.name}` ({feed.protocol}, {redact_url(feed.url)}"
-                        f"{f', event type {feed.event_type}' if feed.event_type else ''}) in the Delta table "
+            description=f"Feed `{feed.name}` ({feed.protocol}, {feed.settings.location()}) in the Delta table "
                         f"`{data.table_path}`, partitioned by the feed's partition.",
             metadata={
                 "dagster/table_name": data.table_path,

@@ -1,4 +1,7 @@
-"""`FeedClient`: discovery and paged reading of one feed, in any protocol (`base.FeedProtocol`)."""
+"""`FeedClient`: discovery and paged reading of one feed, in any protocol (`interface.FeedProtocol`).
+
+The only part of `protocol/` that speaks HTTP: it sends the requests a protocol builds and hands it
+the responses (`interface.Response`, a body's chunks)."""
 from __future__ import annotations
 
 import logging
@@ -10,16 +13,17 @@ from urllib.parse import urlsplit
 
 import requests
 
-from .base import BodyReader, FeedProtocol
 from feedapi_dagster.errors import ProtocolError, MalformedResponse
-from .feed import Feed, redact_url
-from .models import FIRST, FeedInfo, Page, PageRun
+from .interface import BodyReader, FeedProtocol, Request, Response
+from .models import FIRST, FeedInfo, PageRun
 from .registry import protocol_of
+from .settings import FeedSettings, redact_url
 from .retry import TRANSIENT_STATUSES
 
 log = logging.getLogger(__name__)
 
 _CHUNK_BYTES = 256 * 1024
+_REFUSAL_BYTES = 64 * 1024  # of a refused response's body, what its protocol reads to explain it
 _TRANSPORT_ERRORS = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
 
 
@@ -33,21 +37,24 @@ class FeedClient:
 
     def __init__(
         self,
-        feed: Feed,
+        feed: FeedSettings,
         *,
         timeout: tuple[float, float] = (10.0, 60.0),
         max_page_bytes: int | None = 256 * 1024 * 1024,
         info: FeedInfo | None = None,
+        label: str | None = None,
     ):
         """`info`: a discovery made before (by whoever planned the read), used until a 409 asks for a
-        new one; None: discover on first use."""
+        new one; None: discover on first use. `label`: how an unset token variable's error names the
+        feed (`feed 'orders'`; its URL by default)."""
         parts = urlsplit(feed.url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ProtocolError(f"feed URL must be an http or https URL, got {redact_url(feed.url)!r}")
         self.feed = feed
         self.timeout = timeout
         self.max_page_bytes = max_page_bytes
-        self._token = token = feed.bearer_token()
+        self.protocol: FeedProtocol = protocol_of(feed)
+        self._token = token = feed.bearer_token(label)
         self._session = requests.Session()
         # requests looks up proxies and CA bundles in the environment at every request (~0.3 ms of
         # Python each, a thousand requests per million events): look them up once, for this feed's URL
@@ -76,28 +83,27 @@ class FeedClient:
         """The last discovery result (discovering first if needed)."""
         return self._info or self.discover()
 
-    @property
-    def protocol(self) -> FeedProtocol:
-        return protocol_of(self.feed)
-
     # ---------------------------------------------------------------- discovery
     def discover(self) -> FeedInfo:
-        self._info = self.protocol.discover(self)
+        request = self.protocol.discovery_request(self.feed)
+        if request is None:
+            self._info = self.protocol.discovered(self.feed, None)
+            return self._info
+        response, _ = self._request(request, partition=None, what="discovery")
+        with response:
+            answer = self._response(response, limit=None)
+        self._info = self.protocol.discovered(self.feed, answer)
         return self._info
 
     # ---------------------------------------------------------------- paging
-    def pages(self, partition_id: int, cursor: str = FIRST) -> Iterator[Page]:
-        """Pages of `partition_id` after `cursor`, until the partition is caught up.
+    def page_runs(self, partition_id: int, cursor: str = FIRST) -> Iterator[PageRun]:
+        """The pages of `partition_id` after `cursor` until the partition is caught up, a response
+        body's worth at a time (`PageRun.pages()` gives them one by one).
 
         Each page's events are covered by its cursor. Cursor-only pages are yielded too, so that a
         filtered feed still advances. A transient failure mid-body resumes from the last yielded
         cursor; a 409 raises `RediscoveryNeeded`.
         """
-        for run in self.page_runs(partition_id, cursor):
-            yield from run.pages()
-
-    def page_runs(self, partition_id: int, cursor: str = FIRST) -> Iterator[PageRun]:
-        """The pages of `pages()`, a response body's worth at a time."""
         info = self.info
         try:
             end_cursor = self.protocol.read_end(info, partition_id)
@@ -142,11 +148,11 @@ class FeedClient:
         while True:
             attempt += 1
             request = self.protocol.fetch(self.feed, info, partition_id, cursor)
-            response, attempt = self._request(request.url, request.params, request.headers, partition=partition_id,
-                                              what="fetch", first_attempt=attempt)
+            response, attempt = self._request(request, partition=partition_id, what="fetch", first_attempt=attempt)
             with response:
                 if response.status_code != 200:
-                    raise self.protocol.status_error(self, response, partition_id, "fetch")
+                    refused = self._response(response, limit=_REFUSAL_BYTES)
+                    raise self.protocol.refusal(self.feed, refused, partition_id, "fetch")
                 try:
                     for run in body.runs(response.iter_content(_CHUNK_BYTES)):
                         yield run
@@ -158,18 +164,16 @@ class FeedClient:
                     self._wait_or_raise(max(attempt, 1), partition_id, _describe(error), None, error)
 
     # ---------------------------------------------------------------- HTTP with retries
-    def get(self, url: str, params: dict[str, str], *, partition: int | None, what: str) -> requests.Response:
+    def _request(self, request: Request, *, partition: int | None, what: str,
+                 first_attempt: int = 1) -> tuple[requests.Response, int]:
         """GET with retries on transport errors and transient statuses: the first other response (a
-        streamed one: close it)."""
-        return self._request(url, params, None, partition=partition, what=what)[0]
-
-    def _request(self, url: str, params: dict[str, str], headers: dict[str, str] | None, *, partition: int | None,
-                 what: str, first_attempt: int = 1) -> tuple[requests.Response, int]:
-        """`get`, and the attempts spent so far (a fetch that failed mid-body goes on counting)."""
+        streamed one: close it), and the attempts spent so far (a fetch that failed mid-body goes on
+        counting)."""
         attempt = first_attempt
         while True:
             try:
-                response = self._session.get(url, params=params, headers=headers, stream=True, timeout=self.timeout)
+                response = self._session.get(request.url, params=request.params, headers=request.headers or None,
+                                             stream=True, timeout=self.timeout)
             except _TRANSPORT_ERRORS as error:
                 self._wait_or_raise(attempt, partition, f"{what}: {_describe(error)}", None, error)
                 attempt += 1
@@ -191,24 +195,23 @@ class FeedClient:
         log.warning("%s: %s; retry %d/%d in %.2fs", where, reason, attempt, self.feed.retry.max_attempts - 1, delay)
         time.sleep(delay)
 
-    def status_error(self, response: requests.Response, partition: int | None, what: str,
-                     explanation: str) -> ProtocolError:
-        """The error of a refused request, quoting the server's `explanation` (without the token)."""
-        status = response.status_code
-        body = self._redact(explanation)
-        where = f"feed {self.safe_url}" + (f" partition {partition}" if partition is not None else "")
-        if status in (401, 403):
-            hint = "the token was refused" if self._token else "the server wants a bearer token"
-            return ProtocolError(f"{where}: {what} not authorized (HTTP {status}): {hint}: {body}",
-                                status=status, partition=partition)
-        return ProtocolError(f"{where}: {what} failed (HTTP {status}): {body}", status=status, partition=partition)
-
-    def _redact(self, text: str) -> str:
-        return text.replace(self._token, "***") if self._token else text
+    def _response(self, response: requests.Response, limit: int | None) -> Response:
+        """`response` as its protocol reads it (the body, or its first `limit` bytes), without the token:
+        a server that echoes the request must not put it into an error."""
+        if limit is None:
+            body = response.content
+        else:
+            try:
+                body = response.raw.read(limit, decode_content=True)
+            except _TRANSPORT_ERRORS:
+                body = b""  # a refusal explained by its status alone
+        if self._token:
+            body = body.replace(self._token.encode(), b"***")
+        return Response(response.status_code, dict(response.headers), body)
 
     @property
     def safe_url(self) -> str:
-        return redact_url(self.feed.url)
+        return self.feed.safe_url
 
 
 def _describe(error: BaseException) -> str:

@@ -4,13 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-import msgspec
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
-
-Dialect = Literal["v1", "draft", "published"]
-PayloadKind = Literal["object", "string", "array", "number", "boolean", "null"]
 
 MAX_PARTITION_ID = 32767
 # Cursor values that mean "this partition is finished"; never a resume point.
@@ -83,11 +79,12 @@ class FeedInfo(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    dialect: Dialect | Literal["nakadi"]  # what the server speaks: a FeedAPI dialect, or another protocol
+    protocol: str  # the registered name of the protocol that discovered it
     exactly_once: bool
     partitions: list[Partition]
+    # the variant of its protocol the server speaks, for protocols that have several (FeedAPI's dialect)
+    dialect: str | None = None
     token: str | None = None
-    filters: list[str] = Field(default_factory=list)
     # Partitions the server listed but that could not be accepted (e.g. id out of range), one message each.
     rejected: list[str] = Field(default_factory=list)
 
@@ -98,22 +95,6 @@ class FeedInfo(BaseModel):
         """This discovery with only the given partitions (what a read of them needs to be handed)."""
         wanted = set(partition_ids)
         return self.model_copy(update={"partitions": [p for p in self.partitions if p.id in wanted]})
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One event for callers that want it decoded. `raw` is the payload's JSON text for objects and
-    other JSON values, and the string itself for string payloads: what a sink stores."""
-
-    raw: str
-    kind: PayloadKind
-    value: Any
-
-    @classmethod
-    def from_json(cls, payload: bytes) -> "Event":
-        value = msgspec.json.decode(payload)
-        kind = payload_kind(value)
-        return cls(raw=value if kind == "string" else payload.decode("utf-8"), kind=kind, value=value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,15 +110,6 @@ class Page:
     raw_events: list[bytes]
     cursor: str
     done: bool = False
-
-    @property
-    def events(self) -> list[Any]:
-        """Payloads: dicts for object events, str for string events (other JSON values as decoded)."""
-        return [msgspec.json.decode(raw) for raw in self.raw_events]
-
-    @property
-    def records(self) -> list[Event]:
-        return [Event.from_json(raw) for raw in self.raw_events]
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,17 +141,3 @@ class PageRun:
         for index, (end, cursor) in enumerate(zip(self.ends, self.cursors)):
             yield Page(self.partition_id, self.raw_events[start:end], cursor, done=self.done and index == last)
             start = end
-
-
-def payload_kind(value: Any) -> PayloadKind:
-    if isinstance(value, dict):
-        return "object"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, bool):
-        return "boolean"
-    if value is None:
-        return "null"
-    return "number"

@@ -1,21 +1,91 @@
-"""The protocols a feed can speak (`Feed.protocol`): one entry per `FeedProtocol` module."""
+"""The protocols a feed can speak, open to others (as dlt's `register_paginator`).
+
+A protocol module registers its `FeedProtocol` when it is imported (the built-ins: `protocol/__init__.py`);
+the configuration then accepts `protocol: <its name>` with its settings model's fields. This module
+imports no protocol. Spark's Python workers parse the `feedapi` data source's options in processes
+where a user's protocol module may not have been imported: the options carry its module
+(`protocol_module`), which `import_protocol` imports there.
+"""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+import importlib
+from collections.abc import Mapping
+from typing import Any
 
-from .base import FeedProtocol
-from .feedapi import FeedApi
-from .nakadi import Nakadi
+from pydantic import ValidationError
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
-if TYPE_CHECKING:
-    from .feed import Feed
+from feedapi_dagster.errors import ProtocolError
+from .interface import FeedProtocol
+from .settings import FeedSettings
 
-PROTOCOLS: dict[str, FeedProtocol] = {protocol.name: protocol for protocol in (FeedApi(), Nakadi())}
+DEFAULT_PROTOCOL = "feedapi"
+_BUILT_IN = "feedapi_dagster."
 
-# `Feed.protocol`'s type: the registered names, so that a configuration's schema (and `dg check defs`)
-# lists them and names a misspelt one
-ProtocolName = Literal[tuple(PROTOCOLS)]  # type: ignore[valid-type]
+_PROTOCOLS: dict[str, FeedProtocol] = {}
 
 
-def protocol_of(feed: "Feed") -> FeedProtocol:
-    return PROTOCOLS[feed.protocol]
+def register_protocol(protocol: FeedProtocol) -> None:
+    """Make `protocol` one a feed can name. Registering a protocol of the same class again (its module
+    imported twice) replaces it; another class under a registered name is an error."""
+    settings = getattr(protocol, "settings", None)
+    named = settings.model_fields.get("protocol") if isinstance(settings, type) and issubclass(settings, FeedSettings) \
+        else None
+    if named is None or named.default != protocol.name:
+        raise ProtocolError(f"protocol {protocol.name!r}: its settings model must extend FeedSettings with "
+                            f"`protocol: Literal[{protocol.name!r}] = {protocol.name!r}`")
+    known = _PROTOCOLS.get(protocol.name)
+    if known is not None and _origin(known) != _origin(protocol):
+        raise ProtocolError(f"protocol {protocol.name!r} is already registered by {_origin(known)}")
+    _PROTOCOLS[protocol.name] = protocol
+
+
+def registered_protocols() -> Mapping[str, FeedProtocol]:
+    return dict(_PROTOCOLS)
+
+
+def protocol_named(name: str) -> FeedProtocol:
+    protocol = _PROTOCOLS.get(name)
+    if protocol is None:
+        raise ProtocolError(unknown_protocol(name))
+    return protocol
+
+
+def protocol_of(feed: FeedSettings) -> FeedProtocol:
+    return protocol_named(feed.protocol)
+
+
+def unknown_protocol(name: object) -> str:
+    return f"unknown protocol {name!r}: the registered ones are {', '.join(sorted(_PROTOCOLS))}"
+
+
+def feed_settings(values: Mapping[str, Any] | None = None, /, **fields: Any) -> FeedSettings:
+    """The feed's values validated by the settings model of the protocol they name (`protocol`,
+    FeedAPI when absent): the feed's settings are a union discriminated by `protocol`, open to the
+    registered protocols. Raises pydantic's ValidationError, for an unknown protocol too."""
+    values = {**(values or {}), **fields}
+    name = values.get("protocol", DEFAULT_PROTOCOL)
+    protocol = _PROTOCOLS.get(name) if isinstance(name, str) else None
+    if protocol is None:
+        raise ValidationError.from_exception_data("FeedSettings", [InitErrorDetails(
+            type=PydanticCustomError("unknown_protocol", unknown_protocol(name)), loc=("protocol",), input=name)])
+    return protocol.settings.model_validate(values)
+
+
+def protocol_module(name: str) -> str | None:
+    """The module that registers the protocol `name`, for a process that may not have imported it;
+    None for a built-in one (always registered)."""
+    module = type(protocol_named(name)).__module__
+    return None if module.startswith(_BUILT_IN) else module
+
+
+def import_protocol(module: str) -> None:
+    """Import the module of a user's protocol, which registers it."""
+    try:
+        importlib.import_module(module)
+    except ImportError as error:
+        raise ProtocolError(f"the protocol module {module!r} cannot be imported here: {error}") from error
+
+
+def _origin(protocol: FeedProtocol) -> str:
+    return f"{type(protocol).__module__}.{type(protocol).__qualname__}"

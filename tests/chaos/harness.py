@@ -34,7 +34,7 @@ from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, build_feeda
 from feedapi_dagster.orchestration.automation import DiscoveryCursor, evaluate_discovery, load_request
 from feedapi_dagster.orchestration.loads import latest_metadata_by_partition
 from feedapi_dagster.planning import FeedState, PartitionState
-from feedapi_dagster.protocol import Feed, FeedClient, RetryPolicy
+from feedapi_dagster.protocol import feed_settings, FeedClient, RetryPolicy
 
 from ..spark_processes import connect_server_pid, kill, python_workers
 
@@ -166,7 +166,7 @@ class ChaosRun:
         return [p.id for p in self._discovery().partitions if not p.closed]
 
     def _discovery(self):
-        return FeedClient(Feed(**self.feed_settings)).discover()
+        return FeedClient(feed_settings(**self.feed_settings)).discover()
 
     def _append(self) -> None:
         self.feed.append(self.rng.randint(1, 150))

@@ -19,7 +19,7 @@ from feedapi_dagster.lakehouse.loader import ROWS_COMMITTED, FeedLoader, LoadSet
 from feedapi_dagster.lakehouse.sink import DeltaSink
 from feedapi_dagster.lakehouse.sessions import spark_session
 from feedapi_dagster.lakehouse.spark_conf import SparkSettings
-from feedapi_dagster.protocol import Feed, RetryPolicy
+from feedapi_dagster.protocol import feed_settings, RetryPolicy
 
 
 def main() -> None:
@@ -34,7 +34,7 @@ def main() -> None:
                 time.sleep(0.05)
 
     session = spark_session(SparkSettings(mode="remote", remote=remote))
-    feed = Feed(url=url, page_size_hint=40, retry=RetryPolicy(base_delay=0.01, max_delay=0.1))
+    feed = feed_settings(url=url, page_size_hint=40, retry=RetryPolicy(base_delay=0.01, max_delay=0.1))
     for command in sys.stdin:
         pausing = command.strip() == "load-pausing"
         loader = FeedLoader(feed, DeltaSink(FeedTable(session, table)), LoadSettings(read_tasks=2), on_moment=at)

@@ -2,7 +2,7 @@ import pytest
 
 from feedapi_dagster.lakehouse.loader import FeedLoader
 from feedapi_dagster.lakehouse.sink import DeltaSink
-from feedapi_dagster.protocol import Feed, RetryPolicy
+from feedapi_dagster.protocol import feed_settings, RetryPolicy, FeedSettings
 
 
 @pytest.fixture
@@ -34,9 +34,9 @@ def make_sink(spark, table_path, read_log, lakehouse):
     return make
 
 
-def source(url, **options) -> Feed:
+def source(url, **options) -> FeedSettings:
     options.setdefault("retry", RetryPolicy(base_delay=0.001, max_delay=0.01))
-    return Feed(url=url, **options)
+    return feed_settings(url=url, **options)
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@ a given moment.
 
     python load_and_die.py FEED TABLE_PATH MOMENT SPARK_CONNECT_URL [STORAGE_JSON]
 
-FEED: a FeedAPI feed's URL, or a `Feed` as JSON (a Nakadi event type).
+FEED: a FeedAPI feed's URL, or a feed's settings as JSON (a Nakadi event type).
 
 Each sync loads at most 100 events per partition. MOMENT is `read`, `before_commit` or
 `after_commit`: the process dies the second time it gets there, so that one load is committed and the
@@ -11,11 +11,12 @@ next is not (read, before) or is (after). With MOMENT `none` it syncs once and e
 the lakehouse's `S3Storage` (the table is on S3), whose settings and credentials the session brings to
 the server (as a project's run does).
 """
+import json
 import os
 import signal
 import sys
 
-from feedapi_dagster.protocol import Feed
+from feedapi_dagster.protocol import feed_settings
 from feedapi_dagster.lakehouse.delta import FeedTable
 from feedapi_dagster.lakehouse.loader import FeedLoader, LoadSettings
 from feedapi_dagster.lakehouse.sink import DeltaSink
@@ -38,8 +39,8 @@ def main() -> None:
 
     options = storage.storage_options() if storage else None
     sink = DeltaSink(FeedTable(connect_session(connect_url, storage=storage), path, storage_options=options))
-    settings = Feed.model_validate_json(feed).model_dump() if feed.startswith("{") else {"url": feed}
-    loader = FeedLoader(Feed(**{**settings, "page_size_hint": 50}), sink,
+    settings = json.loads(feed) if feed.startswith("{") else {"url": feed}
+    loader = FeedLoader(feed_settings(**{**settings, "page_size_hint": 50}), sink,
                         LoadSettings(max_events_per_partition=100, spark_unresponsive_seconds=unresponsive),
                         on_moment=die_at)
     for _ in range(1 if moment == "none" else 3):

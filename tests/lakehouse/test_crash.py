@@ -24,7 +24,7 @@ import pytest
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults, Gate, NakadiDemoServer, NakadiEventType
 from feedapi_dagster.lakehouse.loader import FeedLoader
 from feedapi_dagster.lakehouse.cursor_record import read_committed_state, read_history
-from feedapi_dagster.protocol import Feed, RetryPolicy
+from feedapi_dagster.protocol import feed_settings, RetryPolicy, FeedSettings
 
 from ..spark_processes import kill, python_workers
 from .conftest import table_rows
@@ -54,8 +54,8 @@ def kill_a_load(spark, server, feed, table_path: str, moment: str, generation: i
     assert spark.read.format("delta").load(table_path).count() == stored  # rows match the cursors
 
 
-def nakadi_feed(server: NakadiDemoServer) -> Feed:
-    return Feed(url=server.url, protocol="nakadi", event_type=server.event_type.name,
+def nakadi_feed(server: NakadiDemoServer) -> FeedSettings:
+    return feed_settings(url=server.url, protocol="nakadi", event_type=server.event_type.name,
                 retry=RetryPolicy(max_attempts=30, base_delay=0.001, max_delay=0.01))
 
 

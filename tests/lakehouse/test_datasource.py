@@ -7,7 +7,7 @@ from feedapi_dagster import FeedDataSource
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults, NakadiDemoServer, NakadiEventType
 from feedapi_dagster.lakehouse.datasource import FeedSourceOptions
 from feedapi_dagster.lakehouse.reads import END_COLUMN, ReadEnd
-from feedapi_dagster.protocol import EventFilter, Feed, RetryPolicy
+from feedapi_dagster.protocol import EventFilter, feed_settings, RetryPolicy
 
 TOKEN = "tok-datasource-7c1f-secret"
 
@@ -56,7 +56,7 @@ def test_a_nakadi_event_type_reads_through_the_same_source_each_eid_once(feedapi
 def test_incremental_options_resume_where_a_checkpoint_row_says(feedapi):
     feed = DemoFeed(partitions=3, events=300, seed=52)
     with DemoFeedServer(feed, dialect="draft") as server:
-        feed_ = Feed(url=server.url, page_size_hint=20)
+        feed_ = feed_settings(url=server.url, page_size_hint=20)
         first = feedapi.read.format("feedapi").options(**FeedSourceOptions(
             feed_, partitions=(1, 2), max_events=30, checkpoint_rows=True).spark_options()).load().collect()
         ends = {r.partition_id: r for r in first if r[END_COLUMN] is not None}
@@ -76,7 +76,7 @@ def test_incremental_options_resume_where_a_checkpoint_row_says(feedapi):
 def test_many_partitions_are_read_by_a_few_tasks_each_reading_several_at_once(feedapi):
     feed = DemoFeed(partitions=40, events=400, seed=55, exactly_once=False, duplicate_ratio=0.1)
     with DemoFeedServer(feed, dialect="published", faults=Faults(rate=0.1, seed=55, retry_after=0)) as server:
-        options = FeedSourceOptions(Feed(url=server.url, page_size_hint=3, retry=RetryPolicy(base_delay=0.001)),
+        options = FeedSourceOptions(feed_settings(url=server.url, page_size_hint=3, retry=RetryPolicy(base_delay=0.001)),
                                     tasks=3, checkpoint_rows=True)
         frame = feedapi.read.format("feedapi").options(**options.spark_options()).load()
         assert frame.rdd.getNumPartitions() == 3
@@ -110,7 +110,7 @@ def test_bad_options_fail_with_a_message_that_names_them(feedapi):
 def test_the_bearer_token_is_not_in_the_plan(feedapi, capsys):
     feed = DemoFeed(partitions=2, events=50, seed=54)
     with DemoFeedServer(feed, dialect="published", token=TOKEN) as server:
-        options = FeedSourceOptions(Feed(url=server.url, token=TOKEN))
+        options = FeedSourceOptions(feed_settings(url=server.url, token=TOKEN))
         frame = feedapi.read.format("feedapi").options(**options.spark_options()).load()
         frame.explain("extended")
         frame.explain("formatted")
@@ -120,7 +120,7 @@ def test_the_bearer_token_is_not_in_the_plan(feedapi, capsys):
 
 
 def test_one_feed_model_is_the_config_the_spark_options_and_the_client():
-    feed = Feed(url="https://feeds.example.com/orders", dialect="published", page_size_hint=7, token=TOKEN,
+    feed = feed_settings(url="https://feeds.example.com/orders", dialect="published", page_size_hint=7, token=TOKEN,
                 ca_bundle="/etc/ssl/feeds.pem", event_id_field="eid", filters=EventFilter(event_types=("a", "b")),
                 retry=RetryPolicy(max_attempts=2))
     read = FeedSourceOptions(feed, partitions=(1, 2), start_cursors={1: "c1"}, start_positions={1: 5},
@@ -132,3 +132,26 @@ def test_one_feed_model_is_the_config_the_spark_options_and_the_client():
     assert TOKEN not in repr(read) and TOKEN not in repr(read.client())
     with pytest.raises(ValueError, match="bad option: pageSizeHint: Input should be greater than or equal to 1"):
         FeedSourceOptions.parse({"url": feed.url, "pagesizehint": "0"})
+
+
+def test_the_options_are_the_protocols_settings_only():
+    """A project's feed (`FeedConfig`: name, schedule, load...) gives the source its protocol's settings,
+    nothing of the project; the options parse back into that protocol's settings model, and an option
+    no field of it has is refused (another protocol's, a misspelt one)."""
+    from feedapi_dagster.orchestration.config import FeedConfig
+
+    feed = FeedConfig(name="orders", protocol="nakadi", url="https://nakadi.example.com", event_type="shop.order",
+                      page_size_hint=9, schedule={"cron": "0 * * * *"}, load={"read_tasks": 2})
+    options = FeedSourceOptions(feed.settings).spark_options()
+    assert options == {"url": "https://nakadi.example.com", "protocol": "nakadi", "eventType": "shop.order",
+                       "pageSizeHint": "9"}
+    parsed = FeedSourceOptions.parse({key.lower(): value for key, value in options.items()})
+    assert parsed.feed == feed.settings and type(parsed.feed).__name__ == "NakadiSettings"
+    with pytest.raises(ValueError, match="bad option: dialect: not a setting of protocol nakadi"):
+        FeedSourceOptions.parse({**options, "dialect": "draft"})
+    with pytest.raises(ValueError, match="bad option: eventType: not a setting of protocol feedapi"):
+        FeedSourceOptions.parse({"url": feed.url, "eventType": "shop.order"})
+    # (a test's own protocol may be registered in this process too)
+    with pytest.raises(ValueError, match="bad option: protocol: unknown protocol 'kafka': the registered ones are "
+                                         "feedapi, (.+, )?nakadi"):
+        FeedSourceOptions.parse({"url": feed.url, "protocol": "kafka"})

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from feedapi_dagster.protocol import Feed
+from feedapi_dagster.protocol import feed_settings
 
 from ..user_project import MODULE
 from .test_component import dg_command, user_project  # noqa: F401 - the fixture, shared
@@ -49,7 +49,7 @@ def test_a_feed_without_authentication_leaves_the_token_out(user_project, monkey
     checked = dg_command(user_project, "check", "defs")
     assert checked.returncode == 0, (checked.stdout + checked.stderr)[-3000:]
     with pytest.raises(ValidationError, match="token is empty: a feed that needs no authentication leaves it out"):
-        Feed(url="https://feeds.example.com/orders", token="")
+        feed_settings(url="https://feeds.example.com/orders", token="")
 
 
 def test_values_dg_check_can_check_as_written_are_one_line_each_with_file_and_line(user_project):

@@ -216,7 +216,7 @@ def test_every_load_runs_the_checks_and_they_catch_a_stale_mirror(spark, harness
     from feedapi_dagster.lakehouse.delta import FeedTable
     from feedapi_dagster.lakehouse.loader import FeedLoader
     from feedapi_dagster.lakehouse.sink import DeltaSink
-    FeedLoader(harness.feed_config, DeltaSink(FeedTable(spark, harness.table))).sync([0])
+    FeedLoader(harness.feed_config.settings, DeltaSink(FeedTable(spark, harness.table))).sync([0])
     harness.feed.append(10, partition=1)
     # a load of partition 1 sees the stale mirror of partition 0 and records its cursor of record
     run = harness.launch(harness.tick_schedule().run_requests[0])

@@ -3,7 +3,7 @@ from feedapi_dagster.protocol import FeedInfo, Partition
 
 
 def info(*partitions, dialect="draft"):
-    return FeedInfo(dialect=dialect, exactly_once=True, partitions=[Partition.model_validate(p) for p in partitions])
+    return FeedInfo(protocol="feedapi", dialect=dialect, exactly_once=True, partitions=[Partition.model_validate(p) for p in partitions])
 
 
 def by_id(plans):

@@ -4,6 +4,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
+import msgspec
 import pytest
 
 # A canned reply: (status, headers, body bytes)
@@ -71,3 +72,19 @@ def canned():
     yield start
     for server in servers:
         server.close()
+
+
+def pages_of(client, partition: int, cursor: str = "_first") -> list:
+    """The pages `client.page_runs` reads, one by one."""
+    return [page for run in client.page_runs(partition, cursor) for page in run.pages()]
+
+
+def payloads(page) -> list:
+    """A page's payloads decoded: dicts for object events, str for string events."""
+    return [msgspec.json.decode(raw) for raw in page.raw_events]
+
+
+def texts(page) -> list[str]:
+    """A page's payloads as the demo feed publishes them: the JSON text as sent, a string payload's
+    string decoded."""
+    return [json.loads(raw) if raw.startswith(b'"') else raw.decode() for raw in page.raw_events]

@@ -5,9 +5,9 @@ import time
 import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
-from feedapi_dagster.protocol import Feed, ProtocolError, FeedClient, RetryPolicy
+from feedapi_dagster.protocol import feed_settings, ProtocolError, FeedClient, RetryPolicy
 
-from .conftest import LocalServer
+from .conftest import LocalServer, pages_of
 
 NO_WAIT = RetryPolicy(max_attempts=2, base_delay=0)
 
@@ -47,9 +47,9 @@ def test_an_endless_body_is_cut_at_the_page_bound(streaming):
             pass
 
     server = streaming(endless)
-    client = FeedClient(Feed(url=server.url, retry=NO_WAIT), max_page_bytes=2_000_000)
+    client = FeedClient(feed_settings(url=server.url, retry=NO_WAIT), max_page_bytes=2_000_000)
     with pytest.raises(ProtocolError, match=r"partition 0: .*more than 2000000 bytes of events without a checkpoint"):
-        list(client.pages(0))
+        pages_of(client, 0)
 
 
 def test_a_server_that_hangs_times_out(streaming):
@@ -57,10 +57,10 @@ def test_a_server_that_hangs_times_out(streaming):
         time.sleep(3)
 
     server = streaming(hang)
-    client = FeedClient(Feed(url=server.url, retry=NO_WAIT), timeout=(1.0, 0.3))
+    client = FeedClient(feed_settings(url=server.url, retry=NO_WAIT), timeout=(1.0, 0.3))
     started = time.monotonic()
     with pytest.raises(ProtocolError, match=r"partition 0: giving up after 2 attempts: .*(Timeout|timed out)"):
-        list(client.pages(0))
+        pages_of(client, 0)
     assert time.monotonic() - started < 3
 
 
@@ -77,7 +77,7 @@ def test_bad_lines_fail_clearly_after_retries(streaming, body, reason):
 
     server = streaming(send)
     with pytest.raises(ProtocolError, match=f"feed http://127.0.0.1:.*partition 0: giving up after 2 attempts: .*{reason}"):
-        list(FeedClient(Feed(url=server.url, retry=NO_WAIT)).pages(0))
+        pages_of(FeedClient(feed_settings(url=server.url, retry=NO_WAIT)), 0)
 
 
 def test_a_50_megabyte_event_is_read_whole():
@@ -85,6 +85,6 @@ def test_a_50_megabyte_event_is_read_whole():
     big = '{"id":"huge","blob":"' + "x" * (50 * 1024 * 1024) + '"}'
     feed.add_event(big, partition=0)
     with DemoFeedServer(feed, dialect="draft") as server:
-        pages = list(FeedClient(Feed(url=server.url)).pages(0))
+        pages = pages_of(FeedClient(feed_settings(url=server.url)), 0)
     raws = [raw for page in pages for raw in page.raw_events]
     assert len(raws) == 3 and raws[-1] == big.encode()

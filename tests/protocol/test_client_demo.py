@@ -4,10 +4,10 @@ import time
 import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults
-from feedapi_dagster.protocol import (EventFilter, Feed, ProtocolError, FeedClient, RediscoveryNeeded,
+from feedapi_dagster.protocol import (EventFilter, feed_settings, ProtocolError, FeedClient, RediscoveryNeeded,
                                       RetryPolicy)
 
-from .conftest import json_reply
+from .conftest import json_reply, pages_of, payloads, texts
 
 FAST_RETRY = RetryPolicy(max_attempts=12, base_delay=0.001, max_delay=0.01)
 DIALECTS = ["v1", "draft", "published"]
@@ -18,12 +18,12 @@ def client_for(server, feed, **kwargs):
     kwargs.setdefault("page_size_hint", 37)
     if server.dialect == "v1":
         kwargs["partition_count"] = feed.partition_count()
-    return FeedClient(Feed(url=server.url, **kwargs))
+    return FeedClient(feed_settings(url=server.url, **kwargs))
 
 
 def read_all(client, partition, cursor="_first"):
-    pages = list(client.pages(partition, cursor))
-    return [r.raw for p in pages for r in p.records], (pages[-1].cursor if pages else cursor)
+    pages = pages_of(client, partition, cursor)
+    return [text for p in pages for text in texts(p)], (pages[-1].cursor if pages else cursor)
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
@@ -46,9 +46,9 @@ def test_resume_from_a_cursor_then_read_appends_only(dialect):
     feed = DemoFeed(partitions=2, events=400, seed=1)
     with DemoFeedServer(feed, dialect=dialect, empty_when_caught_up=(dialect == "published")) as server:
         client = client_for(server, feed)
-        pages = list(client.pages(0))
+        pages = pages_of(client, 0)
         middle = pages[len(pages) // 2]
-        covered = sum(len(p.records) for p in pages[: len(pages) // 2 + 1])
+        covered = sum(len(p.raw_events) for p in pages[: len(pages) // 2 + 1])
         rest, last = read_all(client, 0, middle.cursor)
         assert rest == feed.published(0)[covered:]
         assert read_all(client, 0, last) == ([], last)  # caught up: nothing, cursor kept
@@ -97,7 +97,7 @@ def test_token_change_raises_rediscovery_needed_then_reads_on():
         server.rotate_token()
         feed.append(10, partition=0)
         with pytest.raises(RediscoveryNeeded) as caught:
-            list(client.pages(0, cursor))
+            pages_of(client, 0, cursor)
         assert caught.value.status == 409 and caught.value.partition == 0
         client.discover()
         assert read_all(client, 0, cursor)[0] == feed.published(0)[-10:]
@@ -121,7 +121,7 @@ def test_published_type_filters_are_reapplied_when_the_server_ignores_them():
         for event_filter, keep in [(EventFilter(event_types=("order.paid",)), {"order.paid"}),
                                    (EventFilter(skip_event_types=("order.paid",)), {"order.created", "order.shipped"})]:
             client = client_for(server, feed, filters=event_filter)
-            events = [e for p in client.pages(0) for e in p.events]
+            events = [e for p in pages_of(client, 0) for e in payloads(p)]
             assert events and {e["type"] for e in events} == keep
             assert [e["id"] for e in events] == [e["id"] for e in map(__import__("json").loads, feed.published(0))
                                                  if e["type"] in keep]
@@ -133,12 +133,12 @@ def test_draft_filter_is_sent_and_cursor_only_pages_advance():
     feed = DemoFeed(partitions=1, events=300, seed=8, string_ratio=0)
     with DemoFeedServer(feed, dialect="draft") as server:
         client = client_for(server, feed, filters=EventFilter(fields={"type": "order.shipped"}))
-        pages = list(client.pages(0))
-        assert any(not p.records for p in pages) or len(pages) >= 1
-        assert {e["type"] for p in pages for e in p.events} == {"order.shipped"}
+        pages = pages_of(client, 0)
+        assert any(not p.raw_events for p in pages) or len(pages) >= 1
+        assert {e["type"] for p in pages for e in payloads(p)} == {"order.shipped"}
         bad = client_for(server, feed, filters=EventFilter(fields={"colour": "red"}))
         with pytest.raises(ProtocolError, match="HTTP 400"):
-            list(bad.pages(0))
+            pages_of(bad, 0)
 
 
 def test_large_events_of_several_megabytes():
@@ -154,7 +154,7 @@ def test_bad_cursor_fails_fast_with_the_servers_message():
     feed = DemoFeed(partitions=1, events=5, seed=10)
     with DemoFeedServer(feed, dialect="draft") as server:
         with pytest.raises(ProtocolError, match="partition 0: fetch failed \\(HTTP 400\\)") as caught:
-            list(client_for(server, feed).pages(0, "not-a-cursor"))
+            pages_of(client_for(server, feed), 0, "not-a-cursor")
         assert caught.value.partition == 0
 
 
@@ -164,12 +164,12 @@ def test_retries_give_up_with_a_clear_error():
                                                                       kinds=("500", "reset", "truncated", "junk"))) as server:
         client = client_for(server, feed, retry=RetryPolicy(max_attempts=4, base_delay=0.001))
         with pytest.raises(ProtocolError, match="partition 0: giving up after 4 attempts"):
-            list(client.pages(0))
+            pages_of(client, 0)
 
 
 def test_retry_after_is_honoured(canned):
     replies = [(429, {"Retry-After": "1"}, b"slow down"), json_reply({"partitions": [{"id": "0"}]})]
     server = canned(lambda path, query, headers: replies.pop(0))
     started = time.monotonic()
-    FeedClient(Feed(url=server.url, retry=RetryPolicy(base_delay=0))).discover()
+    FeedClient(feed_settings(url=server.url, retry=RetryPolicy(base_delay=0))).discover()
     assert time.monotonic() - started >= 0.9

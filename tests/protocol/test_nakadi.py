@@ -10,16 +10,16 @@ from feedapi_dagster.demo import Faults
 from feedapi_dagster.demo.faults import KINDS
 from feedapi_dagster.demo.nakadi import NakadiDemoServer, NakadiEventType
 from feedapi_dagster.lakehouse.table import event_ids
-from feedapi_dagster.protocol import Feed, ProtocolError, FeedClient, RetryPolicy
-from feedapi_dagster.protocol.nakadi import BATCH_FLUSH_TIMEOUT
-from feedapi_dagster.protocol.registry import PROTOCOLS
+from feedapi_dagster.protocol import feed_settings, ProtocolError, FeedClient, RetryPolicy, FeedSettings
+from feedapi_dagster.protocol.nakadi.protocol import BATCH_FLUSH_TIMEOUT
+from feedapi_dagster.protocol.registry import registered_protocols
 
 FAST = RetryPolicy(max_attempts=12, base_delay=0.001, max_delay=0.01)
 
 
-def nakadi_feed(server, **options) -> Feed:
+def nakadi_feed(server, **options) -> FeedSettings:
     options.setdefault("retry", FAST)
-    return Feed(url=server.url, protocol="nakadi", event_type=server.event_type.name, **options)
+    return feed_settings(url=server.url, protocol="nakadi", event_type=server.event_type.name, **options)
 
 
 def read(client, partition, cursor="_first"):
@@ -45,7 +45,7 @@ def event_type():
 def test_partitions_and_a_whole_read_in_batches(event_type):
     with NakadiDemoServer(event_type) as server, FeedClient(nakadi_feed(server, page_size_hint=25)) as client:
         info = client.discover()
-        assert info.dialect == "nakadi" and not info.exactly_once  # Nakadi delivers at least once
+        assert info.protocol == "nakadi" and info.dialect is None and not info.exactly_once  # Nakadi delivers at least once
         assert [p.id for p in info.partitions] == [0, 1, 2]
         for partition in info.partitions:
             eids, cursor, runs = read(client, partition.id)
@@ -131,7 +131,7 @@ def test_refused_tokens_quote_the_problem_and_never_the_token(event_type, sent, 
 
 
 def test_retention_gap_is_named_and_a_too_old_cursor_is_a_clear_422(event_type):
-    protocol = PROTOCOLS["nakadi"]
+    protocol = registered_protocols()["nakadi"]
     with NakadiDemoServer(event_type) as server, FeedClient(nakadi_feed(server, page_size_hint=5)) as client:
         info = client.discover()
         first_run = next(iter(client.page_runs(0)))
@@ -153,7 +153,7 @@ def test_retention_gap_is_named_and_a_too_old_cursor_is_a_clear_422(event_type):
 def test_events_behind_a_cursor_are_counted_from_the_listings_newest_offset(event_type):
     """What a read of the partition after the cursor would give (Nakadi's duplicates included: they
     are events on the wire), from the listing alone; FeedAPI's discovery cannot say."""
-    protocol = PROTOCOLS["nakadi"]
+    protocol = registered_protocols()["nakadi"]
     with NakadiDemoServer(event_type) as server, FeedClient(nakadi_feed(server, page_size_hint=9)) as client:
         partition = client.discover().partition(1)
         assert protocol.events_behind(partition, "_first") == len(in_order(event_type, 1))
@@ -165,23 +165,24 @@ def test_events_behind_a_cursor_are_counted_from_the_listings_newest_offset(even
         assert protocol.events_behind(client.discover().partition(1), "_first") == 0
         event_type.repartition(4)  # a new partition that never had an event
         assert protocol.events_behind(client.discover().partition(3), "_first") == 0
-    assert not PROTOCOLS["feedapi"].tells_newest_events
+    assert not registered_protocols()["feedapi"].tells_newest_events
 
 
 def test_the_event_id_is_metadata_eid():
     raws = [b'{"metadata":{"eid":"e-1","occurred_at":"x"},"a":1}', b'{"a":1,"metadata":{"occurred_at":"x","eid":"e-2"}}',
             b'{"metadata":"not an object"}', b'{"metadata":{"eid":"e-3","eid":"e-4"}}']
-    assert event_ids(raws, Feed(url="http://x", protocol="nakadi", event_type="t").event_id_field) == [
+    assert event_ids(raws, feed_settings(url="http://x", protocol="nakadi", event_type="t").event_id_field) == [
         b"e-1", b"e-2", None, b"e-3"]  # the first of duplicate keys, as for top-level ids
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"protocol": "nakadi"}, "protocol nakadi needs event_type"),
-    ({"protocol": "nakadi", "event_type": "t", "dialect": "draft"}, "FeedAPI settings, not Nakadi's"),
-    ({"protocol": "nakadi", "event_type": "t", "filters": {"fields": {"a": "b"}}}, "FeedAPI settings"),
-    ({"event_type": "t"}, "event_type is a Nakadi setting"),
-    ({"protocol": "kafka"}, "Input should be 'feedapi' or 'nakadi'"),
+    ({"protocol": "nakadi"}, r"NakadiSettings\nevent_type\n  Field required"),
+    # each protocol's settings model forbids what it does not have: FeedAPI's settings, Nakadi's
+    ({"protocol": "nakadi", "event_type": "t", "dialect": "draft"}, r"\ndialect\n  Extra inputs are not permitted"),
+    ({"protocol": "nakadi", "event_type": "t", "filters": {"fields": {"a": "b"}}}, r"\nfilters\n  Extra inputs"),
+    ({"event_type": "t"}, r"FeedApiSettings\nevent_type\n  Extra inputs are not permitted"),
+    ({"protocol": "kafka"}, "unknown protocol 'kafka': the registered ones are feedapi, (.+, )?nakadi"),
 ])
 def test_settings_that_make_no_sense_for_the_protocol_are_refused(options, message):
     with pytest.raises(ValueError, match=message):
-        Feed(url="http://127.0.0.1:1", **options)
+        feed_settings(url="http://127.0.0.1:1", **options)

@@ -27,7 +27,7 @@ from operator import add, attrgetter, is_not, not_, sub
 import msgspec
 
 from feedapi_dagster.errors import MalformedResponse
-from .models import DONE_CURSORS, Page, PageRun
+from ..models import DONE_CURSORS, PageRun
 
 
 class PageReader:
@@ -39,10 +39,6 @@ class PageReader:
         self.partition_id = partition_id
         self.event_key = event_key
         self.max_page_bytes = max_page_bytes
-
-    def pages(self, chunks: Iterable[bytes]) -> Iterator[Page]:
-        for run in self.runs(chunks):
-            yield from run.pages()
 
     def runs(self, chunks: Iterable[bytes]) -> Iterator[PageRun]:
         """Raises `MalformedResponse` when the body is damaged (invalid UTF-8, a line that is not a JSON

@@ -1,0 +1,125 @@
+"""`FeedProtocol`: what one protocol knows, behind one small interface, without I/O.
+
+`FeedClient` does the HTTP (one session, retries, backoff, the bearer token) and the paging loop
+(resume from the last good cursor after a cut-short body, stop where the protocol says the read
+ends); a protocol builds requests (`Request`) and reads what came back (`Response`, a response
+body's chunks): where the partitions are, how to ask for the events after a cursor, how to read a
+body into `PageRun`s, what a refused response means. It never holds the client nor a connection, as
+dlt's paginators receive a response and never the client. Everything above the protocol layer (the
+data source, the loader, the Delta commit, Dagster) sees `FeedInfo`, `Partition` and `PageRun` only.
+
+Adding a protocol: a module with a `FeedProtocol` subclass and its settings model (a `FeedSettings`
+subclass whose `protocol` is `Literal["<name>"]`), registered with `registry.register_protocol`
+when the module is imported (README, "Adding a protocol").
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, TypeVar
+
+from feedapi_dagster.errors import ProtocolError
+from .models import FeedInfo, PageRun, Partition
+from .settings import FeedSettings
+
+Settings = TypeVar("Settings", bound=FeedSettings)
+
+
+@dataclass(frozen=True)
+class Request:
+    """A GET the client sends for a protocol."""
+
+    url: str
+    params: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Response:
+    """A response as a protocol sees it: a discovery answer, or a refused request (the client reads a
+    refused body's first bytes). The client has already taken the bearer token out of `body`."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        """The body's JSON; ValueError when it is not JSON."""
+        return json.loads(self.body)
+
+
+class BodyReader:
+    """Reads one response body into the `PageRun`s of one partition. `caught_up` is set when the
+    body said the partition has nothing more now (the client then asks no further)."""
+
+    caught_up: bool = False
+
+    def runs(self, chunks: Iterable[bytes]) -> Iterator[PageRun]:
+        raise NotImplementedError
+
+
+class FeedProtocol(Generic[Settings]):
+    """One protocol. `settings` is its settings model: the configuration accepts `protocol: <name>`
+    with that model's fields once the protocol is registered."""
+
+    name: ClassVar[str]
+    settings: ClassVar[type[FeedSettings]]
+    # discovery says where each partition's newest event is (`events_behind` answers)
+    tells_newest_events: ClassVar[bool] = False
+    # whether the server deletes events on its own (retention) and says which are gone
+    # (`retention_gap`): the feed's asset then has a check of events that expired unread
+    reports_retention_gaps: ClassVar[bool] = False
+
+    def discovery_request(self, feed: Settings) -> Request | None:
+        """The request whose answer says the feed's partitions; None: there is none to send (the
+        settings say them, as FeedAPI v1's `partition_count`)."""
+        raise NotImplementedError
+
+    def discovered(self, feed: Settings, response: Response | None) -> FeedInfo:
+        """The partitions, from the answer to `discovery_request` (None when there was none); raises
+        `ProtocolError` for a refused or unreadable answer (`refusal`, `discovery.document`)."""
+        raise NotImplementedError
+
+    def fetch(self, feed: Settings, info: FeedInfo, partition_id: int, cursor: str) -> Request:
+        """The request for the events of `partition_id` after `cursor`."""
+        raise NotImplementedError
+
+    def reader(self, feed: Settings, info: FeedInfo, partition_id: int, max_page_bytes: int | None) -> BodyReader:
+        raise NotImplementedError
+
+    def read_end(self, info: FeedInfo, partition_id: int) -> str | None:
+        """The cursor at which a read of the partition stops (None: when the server says it is caught
+        up); raises `ProtocolError` for a partition the protocol cannot read."""
+        return None
+
+    def refusal(self, feed: Settings, response: Response, partition: int | None, what: str) -> ProtocolError:
+        """The error for a response that is neither a success nor transient: the server's body, by
+        default (a protocol whose errors say more in a structure reads it)."""
+        return refusal_error(feed, response, partition, what, response.text[:500].strip())
+
+    def events_behind(self, partition: Partition, cursor: str) -> int | None:
+        """How many events the server holds after `cursor` in `partition`, as discovery says (Nakadi's
+        newest offset); None where it cannot tell (`tells_newest_events`: FeedAPI never can)."""
+        return None
+
+    def retention_gap(self, partition: Partition | None, cursor: str) -> str | None:
+        """What was lost when the server no longer holds the events right after `cursor` (its
+        retention removed them unread), or None."""
+        return None
+
+
+def refusal_error(feed: FeedSettings, response: Response, partition: int | None, what: str,
+                  explanation: str) -> ProtocolError:
+    """The error of a refused request, quoting the server's `explanation`."""
+    status = response.status
+    where = f"feed {feed.safe_url}" + (f" partition {partition}" if partition is not None else "")
+    if status in (401, 403):
+        hint = "the token was refused" if feed.has_token else "the server wants a bearer token"
+        return ProtocolError(f"{where}: {what} not authorized (HTTP {status}): {hint}: {explanation}",
+                             status=status, partition=partition)
+    return ProtocolError(f"{where}: {what} failed (HTTP {status}): {explanation}", status=status, partition=partition)
