@@ -75,8 +75,9 @@ def test_one_storage_setting_becomes_spark_s3a_settings_and_delta_rs_options(tmp
     remote = validate(S3.replace("mode: embedded", "mode: remote, remote: 'sc://spark:15002'"))
     remote_settings = FeedApiComponent(**dict(remote)).project_config(tmp_path).spark_settings()
     assert remote_settings.conf == {} and remote_settings.s3 == project.s3
-    resource = SparkResource.from_settings(remote_settings)
-    assert resource.settings().s3 == project.s3 and "s3cr3t-lake" not in str(resource)
+    resource = SparkResource(settings=remote_settings)
+    assert resource.spark_settings == remote_settings and resource.spark_settings.s3 == project.s3
+    assert "s3cr3t-lake" not in str(resource)
     with pytest.raises(ValidationError, match="spark.s3 is set from storage.s3"):
         ProjectConfig(lakehouse="s3a://lake/feeds", spark=SparkSettings(s3=project.s3), feeds=project.feeds)
     monkeypatch.delenv("LAKE_SECRET")
