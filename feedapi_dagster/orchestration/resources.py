@@ -44,7 +44,8 @@ class SparkResource(dg.ConfigurableResource):
     # held as `SparkSettings` dumped to JSON, validated by it (`SparkSettings` is the one model).
     settings: dict[str, Any] = Field(
         default={}, description="SparkSettings: mode (embedded | remote | local), remote, port, conf, work_dir, "
-                                "ship_package and the lakehouse's s3 storage (credentials by the names of their variables)")
+                                "ship_package and the lakehouse's s3 storage (credentials by the names of "
+                                "their variables)")
     _session: Any = PrivateAttr(default=None)
 
     @field_validator("settings", mode="before")
@@ -125,12 +126,14 @@ class FeedApiResource(dg.ConfigurableResource):
         loader = FeedLoader(binding.feed, DeltaSink(self.table(binding), run_id=context.run.run_id), binding.feed.load,
                             logger=context.log, ship_package=self._ships_package())
         # a backfill of a closed partition rebuilds it from `_first`
-        outcome = loader.load(wanted, rebuild=rebuild, drop=config.drop, rebuild_closed=BACKFILL_TAG in context.run.tags)
+        outcome = loader.load(wanted, rebuild=rebuild, drop=config.drop,
+                              rebuild_closed=BACKFILL_TAG in context.run.tags)
         for report in outcome.reports.values():
             if report.error and report.status not in SUCCEEDED:  # a waiting partition's reason is no error
                 context.log.error("partition %s: %s", report.partition_id, report.error)
         # the checks look at the partitions this load committed something for
-        loaded = [r.partition_id for r in outcome.reports.values() if r.status == "loaded" and r.delta_version is not None]
+        loaded = [r.partition_id for r in outcome.reports.values()
+                  if r.status == "loaded" and r.delta_version is not None]
         # Dagster's view of every partition, read once (10,000 partitions: seconds): the mirror repairs and
         # the mirror check both start from it, and the check adds what this load logged
         mirrored = latest_metadata_by_partition(context.instance, binding,
