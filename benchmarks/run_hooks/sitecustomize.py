@@ -3,9 +3,9 @@
 It changes nothing the run does. It marks moments the project does not log, on stderr as
 `BENCH <epoch seconds> <logger> <message>`: the interpreter up (this file runs), the code location
 starting to load (the first import of `feedapi_dagster`) and its definitions built
-(`build_feedapi_definitions`), the Spark Connect session (`spark_session_from_config`, called by the
+(`build_feedapi_definitions`), the Spark Connect session (`spark_session`, called by the
 `SparkResource`), the feed table's check/creation (`FeedTable.ensure_table`), the asset checks
-(`feed_check_results`), the maintenance check after the load (`maintain_after_load`) and the end of
+(`feed_check_results`), the maintenance check after the load (`due`, called by `FeedApiResource.load`) and the end of
 the process's exit hooks (an `atexit` hook registered before any other). Processes the run starts
 with the same environment (Dagster's compute-log pollers) load this file too; `bench_sync.py` keeps
 the first mark of each name, and the exit mark is only the run process's. A function
@@ -63,18 +63,18 @@ def _marked(owner, attribute, label, generator=False, only_end=False):
     setattr(owner, attribute, wrapper)
 
 
-def _assets(module):
+def _resources(module):
+    _marked(module, "spark_session", "connect")
     _marked(module, "feed_check_results", "checks", generator=True)
-    _marked(module, "maintain_after_load", "maintenance")
+    _marked(module, "due", "maintenance")
 
 
 _PATCHES = {
     "feedapi_dagster": lambda module: None,  # its import starting is the mark (see find_spec)
     "feedapi_dagster.orchestration.definitions": lambda module: _marked(
         module, "build_feedapi_definitions", "definitions", only_end=True),
-    "feedapi_dagster.orchestration.resources": lambda module: _marked(module, "spark_session_from_config", "connect"),
+    "feedapi_dagster.orchestration.resources": _resources,
     "feedapi_dagster.lakehouse.delta": lambda module: _marked(module.FeedTable, "ensure_table", "table"),
-    "feedapi_dagster.orchestration.assets": _assets,
 }
 
 

@@ -140,9 +140,11 @@ class FeedLoader:
         *,
         on_moment: Callable[[str, dict[int, PartitionState]], None] | None = None,
         logger: "logging.Logger | logging.LoggerAdapter | None" = None,
+        ship_package: bool = False,
     ):
         """`logger`: where progress goes (a Dagster run passes `context.log`, so it shows live in the
-        run's log)."""
+        run's log). `ship_package`: send this package to the session's cluster with the data source
+        (a cluster whose Python does not have feedapi-dagster installed)."""
         self.log = logger or log
         # the token is read here, in the run, and reaches the read tasks as Spark's redacted option
         self.feed = feed.with_token()
@@ -151,8 +153,10 @@ class FeedLoader:
         self.spark = sink.table.spark
         self.settings = settings or LoadSettings()
         self.on_moment = on_moment or (lambda moment, updates: None)
+        # the data source is registered here, where it is read, and nowhere else: every load (a
+        # Dagster run, a test, a benchmark) reads through this loader, whoever made its session
         with self._answering():
-            register_feed_source(self.spark)
+            register_feed_source(self.spark, ship=ship_package)
 
     def _answering(self):
         return answering(self.spark, f"the load of feed {self.feed.url}",

@@ -13,8 +13,9 @@ to Connect): pick one mode per process.
 Every session gets the lakehouse's S3 settings and credentials as runtime settings when it is made
 (`apply_storage`), so a server started without them serves them. A server keeps the ``s3a`` file system
 of a bucket it opened (endpoint, keys) until it restarts, unless the storage asks for fresh file systems
-(`S3Storage.fresh_file_systems`: keys rotated, another endpoint, on a running server). Every session gets the `feedapi` data source (`register_feed_source`; for a
-cluster, this package as a Spark Connect artifact: `package_zip`).
+(`S3Storage.fresh_file_systems`: keys rotated, another endpoint, on a running server). The `feedapi`
+data source is registered where it is read, by `FeedLoader` (`register_feed_source`; for a cluster,
+with this package as a Spark Connect artifact: `package_zip`), whoever made the session.
 """
 from __future__ import annotations
 
@@ -118,9 +119,10 @@ _with_source: "weakref.WeakSet[SparkSession]" = weakref.WeakSet()
 
 
 def register_feed_source(spark: "SparkSession", ship: bool = False) -> None:
-    """Register `FeedDataSource` as `feedapi` in the session, once. `ship`: also send this package to
-    the session's executors as a Spark Connect artifact (a cluster whose Python does not have
-    feedapi-dagster installed; its wheels - msgspec, pyarrow, requests, pydantic - must be there)."""
+    """Register `FeedDataSource` as `feedapi` in the session, once (`FeedLoader` does, before its first
+    read). `ship`: also send this package to the session's executors as a Spark Connect artifact (a
+    cluster whose Python does not have feedapi-dagster installed; its wheels - msgspec, pyarrow,
+    requests, pydantic - must be there)."""
     from feedapi_dagster.lakehouse.datasource import FeedDataSource
 
     if spark in _with_source:
@@ -231,5 +233,4 @@ def _session(settings: SparkSettings) -> "SparkSession":
                                         detach=settings.detach_server)
         session = connect_session(server.client_url())
         apply_storage(session, settings.s3, settings.conf)
-    register_feed_source(session, ship=settings.mode == "remote" and settings.ship_package)
     return session

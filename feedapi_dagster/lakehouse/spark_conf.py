@@ -11,7 +11,6 @@ is `sessions`'.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
@@ -23,7 +22,6 @@ from feedapi_dagster.lakehouse.storage import S3Storage
 DEFAULT_PORT = 15002
 LOOPBACK = "127.0.0.1"
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-SETTINGS_ENV_PREFIX = "FEEDAPI_DAGSTER_SPARK_"
 
 DELTA_SQL_CONF: dict[str, str] = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -44,8 +42,9 @@ SMALL_WORK_CONF: dict[str, str] = {
 # 1: a Python worker that dies would fail the load instead of being retried).
 LOCAL_MASTER = "local[*,4]"
 
-# Short-lived JVMs doing small jobs: C1 only, which starts a Connect server and its first Delta client
-# markedly sooner (`benchmarks/README.md`). Long, CPU-heavy jobs want C2 back: pass spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=4 (the last flag wins).
+# Short-lived JVMs doing small jobs: C1 only, which starts the Connect server and its first Delta
+# client markedly sooner (benchmarks/README.md, "Start-up choices"). Long, CPU-heavy
+# jobs want C2 back: pass spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=4 (the last flag wins).
 # One code cache of 512 MB (reserved; committed as used): a JVM that lives long (the embedded server,
 # a test run's session) compiles many generated classes and method handles, and the small segment
 # the segmented cache keeps for method handle intrinsics ran out in a full test run ("Out of space in
@@ -130,18 +129,6 @@ class SparkSettings(BaseModel):
         elif self.remote is not None:
             raise ValueError(f"`remote` is only used with mode 'remote' (mode is {self.mode!r}); drop it or set mode")
         return self
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "SparkSettings":
-        """Read FEEDAPI_DAGSTER_SPARK_{MODE,REMOTE,PORT,WORK_DIR,DETACH_SERVER}; keyword overrides win."""
-        environ = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for field in ("mode", "remote", "port", "work_dir", "detach_server"):
-            raw = environ.get(SETTINGS_ENV_PREFIX + field.upper())
-            if raw:
-                values[field] = raw
-        values.update(overrides)
-        return cls(**values)
 
 
 # --------------------------------------------------------------------------------------------

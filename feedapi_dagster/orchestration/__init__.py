@@ -1,9 +1,9 @@
-"""Orchestration: the Dagster side of feeds (assets, checks, sensors, schedules, the Spark resource),
-built by `build_feedapi_definitions` from a `ProjectConfig`, or by the `FeedApiComponent` from a defs.yaml."""
+"""Orchestration: the Dagster side of feeds (assets, checks, sensors, schedules, the resources), built
+by `build_feedapi_definitions` from a `ProjectConfig`, or by the `FeedApiComponent` from a defs.yaml."""
 from .config import FeedConfig, ProjectConfig
-from .definitions import SPARK_RESOURCE_KEY, build_feedapi_definitions, feed_bindings
-from .resources import SparkResource
+from .definitions import build_feedapi_definitions, feed_bindings
+from .resources import RESOURCE_KEY, FeedApiResource, SparkResource
 from .translator import FeedApiTranslator, FeedTranslatorData
 
-__all__ = ["SPARK_RESOURCE_KEY", "FeedApiTranslator", "FeedConfig", "FeedTranslatorData",
+__all__ = ["RESOURCE_KEY", "FeedApiResource", "FeedApiTranslator", "FeedConfig", "FeedTranslatorData",
            "ProjectConfig", "SparkResource", "build_feedapi_definitions", "feed_bindings"]

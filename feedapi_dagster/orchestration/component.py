@@ -10,26 +10,31 @@
           url: https://feeds.example.com/orders
           token: "{{ env.ORDERS_TOKEN }}"
 
-The attributes are the `ProjectConfig` (validated by the same models, so `dg check defs` names a
-misspelt key with its file and line); `translation` changes the asset specs as in dagster-dlt and
-dagster-sling (`key`, `group_name`, `owners`, `tags`, `kinds`, with `{{ feed.name }}` in templates).
+The attributes are a `ProjectConfig` (the component is one, so `dg check defs` names a misspelt key
+with its file and line); `translation` changes the asset specs as in dagster-dlt and dagster-sling
+(`key`, `group_name`, `owners`, `tags`, `kinds`, with `{{ feed.name }}` in templates). Each feed's
+asset runs the component's `execute`, which a subclass may override (as
+`SlingReplicationCollectionComponent.execute`), with the component's `FeedApiResource`.
 """
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Any, TypeVar
 
 import dagster as dg
 from dagster.components.resolved.errors import ResolutionException
 from dagster.components.utils.translation import TranslationFn, TranslationFnResolver
-from pydantic import BaseModel, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, SecretStr, ValidationError
 
 from feedapi_dagster.lakehouse.spark_conf import SparkSettings
-from feedapi_dagster.lakehouse.storage import check_storage
 
-from .config import LAKEHOUSE_URI_RULE, FeedConfig, ProjectConfig, StorageConfig
-from .definitions import SPARK_RESOURCE_KEY, build_feedapi_definitions
+from .assets import LoadEvent
+from .config import FeedConfig, ProjectConfig, StorageConfig
+from .definitions import feed_definitions
+from .loads import FeedBinding, LoadConfig
+from .resources import FeedApiResource, shared_resource
 from .translator import FeedApiTranslator, FeedTranslatorData
 
 
@@ -101,31 +106,18 @@ def _yaml_error(context: dg.ResolutionContext, message: str, inline: str) -> Res
                                f"{source.snippet}")
 
 
-def _resolve_storage(context: dg.ResolutionContext, storage: StorageConfig) -> StorageConfig:
-    return _validated(context, StorageConfig, _rendered(context, storage))
+# `translation` as a defs.yaml writes it, and as the component holds it: a function of the asset spec
+_TRANSLATION = TranslationFnResolver[FeedTranslatorData](
+    lambda data: {"feed": data.feed, "table_path": data.table_path})
 
 
-def _resolve_spark(context: dg.ResolutionContext, spark: SparkSettings) -> SparkSettings:
-    return _validated(context, SparkSettings, _rendered(context, spark))
+class FeedApiAttributes(ProjectConfig):
+    """The schema of a defs.yaml's `attributes`: the `ProjectConfig` as written (templates not rendered
+    yet), without the `| str` Dagster adds to every field of a derived schema (which turns a misspelt
+    key deep in a feed into "not valid under any of the given schemas" at `feeds`), so `dg check defs`
+    names the key and its line; and `translation`."""
 
-
-class FeedApiAttributes(dg.Model):
-    """The schema of a defs.yaml's `attributes`: our models as they are, without the `| str` Dagster
-    adds to every field of a derived schema (which turns a misspelt key deep in a feed into
-    "not valid under any of the given schemas" at `feeds`), so `dg check defs` names the key and its line."""
-
-    feeds: list[FeedConfig]
-    lakehouse: str = Field(default="lakehouse", json_schema_extra=LAKEHOUSE_URI_RULE)
-    storage: StorageConfig = Field(default_factory=StorageConfig)
-    spark: SparkSettings = Field(default_factory=SparkSettings)
-    spark_resource_key: str = SPARK_RESOURCE_KEY
     translation: str | dg.AssetAttributesModel | None = None
-
-    @model_validator(mode="after")
-    def _storage(self) -> "FeedApiAttributes":
-        # ProjectConfig checks the same; here `dg check defs` reports it against the defs.yaml
-        check_storage(self.lakehouse, self.storage.s3, self.spark.mode, self.spark.conf)
-        return self
 
 
 class FeedApiScaffoldParams(BaseModel):
@@ -156,38 +148,51 @@ class FeedApiScaffolder(dg.Scaffolder[FeedApiScaffoldParams]):
 
 
 @dg.scaffold_with(FeedApiScaffolder)
-class FeedApiComponent(dg.Component, dg.Model, dg.Resolvable):
+class FeedApiComponent(ProjectConfig, dg.Component, dg.Resolvable):
     """FeedAPI feeds loaded into Delta tables by Spark: per feed an asset partitioned by the feed's
-    partitions (with its checks), a discovery sensor, a load schedule and a maintenance schedule."""
+    partitions (with its checks), a discovery sensor, a load schedule and a maintenance schedule. Its
+    attributes are the `ProjectConfig`'s (the lakehouse relative to the project root) and `translation`."""
 
-    # (the Python types are loose on purpose: Dagster's resolution only walks models of plain fields;
-    # the YAML is validated against the model_field_type, our pydantic models)
-    feeds: Annotated[list, dg.Resolver(_resolve_feeds, model_field_type=list[FeedConfig])] = Field(
-        description="The feeds: one Delta table and one asset each.")
-    lakehouse: str = Field(default="lakehouse",
-                           description="Folder or URI of the tables (relative: to the project root).")
-    storage: Annotated[Any, dg.Resolver(_resolve_storage, model_field_type=StorageConfig)] = Field(
-        default_factory=StorageConfig, description="The lakehouse's object storage: s3 (endpoint, region, credentials).")
-    spark: Annotated[Any, dg.Resolver(_resolve_spark, model_field_type=SparkSettings)] = Field(
-        default_factory=SparkSettings, description="Where Spark runs: embedded (default), remote (sc://...) or local.")
-    spark_resource_key: str = Field(default=SPARK_RESOURCE_KEY,
-                                    description="Resource key of the Spark resource the loads use.")
-    translation: Annotated[
-        TranslationFn[FeedTranslatorData] | None,
-        TranslationFnResolver[FeedTranslatorData](lambda data: {"feed": data.feed, "table_path": data.table_path}),
-    ] = None
+    translation: TranslationFn[FeedTranslatorData] | None = None
 
     @classmethod
     def get_model_cls(cls) -> type[BaseModel]:
         return FeedApiAttributes
 
+    @classmethod
+    def resolve_from_model(cls, context: dg.ResolutionContext, model: BaseModel) -> "FeedApiComponent":
+        """The component of a defs.yaml's validated attributes, their `{{ ... }}` templates rendered (a
+        value rendered wrong is reported at its line). Dagster's resolution walks models of plain fields
+        only; these are our pydantic models."""
+        assert isinstance(model, FeedApiAttributes)
+        storage, spark = context.at_path("storage"), context.at_path("spark")
+        return cls(
+            lakehouse=context.at_path("lakehouse").resolve_value(model.lakehouse),
+            storage=_validated(storage, StorageConfig, _rendered(storage, model.storage)),
+            spark=_validated(spark, SparkSettings, _rendered(spark, model.spark)),
+            feeds=_resolve_feeds(context.at_path("feeds"), model.feeds),
+            translation=None if model.translation is None else _TRANSLATION.execute(context, model, "translation"),
+        )
+
+    @property
+    def resource(self) -> FeedApiResource:
+        """The resource of the feeds' loads: a `SparkResource` of the `spark` settings (one per distinct
+        settings in a process, so that the Definitions of two components with the same Spark merge)."""
+        return shared_resource(self.spark_settings())
+
+    def execute(self, context: dg.AssetExecutionContext, feedapi: FeedApiResource, binding: FeedBinding,
+                config: LoadConfig) -> Iterator[LoadEvent]:
+        """What each feed's asset runs: the load of the run's partitions (`FeedApiResource.load`).
+        Override it to do more around a load."""
+        return feedapi.load(context, binding, config)
+
     def project_config(self, project_root: Path) -> ProjectConfig:
+        """The `ProjectConfig` of the attributes, a relative lakehouse resolved against `project_root`."""
         lakehouse = self.lakehouse
         if "://" not in lakehouse and not Path(lakehouse).is_absolute():
             lakehouse = str((project_root / lakehouse).resolve())
         return ProjectConfig(lakehouse=lakehouse, storage=self.storage, spark=self.spark, feeds=self.feeds)
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
-        return build_feedapi_definitions(self.project_config(context.project_root),
-                                         translator=_ComponentTranslator(self.translation),
-                                         spark_resource_key=self.spark_resource_key)
+        return feed_definitions(self.project_config(context.project_root), self.resource,
+                                _ComponentTranslator(self.translation), self.execute)

@@ -160,10 +160,16 @@ class StorageConfig(_Strict):
 
 
 class ProjectConfig(_Strict):
-    lakehouse: str = "lakehouse"
-    storage: StorageConfig = Field(default_factory=StorageConfig)
-    spark: SparkSettings = Field(default_factory=SparkSettings)
-    feeds: list[FeedConfig]
+    """The feeds of a project and where they are loaded: what `build_feedapi_definitions` takes, and
+    the attributes of a `FeedApiComponent`'s defs.yaml (with `translation`)."""
+
+    lakehouse: str = Field(default="lakehouse", json_schema_extra=LAKEHOUSE_URI_RULE,
+                           description="Folder or URI of the tables (relative: to the project root).")
+    storage: StorageConfig = Field(default_factory=StorageConfig,
+                                   description="The lakehouse's object storage: s3 (endpoint, region, credentials).")
+    spark: SparkSettings = Field(default_factory=SparkSettings,
+                                 description="Where Spark runs: embedded (default), remote (sc://...) or local.")
+    feeds: list[FeedConfig] = Field(description="The feeds: one Delta table and one asset each.")
 
     @model_validator(mode="after")
     def _storage(self) -> "ProjectConfig":

@@ -35,7 +35,8 @@ from feedapi_dagster.protocol import registered_protocols
 
 from .automation import load_request, register_discovered_partitions
 from .config import FeedConfig, ProjectConfig, ScheduleConfig
-from .definitions import SPARK_RESOURCE_KEY, build_feedapi_definitions, feed_bindings
+from .definitions import build_feedapi_definitions, feed_bindings
+from .resources import RESOURCE_KEY
 from .loads import FeedBinding
 
 # package data: Dagster's default launcher and coordinator, and the `concurrency` a deployment needs
@@ -141,7 +142,7 @@ def run_demo(args: argparse.Namespace) -> int:
         if not run.success:
             print("the load run failed; see the log above", file=sys.stderr)
             return 1
-        session = definitions.resources[SPARK_RESOURCE_KEY].spark_session
+        session = definitions.resources[RESOURCE_KEY].spark_session
         _print_table(session, binding.table_for(session), instance, binding, home)
     return 0
 

@@ -1,8 +1,10 @@
-"""What every Dagster entry point shares: building a loader for a feed, keeping two runs off one
-partition, and turning load reports into materializations with the cursor in their metadata, and a
-sync into one observation of the asset (when it was last synced, how far behind the feed it is)."""
+"""What every Dagster entry point shares: a feed as the definitions bind it, the run configuration of
+a load, keeping two runs off one partition (and VACUUM off what a load may still write), turning load
+reports into materializations with the cursor in their metadata, a sync into one observation of the
+asset (when it was last synced, how far behind the feed it is), and a maintenance into another."""
 from __future__ import annotations
 
+import datetime as dt
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -11,13 +13,12 @@ from typing import TYPE_CHECKING
 import dagster as dg
 
 from feedapi_dagster.lakehouse.delta import FeedTable
-from feedapi_dagster.lakehouse.loader import FeedLoader, LoadOutcome, PartitionReport
-from feedapi_dagster.lakehouse.sink import DeltaSink
+from feedapi_dagster.lakehouse.loader import LoadOutcome, PartitionReport
+from feedapi_dagster.lakehouse.delta_maintenance import RUNNING_LOAD_MARGIN_HOURS, MaintenanceReport
 from feedapi_dagster.protocol import ProtocolError
 from feedapi_dagster.protocol.models import FIRST
 
 from .config import FeedConfig, ProjectConfig
-from .resources import feed_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -39,17 +40,23 @@ BACKFILL_TAG = "dagster/backfill"
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
 _ACTIVE = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
+_ENDED = [dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
+
+
+class LoadConfig(dg.Config):
+    """Run configuration of a load. Empty: bring every due partition of the run's keys up to date."""
+
+    rebuild: list[int] = []  # partitions to reload from `_first`, their rows replaced atomically
+    drop: list[int] = []  # partitions whose rows go in the same commit (the vanished parent of a split)
 
 
 @dataclass(frozen=True)
 class FeedBinding:
-    """A feed as one code location defines it: its settings, its asset key (the translator's choice)
-    and the key of the Spark resource its runs use."""
+    """A feed as one code location defines it: its settings and its asset key (the translator's choice)."""
 
     project: ProjectConfig
     feed: FeedConfig
     key: dg.AssetKey
-    spark_key: str
 
     @property
     def name(self) -> str:
@@ -70,10 +77,6 @@ class FeedBinding:
     @property
     def table_path(self) -> str:
         return self.project.table_path(self.feed)
-
-    def table(self, context: dg.OpExecutionContext) -> FeedTable:
-        """The feed's table, through the Spark session of the run's Spark resource."""
-        return self.table_for(feed_session(getattr(context.resources, self.spark_key)))
 
     def table_for(self, spark: "SparkSession") -> FeedTable:
         return FeedTable(spark, self.table_path, storage_options=self.project.storage_options())
@@ -154,9 +157,17 @@ def active_partitions(instance: dg.DagsterInstance, binding: FeedBinding, exclud
     return busy
 
 
-def make_loader(binding: FeedBinding, context: dg.OpExecutionContext) -> FeedLoader:
-    sink = DeltaSink(binding.table(context), run_id=context.run.run_id)
-    return FeedLoader(binding.feed.settings, sink, binding.feed.load, logger=context.log)
+def oldest_running_load(instance: dg.DagsterInstance, binding: FeedBinding,
+                        exclude_run_id: str | None = None) -> dt.datetime | None:
+    """When the oldest load of the feed that may still write started (None: there is none): runs in
+    progress, and runs that failed or were canceled within the margin (a killed run's Spark job can
+    still commit after it). VACUUM's retention is never below its age."""
+    recently = dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=RUNNING_LOAD_MARGIN_HOURS)
+    records = [*runs_loading(instance, binding, exclude_run_id),
+               *runs_loading(instance, binding, exclude_run_id,
+                             dg.RunsFilter(statuses=_ENDED, updated_after=recently))]
+    starts = [record.start_time or record.create_timestamp.timestamp() for record in records]
+    return dt.datetime.fromtimestamp(min(starts), dt.timezone.utc) if starts else None
 
 
 def report_metadata(report: PartitionReport, outcome: LoadOutcome, row_count: int) -> dict[str, dg.RawMetadataValue]:
@@ -302,3 +313,16 @@ def failure(binding: FeedBinding, reports: Iterable[PartitionReport]) -> dg.Fail
                     "(what was committed before the failure is kept): " + "; ".join(problems),
         allow_retries=True,
     )
+
+
+def maintenance_observation(binding: FeedBinding, report: MaintenanceReport) -> dg.AssetObservation:
+    """The maintenance on the asset's page: what ran, the retention it used, the files it removed."""
+    metadata: dict[str, dg.RawMetadataValue] = {
+        "maintenance": ", ".join(report.operations),
+        "delta_version": report.delta_version if report.delta_version is not None else -1,
+    }
+    if report.retention_hours is not None:
+        metadata["vacuum_retention_hours"] = report.retention_hours
+    if report.files_removed is not None:
+        metadata["files_removed"] = report.files_removed
+    return dg.AssetObservation(binding.key, metadata=metadata)

@@ -1,79 +1,192 @@
-"""The Spark session of a run: dagster-pyspark's resource, pointed at the embedded server or a cluster."""
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any, Literal, Optional
+"""The Dagster resources of the feeds. `FeedApiResource` runs a feed's load for a run's partitions and
+its table's maintenance, by Spark, as dagster-dlt's `DagsterDltResource.run(context)` runs a pipeline
+and dagster-sling's `SlingResource.replicate(context)` a replication; `SparkResource` is the Spark
+session it uses unless given another, made from the project's `SparkSettings`."""
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
-from dagster_pyspark import LazyPySparkResource, PySparkResource
+from pydantic import Field, PrivateAttr, field_validator
 
-from feedapi_dagster.lakehouse.sessions import is_connect, register_feed_source, spark_session
-from feedapi_dagster.lakehouse.spark_conf import DEFAULT_PORT, SparkSettings
-from feedapi_dagster.lakehouse.storage import S3Storage
+from feedapi_dagster.lakehouse.delta import FeedTable
+from feedapi_dagster.lakehouse.loader import FeedLoader
+from feedapi_dagster.lakehouse.delta_maintenance import due, maintain
+from feedapi_dagster.lakehouse.sessions import is_connect, spark_session
+from feedapi_dagster.lakehouse.sink import DeltaSink
+from feedapi_dagster.lakehouse.spark_conf import SparkSettings
+from feedapi_dagster.protocol.registry import protocol_of
+
+from .checks import feed_check_results, recorded_user_deletes
+from .loads import (BACKFILL_TAG, REBUILD_TAG, SUCCEEDED, FeedBinding, LoadConfig, active_partitions, failure,
+                    latest_metadata_by_partition, listed_partitions, maintenance_observation, materializations,
+                    materialized_reports, mirror_repairs, oldest_running_load, sync_observation)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+# The key the definitions bind the `FeedApiResource` to: the name of the parameter by which each feed's
+# asset and maintenance op declare it.
+RESOURCE_KEY = "feedapi"
 
-_BY_SETTINGS: dict[str, "SparkResource"] = {}
 
-
-class SparkResource(LazyPySparkResource):
-    """dagster-pyspark's lazy session (`.spark_session`, created on first use and shared by every
-    partition the run loads), configured by mode:
+class SparkResource(dg.ConfigurableResource):
+    """A Spark session made on first use and shared by every partition the run loads (as dagster-pyspark's
+    `LazyPySparkResource`), where `settings` (a `SparkSettings`) say:
 
     `embedded` (default): a Spark Connect client of the project's local Spark Connect server (started
     on first use and left running, so later runs only pay for a ~1 s client); `remote`: a cluster's
     Spark Connect URL (`sc://host:15002`); `local`: Spark inside the run process (tests).
-    `spark_config`: for `embedded` and `local`, configuration of the server / session; for `remote`,
-    runtime SQL settings of the client session.
+
+        SparkResource(settings=SparkSettings(mode="remote", remote="sc://spark-connect.internal:15002"))
     """
 
-    spark_config: dict[str, Any] = {}
-    mode: Literal["embedded", "remote", "local"] = "embedded"
-    remote: str | None = None
-    port: int = DEFAULT_PORT
-    # remote: send this package to the cluster as a Spark Connect artifact (off when the cluster's
-    # Python has feedapi-dagster installed)
-    ship_package: bool = True
-    # the lakehouse's S3 storage (`S3Storage` fields; credentials by the names of their variables, read
-    # when the session is made): every session gets its s3a settings and credentials
-    s3: Optional[dict[str, Any]] = None
+    # A Dagster resource's configuration holds values of JSON (no pydantic models): the settings are
+    # held as `SparkSettings` dumped to JSON, validated by it (`SparkSettings` is the one model).
+    settings: dict[str, Any] = Field(
+        default={}, description="SparkSettings: mode (embedded | remote | local), remote, port, conf, work_dir, "
+                                "ship_package and the lakehouse's s3 storage (credentials by the names of "
+                                "their variables)")
+    _session: Any = PrivateAttr(default=None)
 
+    @field_validator("settings", mode="before")
     @classmethod
-    def from_settings(cls, settings: SparkSettings) -> "SparkResource":
-        """One resource per distinct settings in a process: the Definitions of two components (two
-        defs.yaml) with the same Spark merge into one code location under the same key."""
-        key = settings.model_dump_json()
-        if key not in _BY_SETTINGS:
-            _BY_SETTINGS[key] = cls(mode=settings.mode, remote=settings.remote, port=settings.port,
-                                    spark_config=settings.conf, ship_package=settings.ship_package,
-                                    s3=settings.s3.model_dump(exclude_none=True) if settings.s3 is not None else None)
-        return _BY_SETTINGS[key]
+    def _as_json(cls, value: Any) -> dict[str, Any]:
+        settings = value if isinstance(value, SparkSettings) else SparkSettings.model_validate(value)
+        return settings.model_dump(mode="json", exclude_defaults=True)
 
-    def settings(self) -> SparkSettings:
-        return SparkSettings(mode=self.mode, remote=self.remote, port=self.port, conf=self.spark_config,
-                             detach_server=True, ship_package=self.ship_package,
-                             s3=S3Storage(**self.s3) if self.s3 is not None else None)
+    @property
+    def spark_settings(self) -> SparkSettings:
+        return SparkSettings.model_validate(self.settings)
 
-    # LazyPySparkResource has no public hook for how its session is made: `_init_session` is what its
-    # `spark_session` property calls, once, and `_spark_session` where it keeps the session
-    # (dagster-pyspark 0.29). Overriding them keeps the base class's laziness and teardown.
-    def _init_session(self) -> None:
-        if self._spark_session is None:
-            # validates mode and remote, with the same messages as the feeds config; the run's log
-            # says which Spark it is, where its UI is, and when the embedded server starts (~40 s)
-            self._spark_session = spark_session(self.settings(), logger=dg.get_dagster_logger())
+    @property
+    def ships_package(self) -> bool:
+        """Whether the loads send this package to the cluster as a Spark Connect artifact."""
+        settings = self.spark_settings
+        return settings.mode == "remote" and settings.ship_package
+
+    @property
+    def spark_session(self) -> "SparkSession":
+        if self._session is None:
+            # the run's log says which Spark it is, where its UI is, and when the embedded server starts
+            # (~40 s); a run is a short-lived process: the embedded server it starts stays for the next runs
+            settings = self.spark_settings.model_copy(update={"detach_server": True})
+            self._session = spark_session(settings, logger=dg.get_dagster_logger())
+        return self._session
 
 
-def feed_session(resource: Any) -> "SparkSession":
-    """The session of the resource a feed's runs use: a `SparkResource`, or a dagster-pyspark resource
-    the user passes in (their cluster's Python then needs feedapi-dagster installed, unless it is a
-    Spark Connect session, which gets this package as an artifact)."""
-    if isinstance(resource, SparkResource):
-        return resource.spark_session
-    if not isinstance(resource, (LazyPySparkResource, PySparkResource)):
-        raise TypeError(f"the Spark resource of feedapi-dagster must be a SparkResource or a dagster-pyspark "
-                        f"PySparkResource / LazyPySparkResource, got {type(resource).__name__}")
-    session = resource.spark_session
-    register_feed_source(session, ship=is_connect(session))
-    return session
+class FeedApiResource(dg.ConfigurableResource):
+    """The loads of feeds into their Delta tables, and the tables' maintenance, by the session of a
+    Spark resource. A feed's asset yields what `load(context, binding)` yields; its maintenance job
+    runs `maintain(context, binding)`."""
+
+    # a nested Dagster resource, set up by Dagster with this one (any resource type: Dagster's resource
+    # fields take no union of resource types)
+    spark: dg.ConfigurableResource = Field(
+        description="The Spark resource: a SparkResource, or a dagster-pyspark PySparkResource / "
+                    "LazyPySparkResource (its cluster's Python then needs feedapi-dagster installed, unless "
+                    "its session is a Spark Connect session, which gets this package as an artifact)")
+
+    @field_validator("spark")
+    @classmethod
+    def _has_session(cls, value: dg.ConfigurableResource) -> dg.ConfigurableResource:
+        if not hasattr(type(value), "spark_session"):
+            raise ValueError(f"the Spark resource must give a `spark_session` (a SparkResource, or dagster-pyspark's "
+                             f"PySparkResource or LazyPySparkResource), got {type(value).__name__}")
+        return value
+
+    @property
+    def spark_session(self) -> "SparkSession":
+        return self.spark.spark_session  # type: ignore[attr-defined]  # checked by `_has_session`
+
+    def table(self, binding: FeedBinding) -> FeedTable:
+        return binding.table_for(self.spark_session)
+
+    def load(self, context: dg.AssetExecutionContext, binding: FeedBinding,
+             config: LoadConfig | None = None) -> Iterator[dg.AssetMaterialization | dg.AssetObservation
+                                                            | dg.AssetCheckResult]:
+        """Load the run's partitions of the feed (those its tags list, or its partition keys) that no
+        other run is loading, in one Spark job per wave: the materializations of the partitions it
+        committed (and of those it was asked for and found up to date, except in the schedule's syncs),
+        one observation of the sync, the checks of what it committed, the maintenance its commits made
+        due; then a `dg.Failure` naming the partitions it could not load."""
+        config = config or LoadConfig()
+        keys = [int(key) for key in context.partition_keys]
+        if (listed := listed_partitions(context.run.tags)) is not None:  # the sensor's and schedule's runs say which
+            keys = [key for key in keys if key in listed]
+        busy = active_partitions(context.instance, binding, exclude_run_id=context.run.run_id)
+        if len(keys) == 1 and keys[0] in busy:
+            raise dg.Failure(f"feed {binding.name} partition {keys[0]}: another run is loading it; not starting a "
+                             "second load (see the runs tagged feedapi/feed)", allow_retries=False)
+        wanted = [key for key in keys if key not in busy]
+        if len(wanted) < len(keys):
+            context.log.info("skipping partitions %s: other runs are loading them", sorted(set(keys) - set(wanted)))
+        if clash := busy & {*config.rebuild, *config.drop}:
+            raise dg.Failure(f"feed {binding.name}: partitions {sorted(clash)} are being loaded by another run")
+        rebuild = set(config.rebuild) | (set(wanted) if context.run.tags.get(REBUILD_TAG) == "true" else set())
+        loader = FeedLoader(binding.feed.settings, DeltaSink(self.table(binding), run_id=context.run.run_id), binding.feed.load,
+                            logger=context.log, ship_package=self._ships_package())
+        # a backfill of a closed partition rebuilds it from `_first`
+        outcome = loader.load(wanted, rebuild=rebuild, drop=config.drop,
+                              rebuild_closed=BACKFILL_TAG in context.run.tags)
+        for report in outcome.reports.values():
+            if report.error and report.status not in SUCCEEDED:  # a waiting partition's reason is no error
+                context.log.error("partition %s: %s", report.partition_id, report.error)
+        # the checks look at the partitions this load committed something for
+        loaded = [r.partition_id for r in outcome.reports.values()
+                  if r.status == "loaded" and r.delta_version is not None]
+        # Dagster's view of every partition, read once (10,000 partitions: seconds): the mirror repairs and
+        # the mirror check both start from it, and the check adds what this load logged
+        mirrored = latest_metadata_by_partition(context.instance, binding,
+                                                [str(p) for p in outcome.committed.state.partitions])
+        events = materializations(binding, materialized_reports(context.run, outcome, wanted), outcome)
+        yield from events
+        yield sync_observation(binding, outcome, context.log)
+        for event in mirror_repairs(binding, outcome, mirrored, skip=[int(event.partition) for event in events]):
+            context.log.info("partition %s: materialization metadata was behind Delta; recorded the cursor of record",
+                             event.partition)
+            yield event
+            events.append(event)
+        mirrored.update({event.partition: {k: v.value for k, v in event.metadata.items()} for event in events})
+        yield from feed_check_results(outcome, loaded, mirrored, protocol_of(binding.feed.settings),
+                                      recorded_user_deletes(context.instance, binding.key))
+        # what the loads' commits made due: OPTIMIZE every `optimize_every_commits` commits, VACUUM every
+        # `vacuum_every_commits`
+        if operations := due(outcome.table, binding.feed.maintenance):
+            yield self._maintain(context, binding, outcome.table, operations)
+        if problem := failure(binding, outcome.reports.values()):
+            raise problem
+
+    def maintain(self, context: dg.OpExecutionContext, binding: FeedBinding) -> dg.AssetObservation:
+        """OPTIMIZE and VACUUM of the feed's table; the observation of what they did, for the asset's page."""
+        table = self.table(binding)
+        table.ensure_table()
+        return self._maintain(context, binding, table, operations=None)
+
+    def _maintain(self, context: dg.OpExecutionContext, binding: FeedBinding, table: FeedTable,
+                  operations: tuple[str, ...] | None) -> dg.AssetObservation:
+        # VACUUM keeps what the feed's loads that may still write need
+        running = oldest_running_load(context.instance, binding, exclude_run_id=context.run.run_id)
+        settings = binding.feed.maintenance
+        report = maintain(table, settings, running) if operations is None else maintain(table, settings, running,
+                                                                                        operations)
+        context.log.info("feed %s: %s", binding.name, report)
+        return maintenance_observation(binding, report)
+
+    def _ships_package(self) -> bool:
+        if isinstance(self.spark, SparkResource):
+            return self.spark.ships_package
+        # a session of the user's own resource: a Spark Connect session's cluster may lack the package
+        return is_connect(self.spark_session)
+
+
+_SHARED: dict[str, FeedApiResource] = {}
+
+
+def shared_resource(settings: SparkSettings) -> FeedApiResource:
+    """One resource per distinct Spark settings in a process: Dagster merges two Definitions binding
+    one key only to the same object, so that the Definitions of two components (two defs.yaml) with
+    the same Spark merge into one code location."""
+    key = settings.model_dump_json()
+    if key not in _SHARED:
+        _SHARED[key] = FeedApiResource(spark=SparkResource(settings=settings))
+    return _SHARED[key]

@@ -35,7 +35,7 @@ import pytest
 
 import feedapi_dagster.demo
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
-from feedapi_dagster.orchestration import SPARK_RESOURCE_KEY, FeedConfig, ProjectConfig
+from feedapi_dagster.orchestration import FeedConfig, ProjectConfig
 from feedapi_dagster.orchestration.automation import load_request, register_discovered_partitions
 from feedapi_dagster.orchestration.loads import FeedBinding
 
@@ -142,8 +142,7 @@ def _discover_and_load(project: Path, home: Path, feed_url: str) -> list[str]:
     key = dg.AssetKey(["feedapi", "orders"])
     feed = FeedConfig(name="orders", url=feed_url, dialect="published")
     with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home))) as instance:
-        binding = FeedBinding(ProjectConfig(lakehouse=str(project.parent / "lakehouse"), feeds=[feed]), feed, key,
-                              SPARK_RESOURCE_KEY)
+        binding = FeedBinding(ProjectConfig(lakehouse=str(project.parent / "lakehouse"), feeds=[feed]), feed, key)
         keys = register_discovered_partitions(instance, binding)
         request = load_request(binding, [int(k) for k in keys], "browser-test", keys)
         result = defs.resolve_job_def("feedapi_orders_load").execute_in_process(

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from feedapi_dagster.orchestration import (SPARK_RESOURCE_KEY, FeedApiTranslator, FeedTranslatorData, ProjectConfig,
+from feedapi_dagster.orchestration import (RESOURCE_KEY, FeedApiTranslator, FeedTranslatorData, ProjectConfig,
                                           build_feedapi_definitions)
 
 PROJECT_ENV = "CHAOS_PROJECT_JSON"  # tests.chaos.harness.PROJECT_ENV (not imported: this runs as a script)
@@ -37,7 +37,7 @@ def main() -> int:
             key = FeedApiTranslator().get_asset_spec(FeedTranslatorData(feed, project.table_path(feed))).key
             asset = defs.get_assets_def(key)
             result = dg.materialize([asset], partition_key=spec["partition"], instance=instance,
-                                    resources={SPARK_RESOURCE_KEY: defs.resources[SPARK_RESOURCE_KEY]},
+                                    resources={RESOURCE_KEY: defs.resources[RESOURCE_KEY]},
                                     tags=spec.get("tags") or {}, raise_on_error=False)
         elif spec["kind"] == "maintenance":
             result = defs.resolve_job_def(f"feedapi_{feed.name}_maintenance").execute_in_process(

@@ -17,7 +17,7 @@ import requests
 
 from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.lakehouse.storage import S3Storage
-from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, SparkResource, build_feedapi_definitions
+from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, build_feedapi_definitions
 from feedapi_dagster.orchestration.config import StorageConfig
 from feedapi_dagster.protocol import RetryPolicy
 from tests.orchestration.conftest import Harness
@@ -31,7 +31,7 @@ def main() -> None:
                       retry=RetryPolicy(base_delay=0.01, max_delay=0.1))
     spark = SparkSettings(mode="remote", remote=remote)
     project = ProjectConfig(lakehouse=lakehouse, storage=StorageConfig(s3=s3), spark=spark, feeds=[feed])
-    defs = build_feedapi_definitions(project, spark=SparkResource.from_settings(project.spark_settings()))
+    defs = build_feedapi_definitions(project)
     outcome: dict = {"runs": []}
     with dg.instance_for_test(temp_dir=home) as instance:
         harness = Harness(None, None, project, defs, instance)

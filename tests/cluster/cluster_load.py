@@ -37,7 +37,8 @@ def main() -> None:
     feed = feed_settings(url=url, page_size_hint=40, retry=RetryPolicy(base_delay=0.01, max_delay=0.1))
     for command in sys.stdin:
         pausing = command.strip() == "load-pausing"
-        loader = FeedLoader(feed, DeltaSink(FeedTable(session, table)), LoadSettings(read_tasks=2), on_moment=at)
+        loader = FeedLoader(feed, DeltaSink(FeedTable(session, table)), LoadSettings(read_tasks=2), on_moment=at,
+                            ship_package=True)  # the cluster has no feedapi-dagster installed
         try:
             outcome = loader.load(p.id for p in loader.client.discover().partitions)
             print(json.dumps({"ok": True, "version": outcome.committed.delta_version}), flush=True)

@@ -1,4 +1,4 @@
-"""A run's Spark session, made as a project's run makes it (`SparkResource.from_settings(
+"""A run's Spark session, made as a project's run makes it (`SparkResource(settings=
 project.spark_settings())`), on the embedded Spark Connect server of a port: it appends rows to a Delta
 table of the project's lakehouse, reads them back, and says what Spark shows of its settings.
 
@@ -34,7 +34,7 @@ def main() -> None:
     out: dict = {}
     try:
         started = time.perf_counter()
-        spark = SparkResource.from_settings(project.spark_settings()).spark_session
+        spark = SparkResource(settings=project.spark_settings()).spark_session
         out["seconds"] = round(time.perf_counter() - started, 3)
         if spec.get("create"):
             # the project's table, as a load creates it: a failure is a StorageError naming the setting

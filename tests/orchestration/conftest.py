@@ -6,7 +6,7 @@ import pytest
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
 from feedapi_dagster.lakehouse.delta_maintenance import MaintenanceSettings
 from feedapi_dagster.lakehouse.spark_conf import SparkSettings
-from feedapi_dagster.orchestration import (SPARK_RESOURCE_KEY, FeedConfig, ProjectConfig, SparkResource,
+from feedapi_dagster.orchestration import (RESOURCE_KEY, FeedApiResource, FeedConfig, ProjectConfig, SparkResource,
                                           build_feedapi_definitions)
 from feedapi_dagster.lakehouse.delta import DeltaLog
 from feedapi_dagster.orchestration.config import ScheduleConfig, StorageConfig
@@ -68,11 +68,11 @@ class Harness:
 
     @property
     def binding(self) -> FeedBinding:
-        return FeedBinding(self.project, self.feed_config, dg.AssetKey(["feedapi", self.name]), SPARK_RESOURCE_KEY)
+        return FeedBinding(self.project, self.feed_config, dg.AssetKey(["feedapi", self.name]))
 
     @property
-    def spark_resource(self) -> SparkResource:
-        return self.defs.resources[SPARK_RESOURCE_KEY]
+    def resource(self) -> FeedApiResource:
+        return self.defs.resources[RESOURCE_KEY]
 
     def launch(self, request: dg.RunRequest, raise_on_error: bool = True) -> dg.ExecuteInProcessResult:
         """The run the request asks for, as the daemon would launch it: a run of the asset's job."""
@@ -85,7 +85,7 @@ class Harness:
     def materialize_partition(self, partition: int, tags=None) -> dg.ExecuteInProcessResult:
         asset = self.defs.get_assets_def(dg.AssetKey(["feedapi", self.name]))
         return dg.materialize([asset], partition_key=str(partition), instance=self.instance,
-                              resources={SPARK_RESOURCE_KEY: self.spark_resource}, tags=tags or {})
+                              resources={RESOURCE_KEY: self.resource}, tags=tags or {})
 
     def metadata(self, partition: int) -> dict:
         return latest_metadata_by_partition(self.instance, self.binding, [str(partition)]).get(str(partition), {})
@@ -112,5 +112,5 @@ def harness(spark, instance, tmp_path, request):
         project = ProjectConfig(lakehouse=lakehouse.root, storage=StorageConfig(s3=lakehouse.storage),
                                 spark=SparkSettings(mode="local", conf=SINGLE_DRIVER if lakehouse.on_s3 else {}),
                                 feeds=[feed_config])
-        defs = build_feedapi_definitions(project, spark=SparkResource(mode="local"))
+        defs = build_feedapi_definitions(project, spark=SparkResource(settings=SparkSettings(mode="local")))
         yield Harness(feed, server, project, defs, instance)

@@ -1,5 +1,6 @@
 """`FeedApiComponent` in a user's own `dg` project, and the Python factory merged into a user's
-Definitions: no resource key, executor or name collides; `dg check` and `dg scaffold` work."""
+Definitions: no resource key, executor or name collides; `dg check` and `dg scaffold` work; a subclass's
+`execute` is what the feed's asset runs."""
 import os
 import subprocess
 import sys
@@ -8,8 +9,10 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from feedapi_dagster.orchestration import (SPARK_RESOURCE_KEY, FeedApiTranslator, FeedConfig, FeedTranslatorData,
-                                          ProjectConfig, SparkResource, build_feedapi_definitions)
+from feedapi_dagster.lakehouse.spark_conf import SparkSettings
+from feedapi_dagster.orchestration import (RESOURCE_KEY, FeedApiResource, FeedApiTranslator, FeedConfig,
+                                          FeedTranslatorData, ProjectConfig, SparkResource, build_feedapi_definitions)
+from feedapi_dagster.orchestration.component import FeedApiComponent
 
 from ..user_project import MODULE, importable, write_user_project
 
@@ -37,7 +40,8 @@ def test_one_defs_yaml_adds_the_feed_beside_the_users_assets_and_spark_resource(
     dg.Definitions.validate_loadable(defs)
     assert {KEY, dg.AssetKey("daily_report")} <= set(defs.resolve_all_asset_keys())
     assert type(defs.resources["spark"]).__name__ == "LazyPySparkResource"  # the user's, untouched
-    assert isinstance(defs.resources[SPARK_RESOURCE_KEY], SparkResource)
+    assert isinstance(defs.resources[RESOURCE_KEY], FeedApiResource)
+    assert isinstance(defs.resources[RESOURCE_KEY].spark, SparkResource)
     assert defs.executor is None  # the user's executor choice stays the user's
     repo = defs.get_repository_def()
     assert {"feedapi_orders_discovery"} == {s.name for s in repo.sensor_defs}
@@ -66,7 +70,7 @@ def test_the_factory_merges_with_a_users_definitions_and_its_translator_decides_
     def orders_report(spark: SparkResource) -> None:
         pass
 
-    users = dg.Definitions(assets=[orders_report], resources={"spark": SparkResource(mode="local")},
+    users = dg.Definitions(assets=[orders_report], resources={"spark": SparkResource(settings=SparkSettings(mode="local"))},
                            executor=dg.multiprocess_executor)
     merged = dg.Definitions.merge(users, build_feedapi_definitions(project, translator=TeamTranslator()))
     dg.Definitions.validate_loadable(merged)
@@ -74,15 +78,15 @@ def test_the_factory_merges_with_a_users_definitions_and_its_translator_decides_
     spec = merged.resolve_assets_def(key).specs_by_key[key]
     assert (spec.group_name, spec.owners, spec.tags["tier"]) == ("raw", ["team:data"], "bronze")
     assert spec.kinds == {"delta", "spark"}
-    assert {"spark", SPARK_RESOURCE_KEY} <= set(merged.resources)
+    assert {"spark", RESOURCE_KEY} <= set(merged.resources)
     # the load job keeps its one-process executor whatever the code location's default
     assert merged.resolve_job_def("feedapi_orders_load").executor_def.name == "in_process"
 
 
-def test_yaml_translation_and_a_custom_resource_key(tmp_path, monkeypatch):
+def test_yaml_translation(tmp_path, monkeypatch):
     root = write_user_project(tmp_path / "project", "https://x.example/f", {"mode": "local"}, lakehouse=tmp_path)
     path = root / MODULE / "defs" / "feeds" / "defs.yaml"
-    path.write_text(path.read_text() + "  spark_resource_key: lake_spark\n  translation:\n"
+    path.write_text(path.read_text() + "  translation:\n"
                     "    key: \"lake/{{ feed.name }}\"\n    group_name: bronze\n")
     monkeypatch.setenv("ORDERS_FEED_TOKEN", "x")
     with importable(root):
@@ -90,7 +94,7 @@ def test_yaml_translation_and_a_custom_resource_key(tmp_path, monkeypatch):
     dg.Definitions.validate_loadable(defs)
     spec = defs.resolve_assets_def(dg.AssetKey(["lake", "orders"])).specs_by_key[dg.AssetKey(["lake", "orders"])]
     assert spec.group_name == "bronze"
-    assert "lake_spark" in defs.resources
+    assert defs.resources[RESOURCE_KEY].spark.spark_settings == SparkSettings(mode="local")
 
 
 def test_dg_check_names_a_misspelt_key_with_its_file_and_line_and_scaffold_writes_a_valid_defs_yaml(
@@ -116,3 +120,30 @@ def test_dg_check_names_a_misspelt_key_with_its_file_and_line_and_scaffold_write
     monkeypatch.setenv("AUDIT_FEED_TOKEN", "tok-audit")  # the token the scaffolded feed reads (not set: an error)
     checked = dg_command(user_project, "check", "defs")
     assert checked.returncode == 0, (checked.stdout + checked.stderr)[-3000:]
+
+
+def test_a_subclass_execute_is_what_each_feed_asset_runs_with_the_components_resource(tmp_path):
+    class AuditedFeeds(FeedApiComponent):
+        def execute(self, context, feedapi, binding, config):
+            calls.append((type(feedapi), feedapi.spark.spark_settings, binding.name, list(context.partition_keys),
+                          config.rebuild))
+            # no Spark, no load: an observation, and the results its checks must have
+            yield dg.AssetObservation(binding.key, metadata={"audited": True})
+            for spec in context.assets_def.check_specs:
+                yield dg.AssetCheckResult(asset_key=binding.key, check_name=spec.name, passed=True)
+
+    calls: list = []
+    component = AuditedFeeds(lakehouse=str(tmp_path), spark=SparkSettings(mode="local"),
+                             feeds=[FeedConfig(name="orders", url="https://x.example/f")])
+    defs = component.build_defs(dg.ComponentTree.for_test().load_context)
+    assert defs.resources[RESOURCE_KEY] is component.resource
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("feedapi_orders", ["0"])
+        run = defs.resolve_job_def("feedapi_orders_load").execute_in_process(
+            instance=instance, partition_key="0", run_config={"ops": {"feedapi__orders": {"config": {"rebuild": [0]}}}})
+    assert run.success
+    # the run's copy of the component's resource (Dagster sets up a resource per run)
+    assert calls == [(FeedApiResource, SparkSettings(mode="local"), "orders", ["0"], [0])]
+    (observation,) = [e.asset_observation_data.asset_observation for e in run.all_events
+                      if e.event_type == dg.DagsterEventType.ASSET_OBSERVATION]
+    assert observation.metadata["audited"].value is True

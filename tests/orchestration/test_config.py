@@ -1,12 +1,15 @@
 """A defs.yaml's attributes: clear, located errors for bad input (`dg check defs` shows them with the
 file and line: tests/orchestration/test_component.py)."""
+import dagster as dg
 import pytest
 import yaml
+from dagster_pyspark import LazyPySparkResource
 from pydantic import ValidationError
 
 from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.errors import StorageError
-from feedapi_dagster.orchestration import ProjectConfig, SparkResource
+from feedapi_dagster.orchestration import (RESOURCE_KEY, FeedApiResource, FeedConfig, ProjectConfig, SparkResource,
+                                          build_feedapi_definitions)
 from feedapi_dagster.protocol import ProtocolError
 from feedapi_dagster.orchestration.component import FeedApiAttributes, FeedApiComponent
 
@@ -75,8 +78,9 @@ def test_one_storage_setting_becomes_spark_s3a_settings_and_delta_rs_options(tmp
     remote = validate(S3.replace("mode: embedded", "mode: remote, remote: 'sc://spark:15002'"))
     remote_settings = FeedApiComponent(**dict(remote)).project_config(tmp_path).spark_settings()
     assert remote_settings.conf == {} and remote_settings.s3 == project.s3
-    resource = SparkResource.from_settings(remote_settings)
-    assert resource.settings().s3 == project.s3 and "s3cr3t-lake" not in str(resource)
+    resource = SparkResource(settings=remote_settings)
+    assert resource.spark_settings == remote_settings and resource.spark_settings.s3 == project.s3
+    assert "s3cr3t-lake" not in str(resource)
     with pytest.raises(ValidationError, match="spark.s3 is set from storage.s3"):
         ProjectConfig(lakehouse="s3a://lake/feeds", spark=SparkSettings(s3=project.s3), feeds=project.feeds)
     monkeypatch.delenv("LAKE_SECRET")
@@ -122,3 +126,27 @@ def test_duplicate_feed_names_and_a_missing_token_variable(tmp_path, monkeypatch
     inline = validate(GOOD.replace("token_env: ORDERS_TOKEN", "token: s3cr3t-inline")).feeds[0]
     assert "s3cr3t-inline" not in repr(inline) and "s3cr3t-inline" not in str(inline.model_dump())
     assert inline.bearer_token() == "s3cr3t-inline"
+
+
+def test_the_resources_hold_the_spark_settings_and_take_a_users_dagster_pyspark_resource(tmp_path):
+    settings = SparkSettings(mode="remote", remote="sc://spark:15002", conf={"spark.sql.shuffle.partitions": 2})
+    assert SparkResource(settings=settings).spark_settings == settings
+    assert SparkResource(settings={"mode": "local"}).spark_settings == SparkSettings(mode="local")
+    with pytest.raises(ValidationError, match="needs `remote`"):
+        SparkResource(settings={"mode": "remote"})
+    orders = ProjectConfig(lakehouse=str(tmp_path), feeds=[FeedConfig(name="orders", url="https://x.example/f")])
+    audit = orders.model_copy(update={"feeds": [FeedConfig(name="audit", url="https://x.example/a")]})
+    # the same Spark settings: one resource, so that two components' (or factories') Definitions merge
+    resource = build_feedapi_definitions(orders).resources[RESOURCE_KEY]
+    assert resource is build_feedapi_definitions(audit).resources[RESOURCE_KEY]
+    assert resource.spark.spark_settings == orders.spark_settings()
+    dg.Definitions.validate_loadable(dg.Definitions.merge(build_feedapi_definitions(orders),
+                                                          build_feedapi_definitions(audit)))
+    users = LazyPySparkResource(spark_config={"spark.app.name": "user"})
+    assert build_feedapi_definitions(orders, spark=users).resources[RESOURCE_KEY].spark is users
+
+    class NoSpark(dg.ConfigurableResource):
+        pass
+
+    with pytest.raises(ValidationError, match="must give a `spark_session`"):
+        FeedApiResource(spark=NoSpark())

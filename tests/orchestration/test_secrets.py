@@ -6,8 +6,7 @@ import dagster as dg
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
 from feedapi_dagster.lakehouse.spark_conf import SparkSettings
-from feedapi_dagster.orchestration import (SPARK_RESOURCE_KEY, FeedConfig, ProjectConfig, SparkResource,
-                                          build_feedapi_definitions)
+from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, SparkResource, build_feedapi_definitions
 from feedapi_dagster.orchestration.automation import DiscoveryCursor, evaluate_discovery, load_request
 from feedapi_dagster.orchestration.loads import FeedBinding
 from feedapi_dagster.protocol import ProtocolError
@@ -34,8 +33,8 @@ def test_the_token_never_leaks(spark, spark_work_dir, instance, tmp_path, monkey
         config = FeedConfig(name="orders", url=server.url, token_env="ORDERS_TOKEN")
         project = ProjectConfig(lakehouse=str(tmp_path / "lakehouse"), spark=SparkSettings(mode="local"),
                                 feeds=[config])
-        defs = build_feedapi_definitions(project, spark=SparkResource(mode="local"))
-        binding = FeedBinding(project, config, dg.AssetKey(["feedapi", "orders"]), SPARK_RESOURCE_KEY)
+        defs = build_feedapi_definitions(project, spark=SparkResource(settings=SparkSettings(mode="local")))
+        binding = FeedBinding(project, config, dg.AssetKey(["feedapi", "orders"]))
         job = defs.resolve_job_def("feedapi_orders_load")
         known = instance.get_dynamic_partitions(binding.partitions_name)
         result = evaluate_discovery(binding, config.client().discover(), DiscoveryCursor(), known)

@@ -7,7 +7,7 @@ import importlib
 import json
 
 from feedapi_dagster.lakehouse.spark_conf import SparkSettings
-from feedapi_dagster.lakehouse.state import read_committed_state
+from feedapi_dagster.lakehouse.cursor_record import read_committed_state
 from feedapi_dagster.orchestration import FeedConfig, ProjectConfig
 
 from ..lakehouse.conftest import payloads
