@@ -49,6 +49,7 @@ Every result is checked (rows, positions, last rows). Each figure is printed as 
 (`a / b`) and the 1-minute load average range. A warm-up round (each layout on 20 partitions of the
 first shape, untimed) comes first, so that no layout pays the JVM's first Delta commands.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,8 +74,12 @@ INCREMENT = 10  # new events per partition of the incremental load
 CHANGED = 10  # partitions of the incremental load, of the recovery and dedup queries
 READ_TASKS = 16  # the `feedapi` source's default
 WARM_UP_PARTITIONS = 20
-NAMES = {"partitioned": "PARTITIONED BY", "clustered": "CLUSTER BY", "sorted": "CLUSTER BY, sorted writes",
-         "none": "neither"}
+NAMES = {
+    "partitioned": "PARTITIONED BY",
+    "clustered": "CLUSTER BY",
+    "sorted": "CLUSTER BY, sorted writes",
+    "none": "neither",
+}
 
 
 def say(message: str) -> None:
@@ -110,7 +115,7 @@ class Shape:
         return f"{self.partitions:,} x {self.events:,}"
 
     @classmethod
-    def parse(cls, text: str) -> "Shape":
+    def parse(cls, text: str) -> Shape:
         partitions, _, events = text.lower().partition("x")
         return cls(int(partitions), int(events))
 
@@ -130,32 +135,46 @@ def read_feed(spark, shape: Shape, work: Path) -> tuple[subprocess.Popen, Data]:
     from pyspark.sql import functions as F
 
     t0 = time.monotonic()
-    proc, url = start_feed_server("feedapi", shape.partitions, shape.partitions * shape.events, work / "feed-server.log")
+    proc, url = start_feed_server(
+        "feedapi", shape.partitions, shape.partitions * shape.events, work / "feed-server.log"
+    )
     t1 = time.monotonic()
     page_size = min(5000, max(100, shape.events))
-    rows = (spark.read.format("feedapi").option("url", url).option("pageSizeHint", str(page_size)).load()
-            .localCheckpoint(eager=True))
+    rows = (
+        spark.read.format("feedapi")
+        .option("url", url)
+        .option("pageSizeHint", str(page_size))
+        .load()
+        .localCheckpoint(eager=True)
+    )
     stats = rows.groupBy("partition_id").agg(F.count("*"), F.min("position"), F.max("position")).collect()
     counts = {r[0]: r[1] for r in stats}
     if any((r[2], r[3]) != (0, r[1] - 1) for r in stats) or sum(counts.values()) != shape.partitions * shape.events:
-        raise RuntimeError(f"the feed's rows are not {shape.name}: {len(counts)} partitions, "
-                           f"{sum(counts.values())} rows, positions not 0..n-1 in some")
+        raise RuntimeError(
+            f"the feed's rows are not {shape.name}: {len(counts)} partitions, "
+            f"{sum(counts.values())} rows, positions not 0..n-1 in some"
+        )
     # the demo feed spreads its events over the partitions by aggregate: E per partition on average
-    say(f"{shape.name}: demo feed served in {t1 - t0:.1f} s, read by the feedapi source in "
+    say(
+        f"{shape.name}: demo feed served in {t1 - t0:.1f} s, read by the feedapi source in "
         f"{time.monotonic() - t1:.1f} s ({rows.rdd.getNumPartitions()} Spark partitions, kept by localCheckpoint); "
-        f"{len(counts)} partitions with rows, {min(counts.values())}-{max(counts.values())} events each")
+        f"{len(counts)} partitions with rows, {min(counts.values())}-{max(counts.values())} events each"
+    )
     ids = sorted(counts)
     changed = sorted({ids[i * len(ids) // CHANGED] for i in range(min(CHANGED, len(ids)))})
     rebuilt = max(set(ids) - set(changed)) if len(ids) > len(changed) else ids[-1]
     # 10 more events of each changed partition: its first event's payload at the next 10 positions, new ids
     shift = F.create_map(*[x for pid in changed for x in (F.lit(pid), F.lit(counts[pid]))])
-    increment = (rows.where(F.col("partition_id").isin(changed) & (F.col("position") == 0))
-                 .crossJoin(spark.range(INCREMENT).withColumnRenamed("id", "k"))
-                 .withColumn("position", F.col("k") + shift[F.col("partition_id")])
-                 .withColumn("event_id", F.concat("event_id", F.lit("-again-"), F.col("k").cast("string")))
-                 .drop("k")
-                 # as a load's read tasks hand them over: a partition's rows in one task
-                 .repartition(READ_TASKS, "partition_id").localCheckpoint(eager=True))
+    increment = (
+        rows.where(F.col("partition_id").isin(changed) & (F.col("position") == 0))
+        .crossJoin(spark.range(INCREMENT).withColumnRenamed("id", "k"))
+        .withColumn("position", F.col("k") + shift[F.col("partition_id")])
+        .withColumn("event_id", F.concat("event_id", F.lit("-again-"), F.col("k").cast("string")))
+        .drop("k")
+        # as a load's read tasks hand them over: a partition's rows in one task
+        .repartition(READ_TASKS, "partition_id")
+        .localCheckpoint(eager=True)
+    )
     return proc, Data(rows, counts, changed, rebuilt, increment)
 
 
@@ -164,8 +183,10 @@ def create_sql(path: str, layout: str) -> str:
     from feedapi_dagster.lakehouse.delta import TABLE_DDL
 
     if layout == "partitioned":  # FeedTable.ensure_table's up to 0.1.0
-        return (f"CREATE TABLE delta.`{path}` ({TABLE_DDL}) USING delta PARTITIONED BY (partition_id) "
-                "TBLPROPERTIES ('delta.dataSkippingStatsColumns' = 'position')")
+        return (
+            f"CREATE TABLE delta.`{path}` ({TABLE_DDL}) USING delta PARTITIONED BY (partition_id) "
+            "TBLPROPERTIES ('delta.dataSkippingStatsColumns' = 'position')"
+        )
     stats = "TBLPROPERTIES ('delta.dataSkippingStatsColumns' = 'partition_id,position')"
     if layout in ("clustered", "sorted"):
         return f"CREATE TABLE delta.`{path}` ({TABLE_DDL}) USING delta CLUSTER BY (partition_id) {stats}"
@@ -183,8 +204,17 @@ class Result:
 class Run:
     """One layout's table of one shape: every step timed and checked."""
 
-    def __init__(self, spark, path: str, layout: str, data: Data, result: Result, label: str,
-                 range_files: int, quiet: bool = False):
+    def __init__(
+        self,
+        spark,
+        path: str,
+        layout: str,
+        data: Data,
+        result: Result,
+        label: str,
+        range_files: int,
+        quiet: bool = False,
+    ):
         from feedapi_dagster.lakehouse.delta import FeedTable
 
         self.spark, self.path, self.layout, self.data, self.result = spark, path, layout, data, result
@@ -215,8 +245,9 @@ class Run:
         if self.layout == "sorted":
             rows = rows.repartitionByRange(self.range_files, "partition_id")
         self.txn += 1
-        self.table.write(Commit(rows, json.dumps({"bench": self.layout, "txn": self.txn}), self.txn, replace),
-                         run_id="bench-layout")
+        self.table.write(
+            Commit(rows, json.dumps({"bench": self.layout, "txn": self.txn}), self.txn, replace), run_id="bench-layout"
+        )
 
     def log(self):
         from deltalake import DeltaTable
@@ -238,8 +269,11 @@ class Run:
         if "partition.partition_id" in actions:
             hits = sum(1 for p in actions["partition.partition_id"] if int(p) in wanted)
         else:
-            hits = sum(1 for low, high in zip(actions["min.partition_id"], actions["max.partition_id"])
-                       if any(low <= p <= high for p in wanted))
+            hits = sum(
+                1
+                for low, high in zip(actions["min.partition_id"], actions["max.partition_id"], strict=True)
+                if any(low <= p <= high for p in wanted)
+            )
         return hits, len(actions["path"])
 
     def expect_stats(self, found: dict, partitions, label: str) -> None:
@@ -261,15 +295,23 @@ class Run:
         data, spark = self.data, self.spark
         everything = sorted(data.counts)
         self.timed("create", lambda: spark.sql(create_sql(self.path, self.layout)).collect())
-        detail = spark.sql(f"DESCRIBE DETAIL delta.`{self.path}`").select("partitionColumns", "clusteringColumns") \
-            .first()
-        expected = {"partitioned": (["partition_id"], []), "clustered": ([], ["partition_id"]),
-                    "sorted": ([], ["partition_id"]), "none": ([], [])}[self.layout]
+        detail = (
+            spark.sql(f"DESCRIBE DETAIL delta.`{self.path}`").select("partitionColumns", "clusteringColumns").first()
+        )
+        expected = {
+            "partitioned": (["partition_id"], []),
+            "clustered": ([], ["partition_id"]),
+            "sorted": ([], ["partition_id"]),
+            "none": ([], []),
+        }[self.layout]
         if (list(detail[0]), list(detail[1] or [])) != expected:
-            raise AssertionError(f"{self.label}: DESCRIBE DETAIL gives partitionColumns {detail[0]}, "
-                                 f"clusteringColumns {detail[1]}; expected {expected}")
-        self.note("layout (DESCRIBE DETAIL)", f"partitionColumns {list(detail[0])}, clusteringColumns "
-                                              f"{list(detail[1] or [])}")
+            raise AssertionError(
+                f"{self.label}: DESCRIBE DETAIL gives partitionColumns {detail[0]}, "
+                f"clusteringColumns {detail[1]}; expected {expected}"
+            )
+        self.note(
+            "layout (DESCRIBE DETAIL)", f"partitionColumns {list(detail[0])}, clusteringColumns {list(detail[1] or [])}"
+        )
 
         self.timed("first write", lambda: self.write(data.rows))
         self.note("first write files", int(self.last_metrics()["numFiles"]))
@@ -307,13 +349,17 @@ class Run:
         rebuilt = data.rebuilt
         self.timed("rebuild", lambda: self.write(data.rows.where(F.col("partition_id") == rebuilt), (rebuilt,)))
         metrics = self.last_metrics()
-        self.note("rebuild files removed/added", f"{metrics.get('numRemovedFiles', '?')}/{metrics.get('numFiles', '?')}")
+        self.note(
+            "rebuild files removed/added", f"{metrics.get('numRemovedFiles', '?')}/{metrics.get('numFiles', '?')}"
+        )
         total = sum(data.counts.values()) + INCREMENT * len(data.changed)
         found = rs_scan_stats(self.path)  # untimed: delta-rs reads the table's rows faster than Spark here
         check = (sum(n for n, _, _ in found.values()), found.get(rebuilt))
         if check != (total, (data.counts[rebuilt], 0, data.counts[rebuilt] - 1)):
-            raise AssertionError(f"{self.label} after the rebuild: {check}, expected {total} rows, partition "
-                                 f"{rebuilt} 0..{data.counts[rebuilt] - 1}")
+            raise AssertionError(
+                f"{self.label} after the rebuild: {check}, expected {total} rows, partition "
+                f"{rebuilt} 0..{data.counts[rebuilt] - 1}"
+            )
 
         self.timed("OPTIMIZE", lambda: spark.sql(f"OPTIMIZE delta.`{self.path}`").collect())
         hits, files = self.files_holding(data.changed)
@@ -325,17 +371,31 @@ def rs_scan_stats(path: str) -> dict[int, tuple[int, int, int]]:
     from deltalake import DeltaTable
 
     columns = DeltaTable(path).to_pyarrow_dataset().to_table(columns=["partition_id", "position"])
-    grouped = columns.group_by("partition_id").aggregate(
-        [("position", "count"), ("position", "min"), ("position", "max")]).to_pydict()
-    return {pid: (n, low, high) for pid, n, low, high in zip(
-        grouped["partition_id"], grouped["position_count"], grouped["position_min"], grouped["position_max"])}
+    grouped = (
+        columns.group_by("partition_id")
+        .aggregate([("position", "count"), ("position", "min"), ("position", "max")])
+        .to_pydict()
+    )
+    return {
+        pid: (n, low, high)
+        for pid, n, low, high in zip(
+            grouped["partition_id"],
+            grouped["position_count"],
+            grouped["position_min"],
+            grouped["position_max"],
+            strict=True,
+        )
+    }
 
 
 # ----------------------------------------------------------------------------- the table
 COLUMNS = [  # (header, value keys, format)
     ("first write s (files)", ["first write", "first write files"]),
     ("incremental s (files)", ["incremental", "incremental files"]),
-    ("positions, all: log / Spark / rs scan s", ["positions, all: log", "positions, all: spark", "positions, all: rs scan"]),
+    (
+        "positions, all: log / Spark / rs scan s",
+        ["positions, all: log", "positions, all: spark", "positions, all: rs scan"],
+    ),
     ("positions, 10: log / Spark s", ["positions, 10: log", "positions, 10: spark"]),
     ("last rows, 10 s (files read)", ["last rows", "files read for 10 partitions"]),
     ("dedup scan, 10 s", ["dedup scan"]),
@@ -374,23 +434,36 @@ def table(all_results: dict[str, dict[str, list[Result]]]) -> str:
     for shape, by_layout in all_results.items():
         for layout, results in by_layout.items():
             loads = [x for r in results for x in r.loads]
-            row = [shape, NAMES[layout], f"{min(loads):.1f}-{max(loads):.1f}",
-                   *(cell(results, keys) for _, keys in COLUMNS)]
+            row = [
+                shape,
+                NAMES[layout],
+                f"{min(loads):.1f}-{max(loads):.1f}",
+                *(cell(results, keys) for _, keys in COLUMNS),
+            ]
             lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- main
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", default="2000x10,16x25000",
-                        help="feed partitions x events per partition, comma-separated (default 2000x10,16x25000)")
-    parser.add_argument("--layouts", default="partitioned,clustered",
-                        help=f"of {','.join(LAYOUTS)}, in the order they take turns")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--shapes",
+        default="2000x10,16x25000",
+        help="feed partitions x events per partition, comma-separated (default 2000x10,16x25000)",
+    )
+    parser.add_argument(
+        "--layouts", default="partitioned,clustered", help=f"of {','.join(LAYOUTS)}, in the order they take turns"
+    )
     parser.add_argument("--repeat", type=int, default=2, help="repetitions of each layout per shape (2)")
-    parser.add_argument("--range-files", type=int, default=4,
-                        help="`sorted`: Spark tasks (files) a write's rows are range-partitioned into (4)")
+    parser.add_argument(
+        "--range-files",
+        type=int,
+        default=4,
+        help="`sorted`: Spark tasks (files) a write's rows are range-partitioned into (4)",
+    )
     parser.add_argument("--no-warm-up", action="store_true", help="skip the untimed warm-up round")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (tables, logs)")
     args = parser.parse_args()
@@ -410,8 +483,10 @@ def main() -> int:
     say(f"{reproduce}; temp folder {work}; {os.cpu_count()} cores, load {load_text()}")
     spark = local_spark_session(work_dir=work / "spark", master="local[2]", app_name="bench-layout")
     register_feed_source(spark)
-    say(f"Spark {pyspark.__version__} (local[2]) up in {time.monotonic() - started:.1f} s, delta-rs "
-        f"{deltalake.__version__}")
+    say(
+        f"Spark {pyspark.__version__} (local[2]) up in {time.monotonic() - started:.1f} s, delta-rs "
+        f"{deltalake.__version__}"
+    )
     results: dict[str, dict[str, list[Result]]] = {}
     server = None
     try:
@@ -424,8 +499,7 @@ def main() -> int:
                 for layout in layouts:
                     path = str(work / f"t-{shape.partitions}x{shape.events}-{layout}-{rep}")
                     result = Result(layout, rep)
-                    Run(spark, path, layout, data, result, f"{shape.name} {layout} #{rep + 1}",
-                        args.range_files).run()
+                    Run(spark, path, layout, data, result, f"{shape.name} {layout} #{rep + 1}", args.range_files).run()
                     by_layout[layout].append(result)
                     if not args.keep:
                         shutil.rmtree(path, ignore_errors=True)
@@ -439,8 +513,10 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
     print()
     print(f"{reproduce}")
-    print(f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, pyspark {pyspark.__version__} local[2], "
-          f"delta-rs {deltalake.__version__}; run took {time.monotonic() - started:.0f} s; load now {load_text()}")
+    print(
+        f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, pyspark {pyspark.__version__} local[2], "
+        f"delta-rs {deltalake.__version__}; run took {time.monotonic() - started:.0f} s; load now {load_text()}"
+    )
     print("(seconds of each repetition, a / b; counts in brackets from the first; \u2016 separates methods)")
     print()
     print(table(results))
@@ -452,9 +528,13 @@ def warm_up(spark, data: Data, layouts: list[str], work: Path, range_files: int)
     from pyspark.sql import functions as F
 
     ids = sorted(data.counts)[:WARM_UP_PARTITIONS]
-    small = Data(data.rows.where(F.col("partition_id").isin(ids)), {p: data.counts[p] for p in ids},
-                 [p for p in data.changed if p in ids] or ids[:1], ids[-1],
-                 data.increment.where(F.col("partition_id").isin(ids)))
+    small = Data(
+        data.rows.where(F.col("partition_id").isin(ids)),
+        {p: data.counts[p] for p in ids},
+        [p for p in data.changed if p in ids] or ids[:1],
+        ids[-1],
+        data.increment.where(F.col("partition_id").isin(ids)),
+    )
     if small.rebuilt in small.changed and len(ids) > 1:
         small.rebuilt = max(set(ids) - set(small.changed))
     start = time.monotonic()

@@ -12,6 +12,7 @@ as one block, and in 256 KiB chunks as `FeedClient` reads a response. Timed sepa
 what a Spark task of the `feedapi` data source does per event besides HTTP. Prints the best and the
 median repetition in ns per event.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,15 +34,18 @@ def body(events: int) -> bytes:
     """One page of `events` events from the demo server, as sent."""
     with DemoFeedServer(DemoFeed(partitions=1, events=events), dialect="published", port=0) as server:
         token = requests.get(server.url, timeout=30).json()["token"]
-        response = requests.get(f"{server.url}/events", timeout=60, params={
-            "token": token, "partition": 0, "cursor": "_first", "pagesizehint": events})
+        response = requests.get(
+            f"{server.url}/events",
+            timeout=60,
+            params={"token": token, "partition": 0, "cursor": "_first", "pagesizehint": events},
+        )
         response.raise_for_status()
         return response.content
 
 
 def measure(block: bytes, chunked: bool) -> tuple[float, float, int]:
     """Seconds in PageReader.runs, seconds in EventBatch.add + to_arrow, events."""
-    chunks = [block[i:i + CHUNK] for i in range(0, len(block), CHUNK)] if chunked else [block]
+    chunks = [block[i : i + CHUNK] for i in range(0, len(block), CHUNK)] if chunked else [block]
     started = time.perf_counter()
     runs = list(PageReader(0, "data").runs(chunks))
     parsed = time.perf_counter()
@@ -62,17 +66,23 @@ def main() -> int:
     args = parser.parse_args()
     block = body(args.events)
     events = measure(block, False)[2]
-    print(f"one body: {events} events, {len(block) / 1e6:.1f} MB, {block.count(b'cursor')} checkpoints; "
-          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(
+        f"one body: {events} events, {len(block) / 1e6:.1f} MB, {block.count(b'cursor')} checkpoints; "
+        f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
     print(f"{'ns per event':<44} {'best':>7} {'median':>7}")
     for chunked in (False, True):
         results = [measure(block, chunked) for _ in range(args.repeat)]
-        for label, values in (("PageReader.runs", [r[0] for r in results]),
-                              ("EventBatch.add + to_arrow", [r[1] for r in results]),
-                              ("both", [r[0] + r[1] for r in results])):
+        for label, values in (
+            ("PageReader.runs", [r[0] for r in results]),
+            ("EventBatch.add + to_arrow", [r[1] for r in results]),
+            ("both", [r[0] + r[1] for r in results]),
+        ):
             where = "256 KiB chunks" if chunked else "one block"
-            print(f"{label + ', ' + where:<44} {min(values) / events * 1e9:7.0f} "
-                  f"{statistics.median(values) / events * 1e9:7.0f}")
+            print(
+                f"{label + ', ' + where:<44} {min(values) / events * 1e9:7.0f} "
+                f"{statistics.median(values) / events * 1e9:7.0f}"
+            )
     return 0
 
 

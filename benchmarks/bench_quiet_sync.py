@@ -14,6 +14,7 @@ sync that loads every partition (untimed), then, timed from the run's creation t
 2. a run asked for every partition by name (a backfill's run, tagged `dagster/backfill`), with nothing
    new: one materialization per partition, since a backfill's partitions succeed only so.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,23 +40,39 @@ def run_asked(setup: Setup, tags: dict[str, str]) -> tuple[str, float]:
 
     job_name = setup.binding.job_name
     started = time.perf_counter()
-    origin = (ReconstructableRepository.for_file(str(setup.location / "definitions.py"), "defs",
-                                                 working_directory=str(setup.location))
-              .get_reconstructable_job(job_name).get_python_origin())
+    origin = (
+        ReconstructableRepository.for_file(
+            str(setup.location / "definitions.py"), "defs", working_directory=str(setup.location)
+        )
+        .get_reconstructable_job(job_name)
+        .get_python_origin()
+    )
     run = setup.instance.create_run_for_job(setup.defs.resolve_job_def(job_name), tags=tags, job_code_origin=origin)
-    args = ExecuteRunArgs(job_origin=run.job_code_origin, run_id=run.run_id, instance_ref=setup.instance.get_ref(),
-                          set_exit_code_on_failure=True)
+    args = ExecuteRunArgs(
+        job_origin=run.job_code_origin,
+        run_id=run.run_id,
+        instance_ref=setup.instance.get_ref(),
+        set_exit_code_on_failure=True,
+    )
     with open(setup.base / "asked-run.log", "wb") as log:
-        code = subprocess.call([str(BIN / "dagster"), "api", "execute_run", serialize_value(args)], env=setup.env,
-                               cwd=setup.location, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        code = subprocess.call(
+            [str(BIN / "dagster"), "api", "execute_run", serialize_value(args)],
+            env=setup.env,
+            cwd=setup.location,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
     if code != 0 or not setup.instance.get_run_by_id(run.run_id).is_success:
         raise RuntimeError(f"the run failed (exit {code}): {setup.base / 'asked-run.log'}")
     return run.run_id, time.perf_counter() - started
 
 
 def events_of(setup: Setup, run_id: str) -> collections.Counter:
-    return collections.Counter(entry.dagster_event.event_type_value if entry.dagster_event else "log message"
-                               for entry in setup.instance.all_logs(run_id))
+    return collections.Counter(
+        entry.dagster_event.event_type_value if entry.dagster_event else "log message"
+        for entry in setup.instance.all_logs(run_id)
+    )
 
 
 def say_run(name: str, seconds: float, counts: collections.Counter) -> None:
@@ -82,12 +99,19 @@ def main() -> int:
 
         quiet = run_sync(setup, "quiet sync", args.events, spark.pid, changed=0)
         run_id = setup.instance.get_runs(limit=1)[0].run_id
-        say_run(f"scheduled sync of {args.partitions} partitions, nothing new", quiet.line.seconds,
-                events_of(setup, run_id))
+        say_run(
+            f"scheduled sync of {args.partitions} partitions, nothing new", quiet.line.seconds, events_of(setup, run_id)
+        )
 
         keys = setup.instance.get_dynamic_partitions(setup.binding.partitions_name)
-        run_id, seconds = run_asked(setup, {"dagster/backfill": "bench", "dagster/asset_partition_range_start": keys[0],
-                                            "dagster/asset_partition_range_end": keys[-1]})
+        run_id, seconds = run_asked(
+            setup,
+            {
+                "dagster/backfill": "bench",
+                "dagster/asset_partition_range_start": keys[0],
+                "dagster/asset_partition_range_end": keys[-1],
+            },
+        )
         say_run(f"backfill run of {args.partitions} partitions, nothing new", seconds, events_of(setup, run_id))
     finally:
         if spark is not None:

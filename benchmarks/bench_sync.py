@@ -36,6 +36,7 @@ commit), a new database for each deployment.
 Everything started here is stopped at the end.
 Exit status 0 when the median warm sync runs at >= 1.5x dlt's events/s, 2 when not, 1 on errors.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,8 @@ import json
 import os
 import queue
 import re
-import shlex
 import secrets
+import shlex
 import shutil
 import signal
 import statistics
@@ -60,10 +61,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
+from procstat import MemoryWatch, proc_cpu, status_mb, stop_process, stop_strays, tree_cpu, wait_with_usage
 
 from feedapi_dagster.orchestration.demo_commands import PLANNED_SUBSET_ENV
 from feedapi_dagster.orchestration.loads import listed_partitions
-from procstat import MemoryWatch, proc_cpu, status_mb, stop_process, stop_strays, tree_cpu, wait_with_usage
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -102,13 +103,27 @@ class Line:
 
 # ----------------------------------------------------------------------------- 1. feed server
 def start_feed_server(protocol: str, partitions: int, events: int, log_path: Path) -> tuple[subprocess.Popen, str]:
-    server = ["nakadi-server", "--event-type", NAKADI_EVENT_TYPE, "--duplicate-ratio", "0"] if protocol == "nakadi" \
+    server = (
+        ["nakadi-server", "--event-type", NAKADI_EVENT_TYPE, "--duplicate-ratio", "0"]
+        if protocol == "nakadi"
         else ["demo-server", "--dialect", "published"]
-    command = [str(BIN / "feedapi-dagster"), *server, "--partitions", str(partitions),
-               "--events", str(events), "--host", "127.0.0.1", "--port", "0"]
+    )
+    command = [
+        str(BIN / "feedapi-dagster"),
+        *server,
+        "--partitions",
+        str(partitions),
+        "--events",
+        str(events),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+    ]
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, cwd=ROOT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, cwd=ROOT, start_new_session=True
+        )
     url = proc.stdout.readline().decode().strip()  # printed once the feed is generated and the port listens
     if not url.startswith("http"):
         proc.kill()
@@ -140,9 +155,13 @@ def raw_read_nakadi(url: str, page_size: int, threads: int) -> int:
                     return
                 newest = partition["newest_available_offset"].encode()
                 cursors = json.dumps([{"partition": partition["partition"], "offset": "BEGIN"}])
-                with session.get(f"{base}/events", headers={"X-Nakadi-Cursors": cursors}, stream=True, timeout=60,
-                                 params={"batch_limit": page_size, "batch_flush_timeout": 1,
-                                         "stream_timeout": 60}) as response:
+                with session.get(
+                    f"{base}/events",
+                    headers={"X-Nakadi-Cursors": cursors},
+                    stream=True,
+                    timeout=60,
+                    params={"batch_limit": page_size, "batch_flush_timeout": 1, "stream_timeout": 60},
+                ) as response:
                     response.raise_for_status()
                     for line in response.iter_lines(256 * 1024):
                         batches[0] += 1
@@ -170,14 +189,21 @@ def raw_read_feedapi(url: str, page_size: int, threads: int) -> int:
                     return
                 cursor = "_first"
                 while True:
-                    response = session.get(f"{url}/events", timeout=60, params={
-                        "token": document["token"], "partition": partition_id, "cursor": cursor,
-                        "pagesizehint": page_size})
+                    response = session.get(
+                        f"{url}/events",
+                        timeout=60,
+                        params={
+                            "token": document["token"],
+                            "partition": partition_id,
+                            "cursor": cursor,
+                            "pagesizehint": page_size,
+                        },
+                    )
                     response.raise_for_status()
                     body = response.content
                     pages[0] += 1
                     start = body.rindex(b'"cursor":"') + len(b'"cursor":"')
-                    following = body[start:body.index(b'"', start)].decode()
+                    following = body[start : body.index(b'"', start)].decode()
                     if following == cursor:
                         break  # caught up: a checkpoint-only page that does not advance
                     cursor = following
@@ -195,16 +221,31 @@ def in_threads(reader, threads: int) -> None:
 
 
 # ----------------------------------------------------------------------------- 3. dlt
-def run_dlt(protocol: str, url: str, page_size: int, work: Path, events: int, workers: int,
-            s3: "S3Lake | None") -> Line:
+def run_dlt(protocol: str, url: str, page_size: int, work: Path, events: int, workers: int, s3: S3Lake | None) -> Line:
     where = ["--bucket-url", f"s3://{s3.bucket}/dlt", "--endpoint", s3.server.url] if s3 else []
     where += ["--nakadi-event-type", NAKADI_EVENT_TYPE] if protocol == "nakadi" else []
     env = {**os.environ, **s3.aws_env()} if s3 else None
     with open(work.parent / "dlt.log", "ab") as log:
         started = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-W", "ignore", str(HERE / "dlt_load.py"), url, str(page_size),
-                                 str(work), str(events), "--workers", str(workers), *where],
-                                stdout=subprocess.PIPE, stderr=log, cwd=ROOT, env=env)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-W",
+                "ignore",
+                str(HERE / "dlt_load.py"),
+                url,
+                str(page_size),
+                str(work),
+                str(events),
+                "--workers",
+                str(workers),
+                *where,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            cwd=ROOT,
+            env=env,
+        )
         out = proc.stdout.read().decode()
         code, rss, cpu = wait_with_usage(proc)
         wall = time.perf_counter() - started
@@ -212,8 +253,14 @@ def run_dlt(protocol: str, url: str, page_size: int, work: Path, events: int, wo
         raise RuntimeError(f"dlt failed (exit {code}): {out.strip()[-500:]}; see {work.parent / 'dlt.log'}")
     result = json.loads(out.strip().splitlines()[-1])
     steps = ", ".join(f"{k} {v:.2f}" for k, v in result["steps"].items())
-    return Line(f"dlt {result['version']} pipeline.run into Delta", result["seconds"], events, rss,
-                f"process {wall:.2f} s, CPU {cpu:.1f} s; {steps}", wall)
+    return Line(
+        f"dlt {result['version']} pipeline.run into Delta",
+        result["seconds"],
+        events,
+        rss,
+        f"process {wall:.2f} s, CPU {cpu:.1f} s; {steps}",
+        wall,
+    )
 
 
 # ----------------------------------------------------------------------------- 4. Dagster
@@ -238,8 +285,12 @@ class S3Lake:
     def storage(self):
         from feedapi_dagster.lakehouse.storage import S3Storage
 
-        return S3Storage(endpoint=self.server.url, path_style=True, access_key_id_env="FEEDAPI_TEST_S3_KEY",
-                         secret_access_key_env="FEEDAPI_TEST_S3_SECRET")
+        return S3Storage(
+            endpoint=self.server.url,
+            path_style=True,
+            access_key_id_env="FEEDAPI_TEST_S3_KEY",
+            secret_access_key_env="FEEDAPI_TEST_S3_SECRET",
+        )
 
     def aws_env(self) -> dict[str, str]:
         return self.storage().credentials()
@@ -283,52 +334,83 @@ class PostgresServer:
         needed = [POSTGRES_BIN / name for name in ("initdb", "pg_ctl", "postgres")]
         absent = [str(path) for path in needed if not os.access(path, os.X_OK)]
         if absent:
-            return (f"--instance postgres needs the PostgreSQL 15 server binaries, not found: {', '.join(absent)}; "
-                    "install them with `apt-get install postgresql` (Debian's package: /usr/lib/postgresql/15/bin)")
+            return (
+                f"--instance postgres needs the PostgreSQL 15 server binaries, not found: {', '.join(absent)}; "
+                "install them with `apt-get install postgresql` (Debian's package: /usr/lib/postgresql/15/bin)"
+            )
         if importlib.util.find_spec("dagster_postgres") is None:
-            return ("--instance postgres needs dagster-postgres: "
-                    '.venv/bin/uv pip install --python .venv/bin/python -e ".[bench]"')
+            return (
+                "--instance postgres needs dagster-postgres: "
+                '.venv/bin/uv pip install --python .venv/bin/python -e ".[bench]"'
+            )
         if os.geteuid() == 0:
             import pwd
 
             try:
                 pwd.getpwnam(POSTGRES_OS_USER)
             except KeyError:
-                return (f"--instance postgres as root runs the server as the OS user {POSTGRES_OS_USER!r}, which "
-                        "does not exist; `apt-get install postgresql` creates it")
+                return (
+                    f"--instance postgres as root runs the server as the OS user {POSTGRES_OS_USER!r}, which "
+                    "does not exist; `apt-get install postgresql` creates it"
+                )
             if shutil.which("runuser") is None:
                 return "--instance postgres as root needs `runuser` (util-linux) to run initdb as the postgres user"
         return None
 
     def _run(self, *command: str) -> None:
         with open(self.commands_log, "ab") as log:
-            code = subprocess.run([*self._as_user, *command], stdout=log, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, cwd=self.root).returncode
+            code = subprocess.run(
+                [*self._as_user, *command],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.root,
+            ).returncode
         if code != 0:
-            tails = [f"the end of {path}:\n" + "\n".join(path.read_text(errors="replace").splitlines()[-15:])
-                     for path in (self.commands_log, self.log_path) if path.exists()]
+            tails = [
+                f"the end of {path}:\n" + "\n".join(path.read_text(errors="replace").splitlines()[-15:])
+                for path in (self.commands_log, self.log_path)
+                if path.exists()
+            ]
             raise RuntimeError(f"{Path(command[0]).name} failed (exit {code}); " + "\n".join(tails))
 
     def start(self) -> None:
         # "postgres (PostgreSQL) 15.18 (Debian ...)" -> "PostgreSQL 15.18 (Debian ...)"
-        self.version = subprocess.run([str(POSTGRES_BIN / "postgres"), "--version"], capture_output=True, text=True,
-                                      check=True).stdout.strip().replace("postgres (PostgreSQL)", "PostgreSQL")
+        self.version = (
+            subprocess.run([str(POSTGRES_BIN / "postgres"), "--version"], capture_output=True, text=True, check=True)
+            .stdout.strip()
+            .replace("postgres (PostgreSQL)", "PostgreSQL")
+        )
         password_file = self.root / "superuser-password"
         password_file.write_text(secrets.token_hex(16) + "\n")
         if self._as_user:
             shutil.chown(password_file, POSTGRES_OS_USER)
         password_file.chmod(0o600)
-        self._run(str(POSTGRES_BIN / "initdb"), "-D", str(self.data), "-U", "postgres", "-E", "UTF8",
-                  "--locale=C", "--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={password_file}")
+        self._run(
+            str(POSTGRES_BIN / "initdb"),
+            "-D",
+            str(self.data),
+            "-U",
+            "postgres",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--auth-local=trust",
+            "--auth-host=scram-sha-256",
+            f"--pwfile={password_file}",
+        )
         password_file.unlink()
         # where it listens; everything else (fsync, synchronous_commit, wal_sync_method, shared_buffers,
         # max_connections) stays at initdb's defaults
         with open(self.data / "postgresql.conf", "a") as conf:
-            conf.write(f"\n# bench_sync.py\nlisten_addresses = '127.0.0.1'\nport = {self.port}\n"
-                       f"unix_socket_directories = '{self.root}'\n")
+            conf.write(
+                f"\n# bench_sync.py\nlisten_addresses = '127.0.0.1'\nport = {self.port}\n"
+                f"unix_socket_directories = '{self.root}'\n"
+            )
         self.started = True  # from here on stop() runs pg_ctl stop (a failed start may leave a server)
-        self._run(str(POSTGRES_BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.log_path), "-w", "-t", "120",
-                  "start")
+        self._run(
+            str(POSTGRES_BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.log_path), "-w", "-t", "120", "start"
+        )
         self.pid = int((self.data / "postmaster.pid").read_text().split()[0])
         with self._admin() as cursor:
             cursor.execute(f"CREATE ROLE {self.ROLE} LOGIN PASSWORD %s", (self.password,))
@@ -353,9 +435,18 @@ class PostgresServer:
             cursor.execute(f'CREATE DATABASE "{database}" OWNER {self.ROLE}')
         # `scheme`: the driver dagster-postgres depends on (psycopg2-binary); SQLAlchemy 2.1 maps a bare
         # `postgresql://` to psycopg 3, which nothing here installs (dagster-io/dagster#33958)
-        return {"postgres": {"postgres_db": {"hostname": "127.0.0.1", "port": self.port, "username": self.ROLE,
-                                             "password": self.password, "db_name": database,
-                                             "scheme": "postgresql+psycopg2"}}}
+        return {
+            "postgres": {
+                "postgres_db": {
+                    "hostname": "127.0.0.1",
+                    "port": self.port,
+                    "username": self.ROLE,
+                    "password": self.password,
+                    "db_name": database,
+                    "scheme": "postgresql+psycopg2",
+                }
+            }
+        }
 
     def stop(self) -> None:
         """`pg_ctl stop -m fast` (clients disconnected, a clean shutdown); SIGKILL if that fails."""
@@ -384,11 +475,17 @@ def project_config(base: Path, protocol: str, url: str, page_size: int, spark_po
     from feedapi_dagster.orchestration.config import StorageConfig
 
     lakehouse = f"s3a://{s3.bucket}/{base.name}" if s3 else str(base / "lakehouse")
-    feed = {"protocol": "nakadi", "url": url, "event_type": NAKADI_EVENT_TYPE} if protocol == "nakadi" \
+    feed = (
+        {"protocol": "nakadi", "url": url, "event_type": NAKADI_EVENT_TYPE}
+        if protocol == "nakadi"
         else {"url": url, "dialect": "published"}
-    return ProjectConfig(lakehouse=lakehouse, storage=StorageConfig(s3=s3.storage() if s3 else None),
-                         spark=SparkSettings(mode="embedded", port=spark_port),
-                         feeds=[FeedConfig(name="bench", page_size_hint=page_size, **feed)])
+    )
+    return ProjectConfig(
+        lakehouse=lakehouse,
+        storage=StorageConfig(s3=s3.storage() if s3 else None),
+        spark=SparkSettings(mode="embedded", port=spark_port),
+        feeds=[FeedConfig(name="bench", page_size_hint=page_size, **feed)],
+    )
 
 
 @dataclass
@@ -402,8 +499,9 @@ class Setup:
     instance: object
 
 
-def prepare(base: Path, protocol: str, url: str, page_size: int, spark_port: int, s3: S3Lake | None,
-            storage: dict | None = None) -> Setup:
+def prepare(
+    base: Path, protocol: str, url: str, page_size: int, spark_port: int, s3: S3Lake | None, storage: dict | None = None
+) -> Setup:
     """A fresh deployment: the code location (definitions.py + project.json), DAGSTER_HOME with the
     instance settings feedapi-dagster ships (plus `storage`, dagster.yaml's block, when given: the
     PostgreSQL database of `--instance postgres`; without it Dagster's default, SQLite files in
@@ -424,8 +522,7 @@ def prepare(base: Path, protocol: str, url: str, page_size: int, spark_port: int
         storage_keys = {"storage", "run_storage", "event_log_storage", "schedule_storage"}
         shipped = storage_keys & set(yaml.safe_load(settings) or {})
         if shipped:
-            raise RuntimeError(f"feedapi_dagster/demo/dagster.yaml sets {sorted(shipped)}: --instance would "
-                               "replace it")
+            raise RuntimeError(f"feedapi_dagster/demo/dagster.yaml sets {sorted(shipped)}: --instance would replace it")
         # the shipped settings unchanged, the instance's storage appended
         settings = settings.rstrip("\n") + "\n" + yaml.safe_dump({"storage": storage}, sort_keys=False)
     (home / "dagster.yaml").write_text(settings)
@@ -435,8 +532,10 @@ def prepare(base: Path, protocol: str, url: str, page_size: int, spark_port: int
     (location / "project.json").write_text(project.model_dump_json(exclude_defaults=True, indent=2))
     (location / "definitions.py").write_text(LOCATION)
     os.environ["DAGSTER_HOME"] = str(home)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE / "run_hooks"),
-                                                                     os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE / "run_hooks"), os.environ.get("PYTHONPATH")])),
+    }
     binding = next(feed_bindings(project))[0]
     instance = dg.DagsterInstance.get()
     register_discovered_partitions(instance, binding)
@@ -453,8 +552,9 @@ class Run:
     startup: dict[str, float] = field(default_factory=dict)
 
 
-def run_sync(setup: Setup, name: str, events: int, spark_pid: int, changed: int | None = None,
-             postgres_pid: int | None = None) -> Run:
+def run_sync(
+    setup: Setup, name: str, events: int, spark_pid: int, changed: int | None = None, postgres_pid: int | None = None
+) -> Run:
     """The schedule's tick and the run of `feedapi_bench_load` it requests, in a `dagster api execute_run`
     process (a fresh interpreter that loads the code location, as Dagster's default run launcher
     starts a run); checked: `events` rows in the table, a materialization for each of `changed`
@@ -477,20 +577,37 @@ def run_sync(setup: Setup, name: str, events: int, spark_pid: int, changed: int 
     if not data.run_requests:
         raise RuntimeError(f"the schedule requested no run: {data.skip_message}")
     request = data.run_requests[0]
-    origin = (ReconstructableRepository.for_file(str(setup.location / "definitions.py"), "defs",
-                                                 working_directory=str(setup.location))
-              .get_reconstructable_job(job_name).get_python_origin())
-    run = instance.create_run_for_job(setup.defs.resolve_job_def(job_name), run_config=dict(request.run_config),
-                                      tags={**request.tags, "dagster/schedule_name": schedule.name},
-                                      job_code_origin=origin)
-    args = ExecuteRunArgs(job_origin=run.job_code_origin, run_id=run.run_id, instance_ref=instance.get_ref(),
-                          set_exit_code_on_failure=True)
+    origin = (
+        ReconstructableRepository.for_file(
+            str(setup.location / "definitions.py"), "defs", working_directory=str(setup.location)
+        )
+        .get_reconstructable_job(job_name)
+        .get_python_origin()
+    )
+    run = instance.create_run_for_job(
+        setup.defs.resolve_job_def(job_name),
+        run_config=dict(request.run_config),
+        tags={**request.tags, "dagster/schedule_name": schedule.name},
+        job_code_origin=origin,
+    )
+    args = ExecuteRunArgs(
+        job_origin=run.job_code_origin,
+        run_id=run.run_id,
+        instance_ref=instance.get_ref(),
+        set_exit_code_on_failure=True,
+    )
     tick = time.perf_counter() - tick_started
     log_path = setup.base / "run.log"
     with open(log_path, "wb") as log:
         started = time.time()
-        proc = subprocess.Popen([str(BIN / "dagster"), "api", "execute_run", serialize_value(args)], env=setup.env,
-                                cwd=setup.location, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [str(BIN / "dagster"), "api", "execute_run", serialize_value(args)],
+            env=setup.env,
+            cwd=setup.location,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         code, rss, cpu = wait_with_usage(proc)
         ended = time.time()
     if code != 0 or not instance.get_run_by_id(run.run_id).is_success:
@@ -499,9 +616,14 @@ def run_sync(setup: Setup, name: str, events: int, spark_pid: int, changed: int 
     verify(setup, run.run_id, events, changed)
     seconds = tick + ended - started
     jvm, workers = tree_cpu(spark_pid)
-    result = Run(Line(name, seconds, events, rss, f"run process {ended - started:.2f} s"),
-                 cpu={"run process": cpu, "Spark server JVM": jvm - spark_cpu[0],
-                      "Spark's Python workers (below the JVM)": workers - spark_cpu[1]})
+    result = Run(
+        Line(name, seconds, events, rss, f"run process {ended - started:.2f} s"),
+        cpu={
+            "run process": cpu,
+            "Spark server JVM": jvm - spark_cpu[0],
+            "Spark's Python workers (below the JVM)": workers - spark_cpu[1],
+        },
+    )
     if postgres_pid is not None:
         # backends that exited count in the postmaster's waited-for children
         result.cpu["PostgreSQL server (postmaster + backends)"] = sum(tree_cpu(postgres_pid)) - postgres_cpu
@@ -519,24 +641,34 @@ def verify(setup: Setup, run_id: str, events: int, changed: int | None) -> None:
     path = setup.binding.table_path
     rows = DeltaTable(path, storage_options=setup.project.storage_options() or None).to_pyarrow_dataset().count_rows()
     partitions = setup.instance.get_dynamic_partitions(setup.binding.partitions_name)
-    materialized = [e for e in setup.instance.all_logs(run_id)
-                    if e.dagster_event is not None and e.dagster_event.event_type_value == "ASSET_MATERIALIZATION"]
+    materialized = [
+        e
+        for e in setup.instance.all_logs(run_id)
+        if e.dagster_event is not None and e.dagster_event.event_type_value == "ASSET_MATERIALIZATION"
+    ]
     left = list((Path(path) / "_feedapi_progress").glob("load-*")) if "://" not in path else []
     tags = setup.instance.get_run_by_id(run_id).tags
     listed = listed_partitions(tags)
     materializations = len(partitions) if changed is None else changed
-    if (rows != events or len(materialized) != materializations or left
-            or (listed is not None and listed != {int(p) for p in partitions})):
-        raise RuntimeError(f"run {run_id}: {rows} rows (expected {events}), {len(materialized)} materializations "
-                           f"(expected {materializations}), read notes left: {left}, tag feedapi/partitions "
-                           f"{tags.get('feedapi/partitions')!r}")
+    if (
+        rows != events
+        or len(materialized) != materializations
+        or left
+        or (listed is not None and listed != {int(p) for p in partitions})
+    ):
+        raise RuntimeError(
+            f"run {run_id}: {rows} rows (expected {events}), {len(materialized)} materializations "
+            f"(expected {materializations}), read notes left: {left}, tag feedapi/partitions "
+            f"{tags.get('feedapi/partitions')!r}"
+        )
 
 
 STARTUP = "process start, imports, Dagster run start-up"
 
 
-def stages(instance, run_id: str, log_path: Path, tick: float, started: float,
-           ended: float) -> tuple[dict[str, float], dict[str, float]]:
+def stages(
+    instance, run_id: str, log_path: Path, tick: float, started: float, ended: float
+) -> tuple[dict[str, float], dict[str, float]]:
     """The run's wall time in consecutive stages, from Dagster's event timestamps, the run's log lines
     and the marks of run_hooks/sitecustomize.py; and the run start-up (process start to STEP_START) in
     parts. A stage whose mark is missing is merged into the one before it."""
@@ -563,21 +695,22 @@ def stages(instance, run_id: str, log_path: Path, tick: float, started: float,
                 marks.setdefault(f"{words[1]} {words[2]}", float(at))
     if not {"STEP_START", "STEP_SUCCESS"} <= events.keys():
         return {}, {}
-    points = [(STARTUP, started),
-              ("Spark client: pyspark import + Connect session", events["STEP_START"]),
-              ("feedapi data source registered in the session", marks.get("connect end")),
-              ("table check/creation (CREATE TABLE IF NOT EXISTS)", marks.get("table start")),
-              ("discovery, planning (Delta log read by delta-rs)", marks.get("table end")),
-              ("the Spark job: feed read and written to Delta (rows commit) + history check",
-               marks.get("read start")),
-              ("read ends (observed), state commit (no rows) + history check", marks.get("read end")),
-              ("Dagster: materializations, mirror check", marks.get("commit end")),
-              ("asset checks (positions, duplicate ids, cursor mirror)", marks.get("checks start")),
-              ("maintenance check (OPTIMIZE/VACUUM due?)", marks.get("maintenance start")),
-              ("Dagster step end, run end (to RUN_SUCCESS)", marks.get("maintenance end")),
-              ("process exit: Dagster's teardown, exit hooks", events.get("RUN_SUCCESS")),
-              ("process exit: interpreter teardown", marks.get("exit hooks")),
-              ("", ended)]
+    points = [
+        (STARTUP, started),
+        ("Spark client: pyspark import + Connect session", events["STEP_START"]),
+        ("feedapi data source registered in the session", marks.get("connect end")),
+        ("table check/creation (CREATE TABLE IF NOT EXISTS)", marks.get("table start")),
+        ("discovery, planning (Delta log read by delta-rs)", marks.get("table end")),
+        ("the Spark job: feed read and written to Delta (rows commit) + history check", marks.get("read start")),
+        ("read ends (observed), state commit (no rows) + history check", marks.get("read end")),
+        ("Dagster: materializations, mirror check", marks.get("commit end")),
+        ("asset checks (positions, duplicate ids, cursor mirror)", marks.get("checks start")),
+        ("maintenance check (OPTIMIZE/VACUUM due?)", marks.get("maintenance start")),
+        ("Dagster step end, run end (to RUN_SUCCESS)", marks.get("maintenance end")),
+        ("process exit: Dagster's teardown, exit hooks", events.get("RUN_SUCCESS")),
+        ("process exit: interpreter teardown", marks.get("exit hooks")),
+        ("", ended),
+    ]
     points = [(label, at) for label, at in points if at is not None]
     result = {"schedule tick (evaluation, run created; bench process)": tick}
     result.update({label: max(0.0, points[i + 1][1] - at) for i, (label, at) in enumerate(points[:-1])})
@@ -585,12 +718,14 @@ def stages(instance, run_id: str, log_path: Path, tick: float, started: float,
     # imports (until the code location imports feedapi_dagster), the code location loaded (imports of
     # feedapi_dagster, dagster-pyspark, pyspark's modules it needs; the definitions built), Dagster's run
     # start (instance, run and plan until RUN_START, then the step's start)
-    parts = [("interpreter start (until sitecustomize)", started),
-             ("dagster CLI imports (until the code location loads)", marks.get("python start")),
-             ("code location load (imports, definitions built)", marks.get("location start")),
-             ("Dagster run start (instance, run, plan: to RUN_START)", marks.get("definitions end")),
-             ("RUN_START to STEP_START (resources, step start)", events.get("RUN_START")),
-             ("", events["STEP_START"])]
+    parts = [
+        ("interpreter start (until sitecustomize)", started),
+        ("dagster CLI imports (until the code location loads)", marks.get("python start")),
+        ("code location load (imports, definitions built)", marks.get("location start")),
+        ("Dagster run start (instance, run, plan: to RUN_START)", marks.get("definitions end")),
+        ("RUN_START to STEP_START (resources, step start)", events.get("RUN_START")),
+        ("", events["STEP_START"]),
+    ]
     parts = [(label, at) for label, at in parts if at is not None]
     startup = {label: max(0.0, parts[i + 1][1] - at) for i, (label, at) in enumerate(parts[:-1])}
     return result, startup
@@ -607,33 +742,51 @@ def start_spark(port: int, work: Path, s3: S3Lake | None):
     return ensure_embedded_server(port, work_dir=work, conf=settings.conf)
 
 
-def report(args: argparse.Namespace, lines: list[Line], runs: list[Run], incremental: list[Run],
-           watch: MemoryWatch, spark_peaks: dict[str, float], instance: str) -> float:
+def report(
+    args: argparse.Namespace,
+    lines: list[Line],
+    runs: list[Run],
+    incremental: list[Run],
+    watch: MemoryWatch,
+    spark_peaks: dict[str, float],
+    instance: str,
+) -> float:
     """Prints the figures; returns warm sync / dlt (events/s)."""
     raw_loop = lines[0]
     dlt_line = next(line for line in lines if line.name.startswith("dlt"))
     warm = [run.line for run in runs[1:]]
     warm_rate = statistics.median(line.rate for line in warm)
     print()
-    print(f"{args.partitions} partitions, {args.events} events, page size hint {args.page_size}; "
-          f"{os.cpu_count()} cores, load average {load_average()}; {time.strftime('%Y-%m-%d %H:%M')}; "
-          f"{PLANNED_SUBSET_ENV}={os.environ.get(PLANNED_SUBSET_ENV)}; lakehouse on {args.lakehouse}; "
-          f"protocol {args.protocol}; Dagster instance on {instance}")
+    print(
+        f"{args.partitions} partitions, {args.events} events, page size hint {args.page_size}; "
+        f"{os.cpu_count()} cores, load average {load_average()}; {time.strftime('%Y-%m-%d %H:%M')}; "
+        f"{PLANNED_SUBSET_ENV}={os.environ.get(PLANNED_SUBSET_ENV)}; lakehouse on {args.lakehouse}; "
+        f"protocol {args.protocol}; Dagster instance on {instance}"
+    )
     print(f"{'':<58} {'seconds':>8} {'events/s':>10} {'/ dlt':>6} {'/ raw':>6} {'max RSS MB':>10}")
     for line in [*lines, *(run.line for run in runs + incremental)]:
-        rate = "" if line.rate is None else f"{line.rate:10,.0f} {line.rate / dlt_line.rate:6.2f} " \
-                                            f"{line.rate / raw_loop.rate:6.2f}"
+        rate = (
+            ""
+            if line.rate is None
+            else f"{line.rate:10,.0f} {line.rate / dlt_line.rate:6.2f} {line.rate / raw_loop.rate:6.2f}"
+        )
         rss = "" if line.rss_mb is None else f"{line.rss_mb:10.0f}"
         print(f"{line.name:<58} {line.seconds:8.2f} {rate:<24} {rss}   {line.notes}")
     ratio = warm_rate / dlt_line.rate
-    print(f"{'warm sync / dlt (median of ' + str(len(warm)) + ' warm runs)':<58} {ratio:8.2f}   target >= {TARGET}: "
-          f"{'met' if ratio >= TARGET else 'MISSED'}")
-    print(f"{'warm sync / dlt process (start to exit, imports included)':<58} "
-          f"{warm_rate / (dlt_line.events / dlt_line.process_seconds):8.2f}")
+    print(
+        f"{'warm sync / dlt (median of ' + str(len(warm)) + ' warm runs)':<58} {ratio:8.2f}   target >= {TARGET}: "
+        f"{'met' if ratio >= TARGET else 'MISSED'}"
+    )
+    print(
+        f"{'warm sync / dlt process (start to exit, imports included)':<58} "
+        f"{warm_rate / (dlt_line.events / dlt_line.process_seconds):8.2f}"
+    )
     print(f"{'warm sync / raw HTTP plain loop':<58} {warm_rate / raw_loop.rate:8.2f}")
 
-    print("\nWhere a run's time goes (seconds; consecutive stages adding up to the run's figure; the log "
-          "lines round to 0.1 s):")
+    print(
+        "\nWhere a run's time goes (seconds; consecutive stages adding up to the run's figure; the log "
+        "lines round to 0.1 s):"
+    )
     names = ["cold", *(f"warm #{i}" for i in range(1, len(runs))), *(["increm."] if incremental else [])]
     runs = runs + incremental
     header = f"  {'':<58}" + "".join(f"{name:>9}" for name in names)
@@ -641,8 +794,10 @@ def report(args: argparse.Namespace, lines: list[Line], runs: list[Run], increme
     for label in dict.fromkeys(label for run in runs for label in run.stages):
         print(f"  {label:<58}" + "".join(f"{run.stages.get(label, float('nan')):9.2f}" for run in runs))
     print(f"  {'total':<58}" + "".join(f"{run.line.seconds:9.2f}" for run in runs))
-    print(f"\nRun start-up ('{STARTUP}': process start to STEP_START; Dagster's default launcher, no fork "
-          "server), in parts:")
+    print(
+        f"\nRun start-up ('{STARTUP}': process start to STEP_START; Dagster's default launcher, no fork "
+        "server), in parts:"
+    )
     print(header)
     for label in dict.fromkeys(label for run in runs for label in run.startup):
         print(f"  {label:<58}" + "".join(f"{run.startup.get(label, float('nan')):9.2f}" for run in runs))
@@ -654,18 +809,24 @@ def report(args: argparse.Namespace, lines: list[Line], runs: list[Run], increme
     print("\nMemory (MB; peak resident set):")
     print(f"  feed server: {watch.root_peak.get('feed server', 0):.0f}")
     print(f"  dlt process: {dlt_line.rss_mb:.0f}")
-    print("  Dagster run process: " + ", ".join(f"{name} {run.line.rss_mb:.0f}" for name, run in zip(names, runs)))
+    print(
+        "  Dagster run process: "
+        + ", ".join(f"{name} {run.line.rss_mb:.0f}" for name, run in zip(names, runs, strict=True))
+    )
     print("  Spark server JVM (its peak so far): " + ", ".join(f"{k} {v:.0f}" for k, v in spark_peaks.items()))
     workers = watch.child_peak.get("Spark server", {})
     if workers:
-        print(f"  Spark's Python workers (below the JVM): {len(workers)} processes seen, largest sum in one "
-              f"sample {watch.children_sum['Spark server']:.0f} (forked workers share pages; the sum counts "
-              "them in each); by command:")
+        print(
+            f"  Spark's Python workers (below the JVM): {len(workers)} processes seen, largest sum in one "
+            f"sample {watch.children_sum['Spark server']:.0f} (forked workers share pages; the sum counts "
+            "them in each); by command:"
+        )
         kinds: dict[str, list[float]] = {}
         for pid, peak in workers.items():
             words = watch.kinds.get(pid, "?").split()
-            kinds.setdefault(" ".join(words[2:4]) if words[1:2] == ["-m"] else
-                             " ".join([Path(words[0]).name, *words[1:2]]), []).append(peak)
+            kinds.setdefault(
+                " ".join(words[2:4]) if words[1:2] == ["-m"] else " ".join([Path(words[0]).name, *words[1:2]]), []
+            ).append(peak)
         for kind, peaks in sorted(kinds.items(), key=lambda item: -max(item[1])):
             print(f"    {kind}: {len(peaks)} processes, largest {max(peaks):.0f}")
     print(f"\ncommand: {shlex.join(['.venv/bin/python', 'benchmarks/bench_sync.py', *sys.argv[1:]])}")
@@ -681,15 +842,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=8, help="threads of the second raw read, and dlt's workers")
     parser.add_argument("--repeat", type=int, default=2, help="warm runs (each into a fresh table)")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (tables, logs, DAGSTER_HOMEs)")
-    parser.add_argument("--lakehouse", choices=("local", "s3"), default="local",
-                        help="the tables (dlt's and the project's) on local disk or on an S3 server")
-    parser.add_argument("--protocol", choices=("feedapi", "nakadi"), default="feedapi",
-                        help="the feed: a FeedAPI feed (published dialect) or a Nakadi event type")
-    parser.add_argument("--instance", choices=("sqlite", "postgres"), default="sqlite",
-                        help="the Dagster instances' storage: SQLite files in DAGSTER_HOME, or a PostgreSQL 15 "
-                             "server started here (dagster-postgres)")
-    parser.add_argument("--incremental", type=int, default=0, metavar="N",
-                        help="then append 10 events to each of N partitions and sync the last deployment again")
+    parser.add_argument(
+        "--lakehouse",
+        choices=("local", "s3"),
+        default="local",
+        help="the tables (dlt's and the project's) on local disk or on an S3 server",
+    )
+    parser.add_argument(
+        "--protocol",
+        choices=("feedapi", "nakadi"),
+        default="feedapi",
+        help="the feed: a FeedAPI feed (published dialect) or a Nakadi event type",
+    )
+    parser.add_argument(
+        "--instance",
+        choices=("sqlite", "postgres"),
+        default="sqlite",
+        help="the Dagster instances' storage: SQLite files in DAGSTER_HOME, or a PostgreSQL 15 "
+        "server started here (dagster-postgres)",
+    )
+    parser.add_argument(
+        "--incremental",
+        type=int,
+        default=0,
+        metavar="N",
+        help="then append 10 events to each of N partitions and sync the last deployment again",
+    )
     args = parser.parse_args(argv)
     if args.incremental and args.protocol != "feedapi":
         parser.error("--incremental appends to given partitions: FeedAPI's demo server only")
@@ -733,20 +911,33 @@ def main(argv: list[str] | None = None) -> int:
             postgres = PostgresServer(work, postgres_port)
             postgres.start()
             instance = f"{postgres.version} on 127.0.0.1:{postgres_port}, a database per deployment"
-            say(f"{postgres.version} on 127.0.0.1:{postgres_port} (pid {postgres.pid}, data {postgres.data}): "
-                f"ready after {time.perf_counter() - started:.1f} s")
+            say(
+                f"{postgres.version} on 127.0.0.1:{postgres_port} (pid {postgres.pid}, data {postgres.data}): "
+                f"ready after {time.perf_counter() - started:.1f} s"
+            )
         started = time.perf_counter()
         feed, url = start_feed_server(args.protocol, args.partitions, args.events, work / "feed-server.log")
         watch.watch("feed server", feed.pid)
-        say(f"feed server {url}: {args.partitions} partitions, {args.events} events, ready after "
-            f"{time.perf_counter() - started:.1f} s")
+        say(
+            f"feed server {url}: {args.partitions} partitions, {args.events} events, ready after "
+            f"{time.perf_counter() - started:.1f} s"
+        )
 
-        for threads, name in ((1, "raw HTTP read, a plain loop"), (args.threads, f"raw HTTP read, {args.threads} threads")):
+        for threads, name in (
+            (1, "raw HTTP read, a plain loop"),
+            (args.threads, f"raw HTTP read, {args.threads} threads"),
+        ):
             say(f"{name}; load average {load_average()}")
             feed_cpu, started = proc_cpu(feed.pid), time.perf_counter()
             pages = raw_read(args.protocol, url, args.page_size, threads)
-            lines.append(Line(name, time.perf_counter() - started, args.events,
-                              notes=f"{pages} pages; feed server CPU {proc_cpu(feed.pid) - feed_cpu:.1f} s"))
+            lines.append(
+                Line(
+                    name,
+                    time.perf_counter() - started,
+                    args.events,
+                    notes=f"{pages} pages; feed server CPU {proc_cpu(feed.pid) - feed_cpu:.1f} s",
+                )
+            )
             say(f"  {lines[-1].seconds:.2f} s: {lines[-1].rate:,.0f} events/s")
 
         say(f"dlt; load average {load_average()}")
@@ -764,8 +955,11 @@ def main(argv: list[str] | None = None) -> int:
         say(f"  ready after {lines[-1].seconds:.1f} s (pid {spark.pid})")
 
         for index in range(args.repeat + 1):
-            name = "Dagster scheduled sync, cold (1st run on the new server)" if index == 0 else \
-                f"Dagster scheduled sync, warm #{index}"
+            name = (
+                "Dagster scheduled sync, cold (1st run on the new server)"
+                if index == 0
+                else f"Dagster scheduled sync, warm #{index}"
+            )
             storage = postgres.storage(f"dagster_run_{index}") if postgres else None  # a database per deployment
             setup = prepare(work / f"run-{index}", args.protocol, url, args.page_size, spark_port, s3, storage)
             say(f"{name}; load average {load_average()}")
@@ -777,12 +971,21 @@ def main(argv: list[str] | None = None) -> int:
             say(f"  {run.line.seconds:.2f} s: {run.line.rate:,.0f} events/s ({run.line.notes}); verified")
         if args.incremental:
             for partition in range(args.incremental):
-                requests.post(url.rsplit("/feed", 1)[0] + "/admin/append",
-                              json={"count": INCREMENT, "partition": partition}, timeout=30).raise_for_status()
+                requests.post(
+                    url.rsplit("/feed", 1)[0] + "/admin/append",
+                    json={"count": INCREMENT, "partition": partition},
+                    timeout=30,
+                ).raise_for_status()
             name = f"Dagster scheduled sync, incremental ({args.incremental} partitions x {INCREMENT} new)"
             say(f"{name}; load average {load_average()}")
-            run = run_sync(setup, name, args.events + args.incremental * INCREMENT, spark.pid,
-                           changed=args.incremental, postgres_pid=postgres and postgres.pid)
+            run = run_sync(
+                setup,
+                name,
+                args.events + args.incremental * INCREMENT,
+                spark.pid,
+                changed=args.incremental,
+                postgres_pid=postgres and postgres.pid,
+            )
             run.line.events = args.incremental * INCREMENT
             setup.instance.dispose()
             incremental.append(run)

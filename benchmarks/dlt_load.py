@@ -13,6 +13,7 @@ disk or on S3 (credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY).
 A Nakadi event type is read the same way, a partition's low-level event stream from BEGIN to the
 newest offset its listing gave, one `pyarrow.Table` per batch. `pipeline.run` is timed; the table must hold EXPECTED_EVENTS rows. Prints one JSON line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,11 @@ def partition_pages(url: str, token: str, partition_id: int, page_size: int):
     cursor, position = "_first", 0
     with requests.Session() as session:
         while True:
-            response = session.get(f"{url}/events", params={"token": token, "partition": partition_id,
-                                                            "cursor": cursor, "pagesizehint": page_size}, timeout=60)
+            response = session.get(
+                f"{url}/events",
+                params={"token": token, "partition": partition_id, "cursor": cursor, "pagesizehint": page_size},
+                timeout=60,
+            )
             response.raise_for_status()
             payloads: list[str] = []
             cursors: list[str] = []
@@ -58,12 +62,14 @@ def partition_pages(url: str, token: str, partition_id: int, page_size: int):
                     pending = []
             if payloads:
                 count = len(payloads)
-                yield pa.table({
-                    "partition_id": pa.array([partition_id] * count, pa.int32()),
-                    "position": pa.array(range(position, position + count), pa.int64()),
-                    "cursor": pa.array(cursors, pa.string()),
-                    "payload": pa.array(payloads, pa.string()),
-                })
+                yield pa.table(
+                    {
+                        "partition_id": pa.array([partition_id] * count, pa.int32()),
+                        "position": pa.array(range(position, position + count), pa.int64()),
+                        "cursor": pa.array(cursors, pa.string()),
+                        "payload": pa.array(payloads, pa.string()),
+                    }
+                )
                 position += count
             if following == cursor:
                 return
@@ -86,19 +92,26 @@ def nakadi_pages(url: str, partition: dict, page_size: int):
     if newest == "BEGIN":
         return
     cursors = json.dumps([{"partition": partition["partition"], "offset": "BEGIN"}])
-    with requests.get(f"{url}/events", headers={"X-Nakadi-Cursors": cursors}, stream=True, timeout=60,
-                      params={"batch_limit": page_size, "batch_flush_timeout": 1, "stream_timeout": 60}) as response:
+    with requests.get(
+        f"{url}/events",
+        headers={"X-Nakadi-Cursors": cursors},
+        stream=True,
+        timeout=60,
+        params={"batch_limit": page_size, "batch_flush_timeout": 1, "stream_timeout": 60},
+    ) as response:
         response.raise_for_status()
         for line in response.iter_lines(256 * 1024):
             batch = decoder.decode(line)
             if batch.events:
                 count = len(batch.events)
-                yield pa.table({
-                    "partition_id": pa.array([partition_id] * count, pa.int32()),
-                    "position": pa.array(range(position, position + count), pa.int64()),
-                    "cursor": pa.array([batch.cursor["offset"]] * count, pa.string()),
-                    "payload": pa.array([bytes(event).decode() for event in batch.events], pa.string()),
-                })
+                yield pa.table(
+                    {
+                        "partition_id": pa.array([partition_id] * count, pa.int32()),
+                        "position": pa.array(range(position, position + count), pa.int64()),
+                        "cursor": pa.array([batch.cursor["offset"]] * count, pa.string()),
+                        "payload": pa.array([bytes(event).decode() for event in batch.events], pa.string()),
+                    }
+                )
                 position += count
             if batch.cursor["offset"] == newest or not batch.events:
                 return
@@ -143,28 +156,44 @@ def main() -> int:
         token, partitions = document["token"], [int(p["id"]) for p in document["partitions"]]
     groups = [partitions[i::MAX_RESOURCES] for i in range(min(MAX_RESOURCES, len(partitions)))]
     resources = [
-        dlt.resource(group_pages, name=f"feed_partitions_{index}", table_name="events", write_disposition="append",
-                     table_format="delta", parallelized=True)(url, token, group, args.page_size)
+        dlt.resource(
+            group_pages,
+            name=f"feed_partitions_{index}",
+            table_name="events",
+            write_disposition="append",
+            table_format="delta",
+            parallelized=True,
+        )(url, token, group, args.page_size)
         for index, group in enumerate(groups)
     ]
     if args.bucket_url:
         from dlt.common.configuration.specs import AwsCredentials
 
-        credentials = AwsCredentials(aws_access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
-                                     aws_secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"],
-                                     region_name="us-east-1", endpoint_url=args.endpoint)
+        credentials = AwsCredentials(
+            aws_access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"],
+            region_name="us-east-1",
+            endpoint_url=args.endpoint,
+        )
         destination = dlt.destinations.filesystem(bucket_url=args.bucket_url, credentials=credentials)
     else:
         destination = dlt.destinations.filesystem(bucket_url=(args.work / "dlt_lake").as_uri())
-    pipeline = dlt.pipeline(pipeline_name="bench_feed", pipelines_dir=str(args.work / "dlt_pipelines"),
-                            destination=destination, dataset_name="feed", progress=None)
+    pipeline = dlt.pipeline(
+        pipeline_name="bench_feed",
+        pipelines_dir=str(args.work / "dlt_pipelines"),
+        destination=destination,
+        dataset_name="feed",
+        progress=None,
+    )
     started = time.perf_counter()
     pipeline.run(resources)
     seconds = time.perf_counter() - started
     rows = get_delta_tables(pipeline, "events")["events"].to_pyarrow_dataset().count_rows()
-    steps = {step.step: (step.finished_at - step.started_at).total_seconds()
-             for step in (pipeline.last_trace.steps if pipeline.last_trace else [])
-             if step.started_at and step.finished_at}
+    steps = {
+        step.step: (step.finished_at - step.started_at).total_seconds()
+        for step in (pipeline.last_trace.steps if pipeline.last_trace else [])
+        if step.started_at and step.finished_at
+    }
     print(json.dumps({"seconds": seconds, "rows": rows, "version": dlt.__version__, "steps": steps}))
     return 0 if rows == args.expected else 1
 

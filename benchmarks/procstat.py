@@ -1,4 +1,5 @@
 """Other processes: their CPU seconds and memory from /proc (Linux), waiting for and stopping them."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """The code location of this repository: a `dg` project whose `defs/` folder declares the feeds."""
+
 from pathlib import Path
 
 import dagster as dg

@@ -4,6 +4,7 @@
 the Dagster Component (`type: feedapi_dagster.FeedApiComponent` in a defs.yaml); the rest of the
 Dagster side is in `feedapi_dagster.orchestration`.
 """
+
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:

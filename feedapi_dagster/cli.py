@@ -3,6 +3,7 @@
 Each subcommand lives next to the code it drives and contributes itself through a
 `register(subparsers)` function that sets `func` on its parser.
 """
+
 from __future__ import annotations
 
 import argparse

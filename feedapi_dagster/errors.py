@@ -23,6 +23,7 @@ a `StateError`, `ReadEndsMissing` (`lakehouse/feed_read.py`) a `LoadError`.
 Messages name the feed by its URL without credentials and never quote a token. This module is pure
 Python: every layer imports it, it imports nothing of the package.
 """
+
 from __future__ import annotations
 
 

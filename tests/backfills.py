@@ -1,5 +1,6 @@
 """Backfills as the UI launches them ("Materialize selected" over partitions of an asset): recorded in
 the instance, for the daemon's backfill loop to run."""
+
 from __future__ import annotations
 
 import contextlib
@@ -24,15 +25,27 @@ def launch_backfill(instance: dg.DagsterInstance, project: Path, key: dg.AssetKe
     with importable(project):
         asset_graph = dg.load_from_defs_folder(path_within_project=project).resolve_asset_graph()
     backfill_id = make_new_backfill_id()
-    instance.add_backfill(PartitionBackfill.from_asset_partitions(
-        backfill_id=backfill_id, asset_graph=asset_graph, partition_names=partitions, asset_selection=[key],
-        backfill_timestamp=time.time(), tags={}, dynamic_partitions_store=instance, all_partitions=False,
-        title=None, description=None, run_config=None))
+    instance.add_backfill(
+        PartitionBackfill.from_asset_partitions(
+            backfill_id=backfill_id,
+            asset_graph=asset_graph,
+            partition_names=partitions,
+            asset_selection=[key],
+            backfill_timestamp=time.time(),
+            tags={},
+            dynamic_partitions_store=instance,
+            all_partitions=False,
+            title=None,
+            description=None,
+            run_config=None,
+        )
+    )
     return backfill_id
 
 
-def wait_for_backfill(instance: dg.DagsterInstance, backfill_id: str, daemon: subprocess.Popen, log: Path,
-                      timeout: float = 300.0) -> PartitionBackfill:
+def wait_for_backfill(
+    instance: dg.DagsterInstance, backfill_id: str, daemon: subprocess.Popen, log: Path, timeout: float = 300.0
+) -> PartitionBackfill:
     """The backfill once it ended (the daemon, whose log is `log`, must keep running meanwhile)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -50,9 +63,14 @@ def running_daemon(project: Path, home: Path, log_path: Path) -> Iterator[subpro
     schedules, run queue and backfills), stopped at the end."""
     env = {**os.environ, "DAGSTER_HOME": str(home), "ORDERS_FEED_TOKEN": "unused-by-the-demo-server"}
     with open(log_path, "wb") as log:
-        daemon = subprocess.Popen([str(Path(sys.executable).with_name("dagster-daemon")), "run", "-w",
-                                   str(project / "workspace.yaml")], cwd=project, env=env, stdout=log,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
+        daemon = subprocess.Popen(
+            [str(Path(sys.executable).with_name("dagster-daemon")), "run", "-w", str(project / "workspace.yaml")],
+            cwd=project,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             yield daemon
         finally:

@@ -5,6 +5,7 @@ A JVM start costs ~10-15 s, so every test that needs Spark should take the `spar
 of building its own session. Do not create Spark Connect sessions in the test process (pyspark
 cannot mix classic and Connect sessions in one process): run Connect clients in a subprocess.
 """
+
 from __future__ import annotations
 
 import os
@@ -43,8 +44,12 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def s3_storage(s3_server: S3Server) -> S3Storage:
     """The storage setting of a lakehouse on the test S3 server, as a user's defs.yaml gives it."""
-    return S3Storage(endpoint=s3_server.url, path_style=True, access_key_id_env="FEEDAPI_TEST_S3_KEY",
-                     secret_access_key_env="FEEDAPI_TEST_S3_SECRET")
+    return S3Storage(
+        endpoint=s3_server.url,
+        path_style=True,
+        access_key_id_env="FEEDAPI_TEST_S3_KEY",
+        secret_access_key_env="FEEDAPI_TEST_S3_SECRET",
+    )
 
 
 @pytest.fixture(scope="session")
@@ -106,7 +111,7 @@ class Lakehouse:
         if not self.on_s3:
             return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
         prefix = self._key(folder).rstrip("/") + "/"
-        return sorted({key[len(prefix):] for key in self.server.keys(BUCKET, prefix) if "/" not in key[len(prefix):]})
+        return sorted({key[len(prefix) :] for key in self.server.keys(BUCKET, prefix) if "/" not in key[len(prefix) :]})
 
     def read(self, path: str) -> bytes:
         """The file's bytes; FileNotFoundError when there is none."""
@@ -140,5 +145,8 @@ def lakehouse(request, tmp_path) -> Lakehouse:
 def s3_lakehouse(request) -> Lakehouse:
     """A fresh prefix of the test S3 server's bucket for the test asking."""
     prefix = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:60]  # no glob characters in a path
-    return Lakehouse(f"s3a://{BUCKET}/{prefix}-{uuid.uuid4().hex[:8]}",
-                     request.getfixturevalue("s3_storage"), request.getfixturevalue("s3_server"))
+    return Lakehouse(
+        f"s3a://{BUCKET}/{prefix}-{uuid.uuid4().hex[:8]}",
+        request.getfixturevalue("s3_storage"),
+        request.getfixturevalue("s3_server"),
+    )

@@ -1,4 +1,5 @@
 """Free ports for the servers the tests and benchmarks start (the package itself binds fixed ports)."""
+
 from __future__ import annotations
 
 import socket

@@ -17,6 +17,7 @@ By default the server takes any key; ``S3Server(enforce_keys=True)`` checks ever
 signature against its IAM users' access keys (moto's ``INITIAL_NO_AUTH_ACTION_COUNT``): the tests make
 keys (`create_access_key`) and revoke them (`delete_access_key`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -101,6 +102,7 @@ def _with_test_routes(app: Callable) -> Callable:
                     key.last_modified = key.last_modified - shift
                 aged += 1
         return answer(start_response, str(aged))
+
     return serve
 
 
@@ -122,8 +124,13 @@ class S3Server:
         self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL
         root = Path(__file__).resolve().parents[1]
         env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(_UNCHECKED_SETUP_REQUESTS)} if enforce_keys else None
-        self._process = subprocess.Popen([sys.executable, "-m", "tests.s3_server", "--port", str(self.port)],
-                                         cwd=root, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "tests.s3_server", "--port", str(self.port)],
+            cwd=root,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
         deadline = time.monotonic() + 60
         while not _port_open(self.port):
             if self._process.poll() is not None or time.monotonic() > deadline:
@@ -138,8 +145,9 @@ class S3Server:
         import boto3
 
         key, secret = keys or self._keys
-        return boto3.client(service, endpoint_url=self.url, region_name=REGION, aws_access_key_id=key,
-                            aws_secret_access_key=secret)
+        return boto3.client(
+            service, endpoint_url=self.url, region_name=REGION, aws_access_key_id=key, aws_secret_access_key=secret
+        )
 
     def _setup_iam(self) -> tuple[str, str]:
         """The key of the tests' own client, of an IAM user allowed everything: the requests moto serves
@@ -186,8 +194,9 @@ class S3Server:
 
     def age(self, bucket: str, prefix: str, seconds: float) -> int:
         """Moves the LastModified of the objects under `prefix` back by `seconds`; how many."""
-        answer = requests.post(f"{self.url}{AGE_ROUTE}", params={"bucket": bucket, "prefix": prefix,
-                                                                 "seconds": seconds}, timeout=30)
+        answer = requests.post(
+            f"{self.url}{AGE_ROUTE}", params={"bucket": bucket, "prefix": prefix, "seconds": seconds}, timeout=30
+        )
         answer.raise_for_status()
         return int(answer.text)
 

@@ -1,4 +1,5 @@
 """Finding Spark's processes in /proc, for tests that kill them."""
+
 from __future__ import annotations
 
 import os
@@ -32,16 +33,21 @@ def python_workers(root: int) -> list[int]:
             if parent in below and pid not in below:
                 below.add(pid)
                 grew = True
-    daemons = {pid for pid in below if b"pyspark.daemon" in processes[pid][0]
-               and b"pyspark.daemon" not in processes.get(processes[pid][1], (b"", 0))[0]}
+    daemons = {
+        pid
+        for pid in below
+        if b"pyspark.daemon" in processes[pid][0]
+        and b"pyspark.daemon" not in processes.get(processes[pid][1], (b"", 0))[0]
+    }
     return sorted(pid for pid in below if processes[pid][1] in daemons)
 
 
 def connect_server_pid(port: int) -> int | None:
     """The JVM of the Spark Connect server listening on `port`."""
     needle = f"spark.connect.grpc.binding.port={port} ".encode()
-    return next((pid for pid, (command, _) in _processes().items()
-                 if needle in command + b" " and b"java" in command), None)
+    return next(
+        (pid for pid, (command, _) in _processes().items() if needle in command + b" " and b"java" in command), None
+    )
 
 
 def kill(pids: list[int], sig: int) -> list[int]:

@@ -4,6 +4,7 @@ Dagster project" makes, written into a temporary folder.
 Beside the feed it has the user's own asset and a resource of its own under the key `spark` (a
 dagster-pyspark resource), as a real project would; `feedapi-dagster` must not collide with either.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,7 +23,8 @@ def write_user_project(root: Path, feed_url: str, spark: dict, *, lakehouse: Pat
     `user_project/defs/feeds/defs.yaml`, `user_project/defs/reports.py`, workspace.yaml)."""
     package = root / MODULE
     (package / "defs" / "feeds").mkdir(parents=True, exist_ok=True)
-    (root / "pyproject.toml").write_text(textwrap.dedent(f"""\
+    (root / "pyproject.toml").write_text(
+        textwrap.dedent(f"""\
         [project]
         name = "user-project"
         version = "0.0.1"
@@ -32,9 +34,11 @@ def write_user_project(root: Path, feed_url: str, spark: dict, *, lakehouse: Pat
 
         [tool.dg.project]
         root_module = "{MODULE}"
-        """))
+        """)
+    )
     (package / "__init__.py").write_text("")
-    (package / "definitions.py").write_text(textwrap.dedent("""\
+    (package / "definitions.py").write_text(
+        textwrap.dedent("""\
         from pathlib import Path
 
         import dagster as dg
@@ -43,8 +47,10 @@ def write_user_project(root: Path, feed_url: str, spark: dict, *, lakehouse: Pat
         @dg.definitions
         def defs():
             return dg.load_from_defs_folder(path_within_project=Path(__file__).resolve().parent.parent)
-        """))
-    (package / "defs" / "reports.py").write_text(textwrap.dedent("""\
+        """)
+    )
+    (package / "defs" / "reports.py").write_text(
+        textwrap.dedent("""\
         import dagster as dg
         from dagster_pyspark import LazyPySparkResource
 
@@ -58,19 +64,45 @@ def write_user_project(root: Path, feed_url: str, spark: dict, *, lakehouse: Pat
         def reports():
             return dg.Definitions(assets=[daily_report],
                                   resources={"spark": LazyPySparkResource(spark_config={"spark.app.name": "user"})})
-        """))
+        """)
+    )
     attributes = {
         "lakehouse": str(lakehouse),
         "spark": spark,
         # a None in `feed` leaves the key out (a protocol without FeedAPI's dialect, a feed without a token)
-        "feeds": [{key: value for key, value in {
-            "name": "orders", "url": feed_url, "dialect": "published", "page_size_hint": 50,
-            "token": "{{ env.ORDERS_FEED_TOKEN }}", **(feed or {})}.items() if value is not None}],
+        "feeds": [
+            {
+                key: value
+                for key, value in {
+                    "name": "orders",
+                    "url": feed_url,
+                    "dialect": "published",
+                    "page_size_hint": 50,
+                    "token": "{{ env.ORDERS_FEED_TOKEN }}",
+                    **(feed or {}),
+                }.items()
+                if value is not None
+            }
+        ],
     }
     (package / "defs" / "feeds" / "defs.yaml").write_text(
-        yaml.safe_dump({"type": "feedapi_dagster.FeedApiComponent", "attributes": attributes}, sort_keys=False))
-    (root / "workspace.yaml").write_text(yaml.safe_dump({"load_from": [{"python_module": {
-        "module_name": f"{MODULE}.definitions", "working_directory": str(root), "location_name": "user"}}]}))
+        yaml.safe_dump({"type": "feedapi_dagster.FeedApiComponent", "attributes": attributes}, sort_keys=False)
+    )
+    (root / "workspace.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "load_from": [
+                    {
+                        "python_module": {
+                            "module_name": f"{MODULE}.definitions",
+                            "working_directory": str(root),
+                            "location_name": "user",
+                        }
+                    }
+                ]
+            }
+        )
+    )
     return root
 
 

@@ -14,6 +14,7 @@ The loader's own progress lines ("N events ... read and written by Spark as Delt
 "nothing new (Spark's read took X s ...)", "cursors ... committed as Delta version V in Y s") are in the
 run's Dagster event log.
 """
+
 import atexit
 import importlib.abc
 import logging
@@ -45,6 +46,7 @@ def _marked(owner, attribute, label, generator=False, only_end=False):
         return
 
     if generator:
+
         def wrapper(*args, **kwargs):
             _log.info("mark %s start", label)
             try:
@@ -52,6 +54,7 @@ def _marked(owner, attribute, label, generator=False, only_end=False):
             finally:
                 _log.info("mark %s end", label)
     else:
+
         def wrapper(*args, **kwargs):
             if not only_end:
                 _log.info("mark %s start", label)
@@ -72,7 +75,8 @@ def _resources(module):
 _PATCHES = {
     "feedapi_dagster": lambda module: None,  # its import starting is the mark (see find_spec)
     "feedapi_dagster.orchestration.definitions": lambda module: _marked(
-        module, "build_feedapi_definitions", "definitions", only_end=True),
+        module, "build_feedapi_definitions", "definitions", only_end=True
+    ),
     "feedapi_dagster.orchestration.resources": _resources,
     "feedapi_dagster.lakehouse.delta": lambda module: _marked(module.FeedTable, "ensure_table", "table"),
 }

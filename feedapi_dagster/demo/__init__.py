@@ -3,6 +3,7 @@
 serving (`http_server.py`), faults (`faults.py`) and the admin endpoint (`admin.py`), the gate a test
 holds reads with (`gate.py`), tokens (`tokens.py`) and their console commands' flags (`server_command.py`);
 `demo_feeds.py` is the demo command's feed of each protocol."""
+
 from feedapi_dagster.demo.faults import Faults
 from feedapi_dagster.demo.feedapi import DemoFeed, DemoFeedServer
 from feedapi_dagster.demo.gate import Gate

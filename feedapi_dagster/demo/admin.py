@@ -5,6 +5,7 @@ Not authenticated, never faulty.
 An action takes the request's JSON object (an empty body: {}) and its URL, and returns the JSON
 answer; a missing field (KeyError) or a bad value (ValueError, TypeError, LookupError) is a 400.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,10 +28,19 @@ def fault_admin_actions(server: WithFaults) -> AdminActions:
     """POST /admin/faults {rate, seed, retry_after, kinds}: the faults `server` plays from now on."""
 
     def set_faults(args: dict[str, Any], url: SplitResult) -> object:
-        faults = Faults(float(args.get("rate", 0.0)), int(args.get("seed", 0)), int(args.get("retry_after", 1)),
-                        tuple(args.get("kinds", KINDS)))
+        faults = Faults(
+            float(args.get("rate", 0.0)),
+            int(args.get("seed", 0)),
+            int(args.get("retry_after", 1)),
+            tuple(args.get("kinds", KINDS)),
+        )
         server.faults = faults
-        return {"rate": faults.rate, "seed": faults.seed, "retry_after": faults.retry_after, "kinds": list(faults.kinds)}
+        return {
+            "rate": faults.rate,
+            "seed": faults.seed,
+            "retry_after": faults.retry_after,
+            "kinds": list(faults.kinds),
+        }
 
     return {("POST", "/admin/faults"): set_faults}
 

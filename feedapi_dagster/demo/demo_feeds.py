@@ -1,5 +1,6 @@
 """The demo command's feed of each protocol: the `Feed` settings that read it on 127.0.0.1, and the
 bundled server that serves it."""
+
 from __future__ import annotations
 
 from feedapi_dagster.demo.feedapi import DemoFeed, DemoFeedServer
@@ -19,6 +20,7 @@ def demo_server(protocol: str, port: int, events: int, partitions: int) -> DemoF
     """The bundled server of `protocol` with a generated feed (not started). Nakadi's repeats a few
     events, as Nakadi may: the demo shows them deduplicated."""
     if protocol == "nakadi":
-        return NakadiDemoServer(NakadiEventType(DEMO_EVENT_TYPE, partitions=partitions, events=events,
-                                                duplicate_ratio=0.02), port=port)
+        return NakadiDemoServer(
+            NakadiEventType(DEMO_EVENT_TYPE, partitions=partitions, events=events, duplicate_ratio=0.02), port=port
+        )
     return DemoFeedServer(DemoFeed(partitions=partitions, events=events), dialect="published", port=port)

@@ -1,4 +1,5 @@
 """Fault injection for fetch responses: the failures a consumer meets against real servers."""
+
 from __future__ import annotations
 
 import random

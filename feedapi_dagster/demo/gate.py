@@ -1,4 +1,5 @@
 """A gate a test sets on a demo server to catch a load in the middle of its read."""
+
 from __future__ import annotations
 
 import threading

@@ -2,6 +2,7 @@
 connections are shut down), the base of their request handlers (plain responses, the admin endpoint
 routed to the server's admin actions), and `DemoServer`, a demo server's life in a thread with what
 every demo server can be given (a token, faults, a gate)."""
+
 from __future__ import annotations
 
 import json
@@ -102,8 +103,9 @@ class DemoServer:
     when it stops (open streams end). `token` (required as a bearer token when set), `faults` and
     `gate` may be swapped at runtime; `fault_counts` counts the faults it played."""
 
-    def __init__(self, host: str, port: int, handler: type[DemoHandler], token: str | None = None,
-                 faults: Faults | None = None) -> None:
+    def __init__(
+        self, host: str, port: int, handler: type[DemoHandler], token: str | None = None, faults: Faults | None = None
+    ) -> None:
         self.token = token
         self.faults = faults
         self.gate: Gate | None = None
@@ -138,8 +140,9 @@ class DemoServer:
 
     def start(self) -> Self:
         # a short poll interval: `stop` waits for it, and tests start and stop many servers
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02},
-                                        name=type(self).__name__, daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, name=type(self).__name__, daemon=True
+        )
         self._thread.start()
         return self
 
@@ -154,5 +157,7 @@ class DemoServer:
     def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()

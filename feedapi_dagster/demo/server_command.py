@@ -1,5 +1,6 @@
 """What the console commands of the demo servers (`demo-server`, `nakadi-server`) share: the flags of
 any demo server, and serving until SIGINT/SIGTERM."""
+
 from __future__ import annotations
 
 import argparse

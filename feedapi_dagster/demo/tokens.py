@@ -1,5 +1,6 @@
 """The bearer token a demo server may require: read from an environment variable (a console command's
 `--token-env`), and found in a request's Authorization header."""
+
 from __future__ import annotations
 
 import hmac

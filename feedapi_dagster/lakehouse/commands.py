@@ -1,6 +1,7 @@
 """The lakehouse's commands: `feedapi-dagster setup-jars` (the Delta and s3a jars), `spark-server`
 (the embedded Spark Connect server until Ctrl-C), `spark status|stop` (the server the runs left running)
 and `state` (a feed table's cursor of record). `feedapi_dagster/cli.py` registers them."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,13 +12,14 @@ import os
 import signal
 import sys
 import threading
-from datetime import datetime, timezone
+from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from feedapi_dagster.lakehouse.server_record import ServerRecord
     from feedapi_dagster.lakehouse.cursor_record import CommittedState
+    from feedapi_dagster.lakehouse.server_record import ServerRecord
 
 
 def _configure_logging() -> None:
@@ -56,12 +58,13 @@ def _spark_server(args: argparse.Namespace) -> int:
         except SparkError as exc:  # the server did not start, or the jars are not set up
             print(str(exc), file=sys.stderr)
             return 1
-        print(f"Spark Connect server listening on {server.url} (pid {server.pid}, log {server.log_path}); "
-              "Ctrl-C to stop", flush=True)
+        print(
+            f"Spark Connect server listening on {server.url} (pid {server.pid}, log {server.log_path}); Ctrl-C to stop",
+            flush=True,
+        )
         while not stop.wait(1.0):
             if not server.is_running():
-                print(f"Spark Connect server exited with code {server.wait(0)}; see {server.log_path}",
-                      file=sys.stderr)
+                print(f"Spark Connect server exited with code {server.wait(0)}; see {server.log_path}", file=sys.stderr)
                 return 1
         print("Stopping the Spark Connect server ...", flush=True)
         return 0
@@ -79,14 +82,18 @@ def _spark_status(args: argparse.Namespace) -> int:
     record = read_record(args.port)
     if record is None:
         if port_open(args.port):
-            print(f"port {args.port}: something listens there, but there is no record of an embedded Spark server "
-                  "started there by this user")
+            print(
+                f"port {args.port}: something listens there, but there is no record of an embedded Spark server "
+                "started there by this user"
+            )
         else:
             print(f"no embedded Spark server on port {args.port}")
         return 1
     if not is_recorded_server(record):
-        print(f"the embedded Spark server recorded on port {args.port} (pid {record.pid}) is not running; "
-              f"`feedapi-dagster spark stop --port {args.port}` removes its files")
+        print(
+            f"the embedded Spark server recorded on port {args.port} (pid {record.pid}) is not running; "
+            f"`feedapi-dagster spark stop --port {args.port}` removes its files"
+        )
         return 1
     print("\n".join(_describe_server(record)))
     return 0
@@ -98,8 +105,11 @@ def _describe_server(record: ServerRecord) -> list[str]:
     group = process_group(record.pid)
     started = datetime.fromisoformat(record.started_at)
     ours = record.installation == this_installation()
-    stop = (f"feedapi-dagster spark stop --port {record.port}" if ours
-            else f"{Path(record.installation) / 'bin' / 'feedapi-dagster'} spark stop --port {record.port}")
+    stop = (
+        f"feedapi-dagster spark stop --port {record.port}"
+        if ours
+        else f"{Path(record.installation) / 'bin' / 'feedapi-dagster'} spark stop --port {record.port}"
+    )
     workers = f" and {len(group) - 1} Python workers" if len(group) > 1 else ""
     return [
         f"embedded Spark server on sc://127.0.0.1:{record.port}: running",
@@ -107,15 +117,19 @@ def _describe_server(record: ServerRecord) -> list[str]:
         f"  memory        {_size(resident_bytes(group))} resident (the JVM{workers})",
         f"  log           {record.log_path}",
         f"  installation  {record.installation} ({'this one' if ours else 'not this one: ' + this_installation()})",
-        "  lifetime      " + ("left running for later runs (a JVM takes tens of seconds to start)" if record.detached
-                             else f"stopped when the process that started it (pid {record.owner_pid}) exits"),
+        "  lifetime      "
+        + (
+            "left running for later runs (a JVM takes tens of seconds to start)"
+            if record.detached
+            else f"stopped when the process that started it (pid {record.owner_pid}) exits"
+        ),
         f"  files         {', '.join(str(path) for path in record.files)}, {record.work_dir}/",
         f"stop it with: {stop}",
     ]
 
 
 def _age(started: datetime) -> str:
-    minutes = int((datetime.now(timezone.utc) - started).total_seconds() // 60)
+    minutes = int((datetime.now(UTC) - started).total_seconds() // 60)
     return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
 
 
@@ -146,20 +160,32 @@ def _state(args: argparse.Namespace) -> int:
         print(f"{args.table}: {error}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({"table": args.table, "source": committed.source, "delta_version": committed.delta_version,
-                          "table_version": committed.table_version, "load_id": committed.load_id,
-                          **committed.state.model_dump(mode="json")}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "table": args.table,
+                    "source": committed.source,
+                    "delta_version": committed.delta_version,
+                    "table_version": committed.table_version,
+                    "load_id": committed.load_id,
+                    **committed.state.model_dump(mode="json"),
+                },
+                indent=2,
+            )
+        )
         return 0
     print(f"{args.table}\ncursor of record: {committed.describe()}")
     print(f"{'partition':>9}  {'position':>10}  {'drained':7}  cursor")
     for partition_id, partition in sorted(committed.state.partitions.items()):
         inherited = f" (inherited from {partition.inherited_from})" if partition.inherited_from is not None else ""
-        print(f"{partition_id:>9}  {partition.position:>10}  {'yes' if partition.drained else 'no':7}  "
-              f"{partition.cursor}{inherited}")
+        print(
+            f"{partition_id:>9}  {partition.position:>10}  {'yes' if partition.drained else 'no':7}  "
+            f"{partition.cursor}{inherited}"
+        )
     return 0
 
 
-def _committed_state(table: str) -> "CommittedState":
+def _committed_state(table: str) -> CommittedState:
     """The table's cursor of record; `StateError` (one line) when there is no table to read it from."""
     from deltalake.exceptions import TableNotFoundError
 
@@ -189,7 +215,7 @@ def _local_path(table: str) -> Path | None:
     return None if "://" in table else Path(table)
 
 
-def _read_with_spark(table: str) -> "CommittedState":
+def _read_with_spark(table: str) -> CommittedState:
     import tempfile
 
     from feedapi_dagster.errors import StateError
@@ -238,8 +264,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="resolve the Delta Lake jars once into the local cache (the only step that needs Maven)",
     )
     setup.add_argument("--force", action="store_true", help="resolve again even if the cache is complete")
-    setup.add_argument("--resolver", choices=("auto", "ivy", "maven"), default="auto",
-                       help="Spark's Ivy resolver, mvn, or Ivy then mvn (default)")
+    setup.add_argument(
+        "--resolver",
+        choices=("auto", "ivy", "maven"),
+        default="auto",
+        help="Spark's Ivy resolver, mvn, or Ivy then mvn (default)",
+    )
     setup.set_defaults(func=_setup_jars)
 
     server = subparsers.add_parser(
@@ -247,12 +277,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run the embedded Spark Connect server (Delta enabled, 127.0.0.1 only) until Ctrl-C",
     )
     server.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
-    server.add_argument("--work-dir", type=Path, default=None,
-                        help="warehouse/derby/scratch/log dir (default: a temp dir removed at exit)")
+    server.add_argument(
+        "--work-dir",
+        type=Path,
+        default=None,
+        help="warehouse/derby/scratch/log dir (default: a temp dir removed at exit)",
+    )
     server.set_defaults(func=_spark_server)
 
     spark = subparsers.add_parser(
-        "spark", help="show or stop the embedded Spark Connect server this installation started (it outlives runs)")
+        "spark", help="show or stop the embedded Spark Connect server this installation started (it outlives runs)"
+    )
     actions = spark.add_subparsers(dest="action", required=True)
     for action, func, text in (
         ("status", _spark_status, "its port, pid, memory, log, start time and installation (exit code 1: none runs)"),

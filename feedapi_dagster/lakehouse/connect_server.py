@@ -9,6 +9,7 @@ authentication token: one per server start, in the server's environment (not its
 handed to its clients through a file only this user can read (`token_file`). A server this process
 stops closes this process's Connect clients of it first (`register_client`).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -24,8 +25,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 from feedapi_dagster.errors import SparkError
 from feedapi_dagster.lakehouse.jars import log_tail, pyspark_home
@@ -84,8 +86,10 @@ def read_token(port: int) -> str:
     try:
         info = path.stat()
     except FileNotFoundError:
-        raise SparkError(f"a Spark Connect server listens on port {port}, but {path} (its token) is "
-                                "missing: it was not started by feedapi-dagster as this user") from None
+        raise SparkError(
+            f"a Spark Connect server listens on port {port}, but {path} (its token) is "
+            "missing: it was not started by feedapi-dagster as this user"
+        ) from None
     if info.st_uid != os.getuid() or info.st_mode & 0o077:
         raise SparkError(f"{path} must belong to this user with mode 0600; not using it")
     return path.read_text().strip()
@@ -149,7 +153,7 @@ class SparkConnectServer:
     # -- handles ----------------------------------------------------------------------------
 
     @classmethod
-    def attach(cls, port: int = DEFAULT_PORT) -> "SparkConnectServer":
+    def attach(cls, port: int = DEFAULT_PORT) -> SparkConnectServer:
         """A handle for a server already listening on 127.0.0.1:<port> that this process does not own."""
         server = cls(port)
         server._owned = False
@@ -190,7 +194,7 @@ class SparkConnectServer:
         state = "running" if self.is_running() else "stopped"
         return f"<SparkConnectServer {self.url} {state} pid={self.pid} owned={self._owned}>"
 
-    def __enter__(self) -> "SparkConnectServer":
+    def __enter__(self) -> SparkConnectServer:
         if self._owned and self._proc is None:
             self.start()
         return self
@@ -206,19 +210,25 @@ class SparkConnectServer:
             raise SparkError("work dir not prepared")
         # The server lives long and does the loads' heavy lifting (JSON functions, Parquet encoding),
         # where C1-only code is slow (the benchmark's JVM time per commit): full JIT (C2) back.
-        conf = build_conf(self._work_dir, self._conf, jars=self._jars,
-                          java_options=(FULL_JIT_JAVA_OPTION, *self._java_options))
-        conf.update({
-            "spark.connect.grpc.binding.address": self.host,
-            "spark.connect.grpc.binding.port": str(self.port),
-            # fail instead of silently moving to port+1 when the port is taken
-            "spark.connect.grpc.port.maxRetries": "0",
-        })
+        conf = build_conf(
+            self._work_dir, self._conf, jars=self._jars, java_options=(FULL_JIT_JAVA_OPTION, *self._java_options)
+        )
+        conf.update(
+            {
+                "spark.connect.grpc.binding.address": self.host,
+                "spark.connect.grpc.binding.port": str(self.port),
+                # fail instead of silently moving to port+1 when the port is taken
+                "spark.connect.grpc.port.maxRetries": "0",
+            }
+        )
         cmd = [
             str(pyspark_home() / "bin" / "spark-submit"),
-            "--master", conf.pop("spark.master", LOCAL_MASTER),
-            "--name", conf.pop("spark.app.name", "feedapi-dagster-connect"),
-            "--class", CONNECT_SERVER_CLASS,
+            "--master",
+            conf.pop("spark.master", LOCAL_MASTER),
+            "--name",
+            conf.pop("spark.app.name", "feedapi-dagster-connect"),
+            "--class",
+            CONNECT_SERVER_CLASS,
         ]
         for key, value in conf.items():
             cmd += ["--conf", f"{key}={value}"]
@@ -227,8 +237,11 @@ class SparkConnectServer:
 
     def _child_env(self) -> dict[str, str]:
         home = pyspark_home()
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE", "PYSPARK_SUBMIT_ARGS")}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE", "PYSPARK_SUBMIT_ARGS")
+        }
         env.update(
             SPARK_HOME=str(home),
             SPARK_LOCAL_IP=LOOPBACK,
@@ -239,7 +252,7 @@ class SparkConnectServer:
         env.update(self._env)
         return env
 
-    def start(self) -> "SparkConnectServer":
+    def start(self) -> SparkConnectServer:
         if not self._owned:
             raise SparkError(f"{self.url} is not owned by this handle")
         if self.is_running():
@@ -280,8 +293,9 @@ class SparkConnectServer:
             raise SparkError(
                 f"Spark Connect server on {self.url} did not start ({exc}); last log lines:\n{tail}"
             ) from None
-        log.info("Spark Connect server ready on %s after %.1f s (pid %s)", self.url,
-                 time.monotonic() - started, self.pid)
+        log.info(
+            "Spark Connect server ready on %s after %.1f s (pid %s)", self.url, time.monotonic() - started, self.pid
+        )
         return self
 
     def _wait_ready(self) -> None:
@@ -391,8 +405,9 @@ def start_embedded_server(
     startup_timeout: float = 180.0,
 ) -> SparkConnectServer:
     """Start a Spark Connect server with Delta on 127.0.0.1:<port> (fails if the port is taken)."""
-    return SparkConnectServer(port, conf=conf, work_dir=work_dir, detach=detach,
-                              startup_timeout=startup_timeout).start()
+    return SparkConnectServer(
+        port, conf=conf, work_dir=work_dir, detach=detach, startup_timeout=startup_timeout
+    ).start()
 
 
 def ensure_embedded_server(
@@ -420,8 +435,9 @@ def ensure_embedded_server(
         if port_open(port):
             log.info("Reusing the Spark Connect server on sc://%s:%d", LOOPBACK, port)
             return SparkConnectServer.attach(port)
-        server = start_embedded_server(port, conf=conf, work_dir=work_dir, detach=detach,
-                                       startup_timeout=startup_timeout)
+        server = start_embedded_server(
+            port, conf=conf, work_dir=work_dir, detach=detach, startup_timeout=startup_timeout
+        )
     if detach:
         log.warning(outlives_message(server))
     else:
@@ -435,10 +451,12 @@ def _spark_command(action: str, port: int) -> str:
 
 
 def outlives_message(server: SparkConnectServer) -> str:
-    return (f"The embedded Spark Connect server on {server.url} (pid {server.pid}, log {server.log_path}) keeps "
-            "running after this process exits: a JVM takes tens of seconds to start, so one server serves "
-            f"every later run of this installation. `{_spark_command('status', server.port)}` shows it, "
-            f"`{_spark_command('stop', server.port)}` stops it.")
+    return (
+        f"The embedded Spark Connect server on {server.url} (pid {server.pid}, log {server.log_path}) keeps "
+        "running after this process exits: a JVM takes tens of seconds to start, so one server serves "
+        f"every later run of this installation. `{_spark_command('status', server.port)}` shows it, "
+        f"`{_spark_command('stop', server.port)}` stops it."
+    )
 
 
 class ServerNotStopped(SparkError):
@@ -454,22 +472,29 @@ def stop_recorded_server(port: int = DEFAULT_PORT, timeout: float = 30.0) -> str
         record = read_record(port)
         if record is None:
             if port_open(port):
-                raise ServerNotStopped(f"port {port}: something listens there, but there is no record of an "
-                                       f"embedded Spark server started there by this user ({record_file(port)}); "
-                                       "not stopping it")
+                raise ServerNotStopped(
+                    f"port {port}: something listens there, but there is no record of an "
+                    f"embedded Spark server started there by this user ({record_file(port)}); "
+                    "not stopping it"
+                )
             return f"no embedded Spark server on port {port}: nothing to stop"
         if record.installation != this_installation():
             raise ServerNotStopped(
                 f"the embedded Spark server on port {port} (pid {record.pid}) was started by the installation "
                 f"{record.installation}, not this one ({this_installation()}): stop it with "
-                f"{Path(record.installation) / 'bin' / 'feedapi-dagster'} spark stop --port {port}")
+                f"{Path(record.installation) / 'bin' / 'feedapi-dagster'} spark stop --port {port}"
+            )
         if not is_recorded_server(record):
             if port_open(port):
-                raise ServerNotStopped(f"port {port}: the recorded server (pid {record.pid}) is gone and something "
-                                       "else listens there; not stopping it")
+                raise ServerNotStopped(
+                    f"port {port}: the recorded server (pid {record.pid}) is gone and something "
+                    "else listens there; not stopping it"
+                )
             _remove_server_files(record)
-            return (f"the embedded Spark server recorded on port {port} (pid {record.pid}) was not running; "
-                    "removed its files")
+            return (
+                f"the embedded Spark server recorded on port {port} (pid {record.pid}) was not running; "
+                "removed its files"
+            )
         _close_clients(port)
         _stop_group(record.pid, timeout)
         _remove_server_files(record)
@@ -494,5 +519,3 @@ def _remove_server_files(record: ServerRecord) -> None:
     for path in record.files:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
-
-

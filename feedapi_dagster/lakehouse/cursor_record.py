@@ -37,6 +37,7 @@ committed at, so a load's commit is refused only when another load committed aft
 loads that read the same version only one commits, and the other re-reads the state and rebases
 (`DeltaSink`). `txn` entries are kept by checkpoints, the state they guard is found as above.
 """
+
 from __future__ import annotations
 
 import json
@@ -91,15 +92,20 @@ class CommittedState:
         """Whether the next load should commit the state again even with nothing new to add."""
         if self.source == "rows":
             return True
-        return (self.source == "commit" and self.table_version is not None
-                and self.table_version - (self.delta_version or 0) >= REASSERT_AFTER_COMMITS)
+        return (
+            self.source == "commit"
+            and self.table_version is not None
+            and self.table_version - (self.delta_version or 0) >= REASSERT_AFTER_COMMITS
+        )
 
     def describe(self) -> str:
         if self.source == "commit":
             return f"commit {self.delta_version} (load {self.load_id}), read at version {self.table_version}"
         if self.source == "rows" and self.delta_version is not None:
-            return (f"commit {self.delta_version} (load {self.load_id}): its rows, whose load ended before it "
-                    f"committed their cursors; read at version {self.table_version}")
+            return (
+                f"commit {self.delta_version} (load {self.load_id}): its rows, whose load ended before it "
+                f"committed their cursors; read at version {self.table_version}"
+            )
         if self.source == "rows":
             return f"recovered from the rows at version {self.table_version} (no commit in the log carries it)"
         return "a new table: no state yet"
@@ -112,8 +118,9 @@ class History:
     complete: bool  # the log reaches back to version 0: nothing was cleaned up
 
 
-def encode(state: FeedState, load_id: str, run_id: str | None, pending: tuple[int, ...] = (),
-           replaced: tuple[int, ...] = ()) -> str:
+def encode(
+    state: FeedState, load_id: str, run_id: str | None, pending: tuple[int, ...] = (), replaced: tuple[int, ...] = ()
+) -> str:
     """`pending`: a rows commit's partitions, whose ends its rows hold (`state` has their starts);
     `replaced`: the partitions whose rows the commit replaced (a rebuild), which the count of users'
     DELETEs (`deletes.py`) cannot tell from the files of a clustered table."""
@@ -151,9 +158,11 @@ def decode(user_metadata: str | None, version: int) -> tuple[FeedState, str, tup
         pending = tuple(int(p) for p in body.get("pending", ()))
         return FeedState.model_validate(body), body.get("load_id"), pending
     except (ValidationError, AttributeError, TypeError, ValueError) as error:
-        raise StateError(f"the feed state in Delta commit {version} cannot be read ({error}); it was written "
-                         "by another program or edited. Restore the table to a version before it, or remove "
-                         f"the commit's `{METADATA_KEY}` user metadata") from None
+        raise StateError(
+            f"the feed state in Delta commit {version} cannot be read ({error}); it was written "
+            "by another program or edited. Restore the table to a version before it, or remove "
+            f"the commit's `{METADATA_KEY}` user metadata"
+        ) from None
 
 
 def committed_states(entries: list[HistoryEntry], table_version: int | None) -> list[CommittedState]:
@@ -171,8 +180,9 @@ def committed_states(entries: list[HistoryEntry], table_version: int | None) -> 
             rows_version = maintained if unchanged and maintained is not None else entry.version
             # a rows commit that added no row leaves its partitions where they started: nothing to read
             pending = decoded[2] if entry.metrics.get(_ROWS_WRITTEN) != "0" else ()
-            states.append(CommittedState(decoded[0], "commit", decoded[1], entry.version, rows_version,
-                                         table_version, pending))
+            states.append(
+                CommittedState(decoded[0], "commit", decoded[1], entry.version, rows_version, table_version, pending)
+            )
             unchanged = False
         elif entry.restored_version is not None:
             undone_above = entry.restored_version
@@ -185,7 +195,7 @@ def committed_states(entries: list[HistoryEntry], table_version: int | None) -> 
     return states
 
 
-def read_history(table: "FeedTable | DeltaLog | str", limit: int | None = RECENT_HISTORY) -> History:
+def read_history(table: FeedTable | DeltaLog | str, limit: int | None = RECENT_HISTORY) -> History:
     """The states committed to the table (`table`, or a log or local path read with delta-rs)."""
     log = DeltaLog(table) if isinstance(table, str) else table
     entries = log.history(limit)
@@ -198,7 +208,7 @@ def read_history(table: "FeedTable | DeltaLog | str", limit: int | None = RECENT
     return History(states, table_version, complete)
 
 
-def resolve(table: "FeedTable | DeltaLog | str", history: History) -> CommittedState:
+def resolve(table: FeedTable | DeltaLog | str, history: History) -> CommittedState:
     """The cursor of record, from the history read (see the module docstring)."""
     path = table if isinstance(table, str) else table.path
     spark_table = table if isinstance(table, FeedTable) else None
@@ -209,27 +219,36 @@ def resolve(table: "FeedTable | DeltaLog | str", history: History) -> CommittedS
     if history.complete:  # every commit is in the log, and no load's commit is in effect
         return CommittedState(FeedState(), "new", None, None, None, history.table_version)
     if spark_table is None:
-        raise RecoveryNeedsSpark(f"no commit in the Delta log of {path} carries the feed state: it must be recovered "
-                                 "from the table's rows, which takes Spark (`feedapi-dagster state` does it)")
+        raise RecoveryNeedsSpark(
+            f"no commit in the Delta log of {path} carries the feed state: it must be recovered "
+            "from the table's rows, which takes Spark (`feedapi-dagster state` does it)"
+        )
     last_rows = spark_table.last_rows(history.table_version)
     if last_rows:
-        state = FeedState(partitions={pid: PartitionState(cursor=cursor, position=position + 1)
-                                      for pid, (position, cursor) in last_rows.items()})
+        state = FeedState(
+            partitions={
+                pid: PartitionState(cursor=cursor, position=position + 1)
+                for pid, (position, cursor) in last_rows.items()
+            }
+        )
         return CommittedState(state, "rows", None, None, history.table_version, history.table_version)
     raise StateError(
         f"the Delta table {path} has no rows and its log no longer reaches back to its creation (cleaned up "
         "by Delta), and no commit left in it carries the feed state: whether its events were deleted or "
         "never loaded cannot be told, so nothing is loaded. To load the feed from the start into it, "
-        "remove the table (its folder); to keep it empty, leave the feed's schedule off")
+        "remove the table (its folder); to keep it empty, leave the feed's schedule off"
+    )
 
 
-def _with_pending_rows(rows_commit: CommittedState, table: "FeedTable | None", path: str) -> CommittedState:
+def _with_pending_rows(rows_commit: CommittedState, table: FeedTable | None, path: str) -> CommittedState:
     """A rows commit's state: each pending partition after its newest row, or at its start when the
     commit added none past it (the pages it read held no new event: read again, they give none)."""
     if table is None:
-        raise RecoveryNeedsSpark(f"the newest feed state in the Delta log of {path} is a load's rows commit whose "
-                                 "cursors were not committed after it: they are read from its rows, which takes "
-                                 "Spark (`feedapi-dagster state` does it)")
+        raise RecoveryNeedsSpark(
+            f"the newest feed state in the Delta log of {path} is a load's rows commit whose "
+            "cursors were not committed after it: they are read from its rows, which takes "
+            "Spark (`feedapi-dagster state` does it)"
+        )
     last_rows = table.last_rows(rows_commit.rows_version, rows_commit.pending)
     state = rows_commit.state
     updates = {}
@@ -239,10 +258,16 @@ def _with_pending_rows(rows_commit: CommittedState, table: "FeedTable | None", p
             position, cursor = last_rows[pid]
             updates[pid] = PartitionState(cursor=cursor, position=position + 1, inherited_from=start.inherited_from)
     resolved = FeedState(generation=state.generation, partitions={**state.partitions, **updates})
-    return CommittedState(resolved, "rows", rows_commit.load_id, rows_commit.delta_version, rows_commit.rows_version,
-                          rows_commit.table_version)
+    return CommittedState(
+        resolved,
+        "rows",
+        rows_commit.load_id,
+        rows_commit.delta_version,
+        rows_commit.rows_version,
+        rows_commit.table_version,
+    )
 
 
-def read_committed_state(table: "FeedTable | DeltaLog | str") -> CommittedState:
+def read_committed_state(table: FeedTable | DeltaLog | str) -> CommittedState:
     """The table's cursor of record (an empty state for a new table)."""
     return resolve(table, read_history(table))

@@ -38,6 +38,7 @@ Protocol failures that survive the client's retries end a partition's read early
 its checkpoint row when `checkpointRows` is on (the rows read before it are good), and fail the query
 otherwise.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,17 +47,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pydantic import BaseModel, ValidationError
 from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from feedapi_dagster.planning import task_groups
 from feedapi_dagster.protocol import FeedClient, FeedInfo, FeedSettings, ProtocolError, feed_settings
 from feedapi_dagster.protocol.models import FIRST
-from feedapi_dagster.protocol.registry import (DEFAULT_PROTOCOL, import_protocol, protocol_module,
-                                               registered_protocols)
+from feedapi_dagster.protocol.registry import DEFAULT_PROTOCOL, import_protocol, protocol_module, registered_protocols
 
 from .reads import END_COLUMN, GroupRead, PartitionStart, ReadSettings
 from .table import EVENT_SCHEMA, check_id_field, spark_ddl
@@ -67,8 +67,20 @@ EVENT_DDL = spark_ddl(EVENT_SCHEMA)
 
 PROTOCOL_MODULE = "protocolModule"
 # the options of a read, beside the feed's settings
-_READ_OPTIONS = frozenset({"partitions", "startcursors", "startpositions", "maxevents", "checkpointrows", "discovery",
-                           "tasks", "threadspertask", "progressfolder", PROTOCOL_MODULE.lower()})
+_READ_OPTIONS = frozenset(
+    {
+        "partitions",
+        "startcursors",
+        "startpositions",
+        "maxevents",
+        "checkpointrows",
+        "discovery",
+        "tasks",
+        "threadspertask",
+        "progressfolder",
+        PROTOCOL_MODULE.lower(),
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -91,7 +103,7 @@ class FeedSourceOptions:
         return f"FeedSourceOptions({self.feed!r}, partitions={self.partitions})"
 
     @classmethod
-    def parse(cls, options: dict[str, str]) -> "FeedSourceOptions":
+    def parse(cls, options: dict[str, str]) -> FeedSourceOptions:
         # Spark hands options with lower-cased keys (a case-insensitive map)
         get = {key.lower(): value for key, value in options.items()}.get
         if not get("url"):
@@ -113,8 +125,10 @@ class FeedSourceOptions:
                 progress_folder=get("progressfolder"),
             )
         except ValidationError as error:
-            problems = "; ".join(f"{to_camel(str(e['loc'][0])) if e['loc'] else 'options'}: {e['msg']}"
-                                 for e in error.errors(include_url=False, include_input=False))
+            problems = "; ".join(
+                f"{to_camel(str(e['loc'][0])) if e['loc'] else 'options'}: {e['msg']}"
+                for e in error.errors(include_url=False, include_input=False)
+            )
             raise ValueError(f"feedapi data source: bad option: {problems}") from None
         except (ValueError, TypeError) as error:
             raise ValueError(f"feedapi data source: bad option: {error}") from None
@@ -126,26 +140,38 @@ class FeedSourceOptions:
             feed["token"] = self.feed.token.get_secret_value()
         fields = type(self.feed).model_fields
         options: dict[str, object] = {
-            to_camel(name): json.dumps(value) if _nested(fields[name]) else value for name, value in feed.items()}
+            to_camel(name): json.dumps(value) if _nested(fields[name]) else value for name, value in feed.items()
+        }
         options |= {
-            "protocol": self.feed.protocol, PROTOCOL_MODULE: protocol_module(self.feed.protocol),
+            "protocol": self.feed.protocol,
+            PROTOCOL_MODULE: protocol_module(self.feed.protocol),
             "partitions": ",".join(map(str, self.partitions)) if self.partitions is not None else None,
-            "startCursors": json.dumps({str(k): v for k, v in self.start_cursors.items()}) if self.start_cursors else None,
-            "startPositions": json.dumps({str(k): v for k, v in self.start_positions.items()}) if self.start_positions else None,
-            "maxEvents": self.max_events, "checkpointRows": self.checkpoint_rows or None,
-            "discovery": self.discovery.model_dump_json() if self.discovery else None, "tasks": self.tasks,
+            "startCursors": json.dumps({str(k): v for k, v in self.start_cursors.items()})
+            if self.start_cursors
+            else None,
+            "startPositions": json.dumps({str(k): v for k, v in self.start_positions.items()})
+            if self.start_positions
+            else None,
+            "maxEvents": self.max_events,
+            "checkpointRows": self.checkpoint_rows or None,
+            "discovery": self.discovery.model_dump_json() if self.discovery else None,
+            "tasks": self.tasks,
             "threadsPerTask": self.threads_per_task if self.threads_per_task != 8 else None,
             "progressFolder": self.progress_folder,
         }
-        return {key: str(value).lower() if isinstance(value, bool) else str(value)
-                for key, value in options.items() if value is not None}
+        return {
+            key: str(value).lower() if isinstance(value, bool) else str(value)
+            for key, value in options.items()
+            if value is not None
+        }
 
     def client(self, info: FeedInfo | None = None) -> FeedClient:
         return FeedClient(self.feed, info=info)
 
     def read_settings(self) -> ReadSettings:
-        return ReadSettings(self.feed.event_id_field, self.checkpoint_rows, self.max_events, self.threads_per_task,
-                            self.progress_folder)
+        return ReadSettings(
+            self.feed.event_id_field, self.checkpoint_rows, self.max_events, self.threads_per_task, self.progress_folder
+        )
 
 
 def _feed(get: typing.Callable[[str], str | None], options: dict[str, str]) -> FeedSettings:
@@ -165,15 +191,24 @@ def _feed(get: typing.Callable[[str], str | None], options: dict[str, str]) -> F
     unknown = sorted(key for key in options if key.lower() not in by_option and key.lower() not in _READ_OPTIONS)
     if unknown:
         raise ValueError(f"{', '.join(unknown)}: not a setting of protocol {name} nor of a read")
-    return feed_settings({field: json.loads(value) if _nested(fields[field]) else value
-                          for option, field in by_option.items() if (value := get(option)) is not None})
+    return feed_settings(
+        {
+            field: json.loads(value) if _nested(fields[field]) else value
+            for option, field in by_option.items()
+            if (value := get(option)) is not None
+        }
+    )
 
 
 def _nested(field: FieldInfo) -> bool:
     """Whether a settings field's option is JSON: a model, or a collection."""
     kinds = typing.get_args(field.annotation) or (field.annotation,)
-    return any(isinstance(kind, type) and issubclass(kind, (BaseModel, dict, list, tuple))
-               or typing.get_origin(kind) in (dict, list, tuple) for kind in kinds)
+    return any(
+        isinstance(kind, type)
+        and issubclass(kind, (BaseModel, dict, list, tuple))
+        or typing.get_origin(kind) in (dict, list, tuple)
+        for kind in kinds
+    )
 
 
 def _int(value: str | None) -> int | None:
@@ -205,7 +240,7 @@ class FeedDataSource(DataSource):
             return f"{EVENT_DDL}, {END_COLUMN} STRING"
         return EVENT_DDL
 
-    def reader(self, schema: StructType) -> "FeedReader":
+    def reader(self, schema: StructType) -> FeedReader:
         return FeedReader(FeedSourceOptions.parse(dict(self.options)))
 
 
@@ -224,11 +259,16 @@ class FeedReader(DataSourceReader):
         # the expected size of a partition: the rows it holds (its start position), a proxy for its traffic
         groups = task_groups({pid: positions.get(pid, 0) for pid in wanted}, options.tasks)
         # Spark needs at least one input partition; an empty selection reads nothing
-        return [FeedPartitionGroup(index, info.only(group),
-                                   [PartitionStart(pid, cursors.get(pid, FIRST), positions.get(pid, 0)) for pid in group])
-                for index, group in enumerate(groups)] or [FeedPartitionGroup(0, info.only([]), [])]
+        return [
+            FeedPartitionGroup(
+                index,
+                info.only(group),
+                [PartitionStart(pid, cursors.get(pid, FIRST), positions.get(pid, 0)) for pid in group],
+            )
+            for index, group in enumerate(groups)
+        ] or [FeedPartitionGroup(0, info.only([]), [])]
 
     def read(self, partition: FeedPartitionGroup) -> Iterator[pa.RecordBatch]:
-        yield from GroupRead(self.options.read_settings(), self.options.client, partition.info,
-                             partition.starts).batches()
-
+        yield from GroupRead(
+            self.options.read_settings(), self.options.client, partition.info, partition.starts
+        ).batches()

@@ -43,13 +43,14 @@ then not `exact`, and the check accepts fewer rows than the committed position m
 deletions (more rows, or rows outside the positions, still fail) until a load rewrites the
 partition.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .delta import DELETE, DeltaLog, HistoryEntry, data_files, partition_files
 from .cursor_record import decode, replaced_partitions
+from .delta import DELETE, DeltaLog, HistoryEntry, data_files, partition_files
 from .table import PARTITION_COLUMN
 
 # the write mode of a commit that replaced rows (a load's rebuild of partitions, `replaceWhere`)
@@ -80,7 +81,7 @@ class _Count:
     exact: bool
     rewritten: set[int]
 
-    def copy(self) -> "_Count":
+    def copy(self) -> _Count:
         return _Count(dict(self.rows), self.exact, set(self.rewritten))
 
 
@@ -93,8 +94,7 @@ def count_user_deletes(log: DeltaLog, since: UserDeletes | None = None) -> UserD
     if since is not None and since.version < head:
         entries = log.history(head - since.version)
         if entries and entries[-1].version == since.version + 1:
-            counted = _walk(log, entries, _Count(dict(since.rows), since.exact, set(since.rewritten)),
-                            since.version)
+            counted = _walk(log, entries, _Count(dict(since.rows), since.exact, set(since.rewritten)), since.version)
             if counted is not None:
                 return counted
     # no count to go on from (or one of another table at this path, or undone by a RESTORE)
@@ -123,8 +123,9 @@ def _walk(log: DeltaLog, entries: list[HistoryEntry], count: _Count, start: int)
         else:
             continue
         counts_at.append((entry.version, count.copy()))
-    return UserDeletes(dict(count.rows), entries[0].version if entries else start, count.exact,
-                       frozenset(count.rewritten))
+    return UserDeletes(
+        dict(count.rows), entries[0].version if entries else start, count.exact, frozenset(count.rewritten)
+    )
 
 
 def _count_delete(log: DeltaLog, version: int, count: _Count) -> None:
@@ -155,8 +156,7 @@ def _count_rewrite(log: DeltaLog, entry: HistoryEntry, count: _Count) -> None:
     try:
         if log.partitioned():  # the partitions whose files it removed
             before, after = partition_files(log.at(entry.version - 1)), partition_files(log.at(entry.version))
-            rewritten = {partition for partition, files in before.items()
-                         if set(files) - set(after.get(partition, {}))}
+            rewritten = {partition for partition, files in before.items() if set(files) - set(after.get(partition, {}))}
         else:  # a clustered table's files hold many partitions: the commit names those it replaced
             named = replaced_partitions(entry.user_metadata)
             if named is None:

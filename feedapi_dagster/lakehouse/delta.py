@@ -10,6 +10,7 @@ commit): `DeltaLog` reads it with delta-rs in milliseconds where the run process
 `FeedTable` falls back to Spark (`DESCRIBE HISTORY`, 0.3-0.4 s) where only the cluster reaches the
 storage.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -95,7 +96,7 @@ class Commit:
     """One commit of the sink: rows (appended, or replacing the `replace` partitions' rows) with the
     feed state as user metadata, under `txn_version`."""
 
-    rows: "DataFrame"
+    rows: DataFrame
     user_metadata: str
     txn_version: int
     replace: tuple[int, ...] = ()
@@ -158,8 +159,9 @@ class DeltaLog:
 
         return DeltaTable(self.path, version=version, storage_options=self.storage_options or None)
 
-    def partition_columns(self, snapshot: Any = None, paths: set[str] | None = None,
-                          wanted: set[int] | None = None) -> "pa.Table":
+    def partition_columns(
+        self, snapshot: Any = None, paths: set[str] | None = None, wanted: set[int] | None = None
+    ) -> pa.Table:
         """The columns `partition_id` and `position` of the table's rows (`snapshot`: of a version), read
         by delta-rs in this process: of the data files `paths` only, or of the files whose statistics
         (min/max `partition_id`) admit one of the `wanted` partitions, and then of those partitions'
@@ -189,9 +191,16 @@ class DeltaLog:
 
     def history(self, limit: int | None) -> list[HistoryEntry]:
         """The table's commits, newest first (`limit`: the newest ones only)."""
-        return [HistoryEntry(h["version"], h.get("operation", ""), h.get("userMetadata"),
-                             _strings(h.get("operationMetrics")), _strings(h.get("operationParameters")))
-                for h in self.snapshot().history(limit)]
+        return [
+            HistoryEntry(
+                h["version"],
+                h.get("operation", ""),
+                h.get("userMetadata"),
+                _strings(h.get("operationMetrics")),
+                _strings(h.get("operationParameters")),
+            )
+            for h in self.snapshot().history(limit)
+        ]
 
 
 def partition_files(snapshot: Any) -> dict[int, dict[str, int]]:
@@ -200,8 +209,9 @@ def partition_files(snapshot: Any) -> dict[int, dict[str, int]]:
 
     actions = pa.table(snapshot.get_add_actions(flatten=True)).to_pydict()
     files: dict[int, dict[str, int]] = {}
-    for partition, path, rows in zip(actions.get(f"partition.{PARTITION_COLUMN}", ()), actions["path"],
-                                     actions["num_records"]):
+    for partition, path, rows in zip(
+        actions.get(f"partition.{PARTITION_COLUMN}", ()), actions["path"], actions["num_records"], strict=True
+    ):
         if partition is not None:
             files.setdefault(int(partition), {})[path] = rows
     return files
@@ -227,7 +237,7 @@ def _files_admitting(snapshot: Any, wanted: set[int]) -> set[str]:
         return set(actions["path"])
     ordered = sorted(wanted)
     admitted = set()
-    for path, low, high in zip(actions["path"], lows, highs):
+    for path, low, high in zip(actions["path"], lows, highs, strict=True):
         if low is None or high is None:
             admitted.add(path)
             continue
@@ -240,8 +250,14 @@ def _files_admitting(snapshot: Any, wanted: set[int]) -> set[str]:
 class FeedTable:
     """The Delta table of one feed, written by a Spark session (Spark Connect or classic)."""
 
-    def __init__(self, spark: "SparkSession", path: str, *, read_log: Literal["auto", "spark"] = "auto",
-                 storage_options: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        spark: SparkSession,
+        path: str,
+        *,
+        read_log: Literal["auto", "spark"] = "auto",
+        storage_options: Mapping[str, str] | None = None,
+    ):
         """`read_log`: `auto` reads the Delta log with delta-rs when this process can open the table
         (decided by `ensure_table`), `spark` always through the Spark session. `storage_options`:
         delta-rs's, for a table on object storage."""
@@ -263,8 +279,10 @@ class FeedTable:
         self._log = self._open_log(quiet=True)
         if self._log is None:
             try:
-                self.spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{self.path}` ({TABLE_DDL}) USING delta "
-                               f"{LAYOUT} TBLPROPERTIES ({STATS_COLUMNS})")
+                self.spark.sql(
+                    f"CREATE TABLE IF NOT EXISTS delta.`{self.path}` ({TABLE_DDL}) USING delta "
+                    f"{LAYOUT} TBLPROPERTIES ({STATS_COLUMNS})"
+                )
             except Exception as error:  # noqa: BLE001 - Spark's error types differ between classic and Connect
                 if (explained := explain_storage_error(self.path, error)) is not None:
                     raise explained from None  # what to set, not Hadoop's stack trace
@@ -283,8 +301,12 @@ class FeedTable:
             reader.history(1)
         except Exception as error:  # noqa: BLE001 - delta-rs raises many types for an unreachable table
             if not quiet:
-                log.info("reading the Delta log of %s through Spark: delta-rs cannot open it here (%s: %s)",
-                         self.path, type(error).__name__, first_line(error, 200))
+                log.info(
+                    "reading the Delta log of %s through Spark: delta-rs cannot open it here (%s: %s)",
+                    self.path,
+                    type(error).__name__,
+                    first_line(error, 200),
+                )
             return None
         return reader
 
@@ -304,15 +326,25 @@ class FeedTable:
         if self._log is not None:
             return self._log.history(limit)
         clause = f" LIMIT {limit}" if limit else ""
-        rows = self.spark.sql(f"DESCRIBE HISTORY delta.`{self.path}`{clause}") \
-            .select("version", "operation", "userMetadata", "operationMetrics", "operationParameters").collect()
-        entries = [HistoryEntry(r["version"], r["operation"], r["userMetadata"], _strings(r["operationMetrics"]),
-                                _strings(r["operationParameters"]))
-                   for r in rows]
+        rows = (
+            self.spark.sql(f"DESCRIBE HISTORY delta.`{self.path}`{clause}")
+            .select("version", "operation", "userMetadata", "operationMetrics", "operationParameters")
+            .collect()
+        )
+        entries = [
+            HistoryEntry(
+                r["version"],
+                r["operation"],
+                r["userMetadata"],
+                _strings(r["operationMetrics"]),
+                _strings(r["operationParameters"]),
+            )
+            for r in rows
+        ]
         return sorted(entries, key=lambda e: e.version, reverse=True)
 
     # ------------------------------------------------------------------ data
-    def frame(self, version: int | None = None) -> "DataFrame":
+    def frame(self, version: int | None = None) -> DataFrame:
         reader = self.spark.read.format("delta")
         if version is not None:
             reader = reader.option("versionAsOf", version)
@@ -326,9 +358,11 @@ class FeedTable:
         frame = self.frame(version)
         if partitions is not None:
             frame = frame.where(in_partitions(partitions))
-        rows = (frame.groupBy(PARTITION_COLUMN)
-                .agg(F.max("position").alias("position"), F.max_by("cursor", "position").alias("cursor"))
-                .collect())
+        rows = (
+            frame.groupBy(PARTITION_COLUMN)
+            .agg(F.max("position").alias("position"), F.max_by("cursor", "position").alias("cursor"))
+            .collect()
+        )
         return {row[PARTITION_COLUMN]: (row["position"], row["cursor"]) for row in rows}
 
     def write(self, commit: Commit, run_id: str | None) -> None:
@@ -336,13 +370,16 @@ class FeedTable:
         It may have been skipped (a used txnVersion): the sink looks for it in the history."""
         from pyspark.sql import functions as F
 
-        loaded_at = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
-        frame = (commit.rows.withColumn("loaded_at", F.lit(loaded_at).cast("timestamp"))
-                 .withColumn("run_id", F.lit(run_id).cast("string")))
-        writer = (frame.write.format("delta")
-                  .option("txnAppId", TXN_APP_ID)
-                  .option("txnVersion", str(commit.txn_version))
-                  .option("userMetadata", commit.user_metadata))
+        loaded_at = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+        frame = commit.rows.withColumn("loaded_at", F.lit(loaded_at).cast("timestamp")).withColumn(
+            "run_id", F.lit(run_id).cast("string")
+        )
+        writer = (
+            frame.write.format("delta")
+            .option("txnAppId", TXN_APP_ID)
+            .option("txnVersion", str(commit.txn_version))
+            .option("userMetadata", commit.user_metadata)
+        )
         if commit.replace:
             writer = writer.mode("overwrite").option("replaceWhere", in_partitions(commit.replace))
         else:

@@ -7,6 +7,7 @@ running, which reads (to deduplicate) the version it started from and writes dat
 version references until it commits. The retention covers both: never below the time-travel window,
 never below the age of the oldest running load plus a margin.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -37,29 +38,38 @@ class MaintenanceSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     optimize_every_commits: int | None = Field(
-        default=50, ge=1,
+        default=50,
+        ge=1,
         description="OPTIMIZE after a load once this many commits were made since the last OPTIMIZE; "
-                    "null: never after loads (only on the `cron` schedule)")
+        "null: never after loads (only on the `cron` schedule)",
+    )
     vacuum_every_commits: int | None = Field(
-        default=200, ge=1,
+        default=200,
+        ge=1,
         description="VACUUM after a load once this many commits were made since the last VACUUM; "
-                    "null: never after loads (only on the `cron` schedule)")
+        "null: never after loads (only on the `cron` schedule)",
+    )
     time_travel_hours: float = Field(
-        default=168, ge=0,
+        default=168,
+        ge=0,
         description="how far back the table's versions stay readable (time travel): VACUUM never deletes "
-                    "files a version of the last `time_travel_hours` uses, nor files a running load may "
-                    "still read. Rounded up to whole hours (Delta's VACUUM counts whole hours). This "
-                    "replaces Delta's own `delta.deletedFileRetentionDuration` table property, which is "
-                    "ignored (VACUUM is given this retention explicitly)")
+        "files a version of the last `time_travel_hours` uses, nor files a running load may "
+        "still read. Rounded up to whole hours (Delta's VACUUM counts whole hours). This "
+        "replaces Delta's own `delta.deletedFileRetentionDuration` table property, which is "
+        "ignored (VACUUM is given this retention explicitly)",
+    )
     vacuum_listing_parallelism: int = Field(
-        default=32, ge=1,
+        default=32,
+        ge=1,
         description="Spark tasks that list the table's files for VACUUM (Spark's default, 10,000, "
-                    "makes a VACUUM of a small table take tens of seconds); raise it for tables of "
-                    "many thousands of partitions on a large cluster")
+        "makes a VACUUM of a small table take tens of seconds); raise it for tables of "
+        "many thousands of partitions on a large cluster",
+    )
     cron: str | None = Field(
         default=None,
         description='a schedule of its own for OPTIMIZE and VACUUM, e.g. "0 3 * * *" (null: none; '
-                    "maintenance then runs only after loads)")
+        "maintenance then runs only after loads)",
+    )
 
 
 @dataclass(frozen=True)
@@ -81,15 +91,16 @@ class MaintenanceReport:
         return (", ".join(parts) or "no maintenance") + f"; table version {self.delta_version}"
 
 
-def vacuum_retention_hours(settings: MaintenanceSettings, oldest_running_load: dt.datetime | None,
-                           now: dt.datetime | None = None) -> float:
+def vacuum_retention_hours(
+    settings: MaintenanceSettings, oldest_running_load: dt.datetime | None, now: dt.datetime | None = None
+) -> float:
     """The retention VACUUM must be given: the time-travel window, or longer while a load that started
     at `oldest_running_load` runs (it reads the version it started from, and its files are not
     committed yet). Whole hours, rounded up: Delta rounds `RETAIN n HOURS` to the nearest hour, which
     could otherwise cut half an hour off. A naive datetime is taken as UTC."""
     hours = settings.time_travel_hours
     if oldest_running_load is not None:
-        now = _aware(now or dt.datetime.now(dt.timezone.utc))
+        now = _aware(now or dt.datetime.now(dt.UTC))
         running = max(0.0, (now - _aware(oldest_running_load)).total_seconds() / 3600)
         hours = max(hours, running + RUNNING_LOAD_MARGIN_HOURS)
     return float(math.ceil(hours))
@@ -110,7 +121,7 @@ def commits_since(entries: Iterable[HistoryEntry], operations: Iterable[str]) ->
 
 
 def _aware(moment: dt.datetime) -> dt.datetime:
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.timezone.utc)
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
 
 
 def due(table: FeedTable, settings: MaintenanceSettings) -> tuple[str, ...]:
@@ -124,12 +135,15 @@ def due(table: FeedTable, settings: MaintenanceSettings) -> tuple[str, ...]:
     # threshold, and a few more entries
     entries = table.history(2 * max(wanted.values()) + 8)
     stops = {OPTIMIZE: (OPTIMIZE,), VACUUM: (VACUUM_START, VACUUM_END)}
-    return tuple(operation for operation, every in wanted.items()
-                 if commits_since(entries, stops[operation]) >= every)
+    return tuple(operation for operation, every in wanted.items() if commits_since(entries, stops[operation]) >= every)
 
 
-def maintain(table: FeedTable, settings: MaintenanceSettings, oldest_running_load: dt.datetime | None,
-             operations: Iterable[str] = (OPTIMIZE, VACUUM)) -> MaintenanceReport:
+def maintain(
+    table: FeedTable,
+    settings: MaintenanceSettings,
+    oldest_running_load: dt.datetime | None,
+    operations: Iterable[str] = (OPTIMIZE, VACUUM),
+) -> MaintenanceReport:
     """OPTIMIZE, then VACUUM with the retention `vacuum_retention_hours` gives, by Spark. Neither moves
     a cursor: OPTIMIZE rewrites files without changing rows, VACUUM deletes files no version in the
     retention uses."""

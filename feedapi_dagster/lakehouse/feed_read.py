@@ -16,6 +16,7 @@ Two kinds, by what the commit needs before it writes:
   feed's rows are deduplicated against the table by a shuffle, whose retried stages would read the feed
   again, differently, if the read were not kept. The kept blocks are released explicitly (`release`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -62,23 +63,23 @@ class FeedRead:
     """See the module docstring. `frame()` gives the rows to write (a new observed query for each
     Spark job of a streamed read); `ends()` where each partition stopped, once known."""
 
-    def __init__(self, source: "DataFrame", *, kept: bool):
+    def __init__(self, source: DataFrame, *, kept: bool):
         self.kept = kept
         self._source = source
         self._observation: Any = None
         self._ends: dict[int, PartitionEnd] | None = _collect_ends(source) if kept else None
 
     @classmethod
-    def streamed(cls, source: "DataFrame") -> "FeedRead":
+    def streamed(cls, source: DataFrame) -> FeedRead:
         """`source`: the `feedapi` source with its checkpoint rows."""
         return cls(source, kept=False)
 
     @classmethod
-    def kept_from(cls, kept_source: "DataFrame") -> "FeedRead":
+    def kept_from(cls, kept_source: DataFrame) -> FeedRead:
         """`kept_source`: the source with its checkpoint rows, kept by Spark (`localCheckpoint`)."""
         return cls(kept_source, kept=True)
 
-    def frame(self) -> "DataFrame":
+    def frame(self) -> DataFrame:
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
@@ -87,9 +88,12 @@ class FeedRead:
             # a name of its own: a classic session matches observations to queries by name, and two
             # loads of one session (threads) may run at once
             self._observation = Observation(f"feedapi_read_ends_{uuid.uuid4().hex}")
-            source = source.observe(self._observation, F.collect_list(F.when(
-                F.col(END_COLUMN).isNotNull(),
-                F.struct("partition_id", "cursor", "position", END_COLUMN))).alias(_ENDS))
+            source = source.observe(
+                self._observation,
+                F.collect_list(
+                    F.when(F.col(END_COLUMN).isNotNull(), F.struct("partition_id", "cursor", "position", END_COLUMN))
+                ).alias(_ENDS),
+            )
         return source.where(F.col(END_COLUMN).isNull()).drop(END_COLUMN)
 
     def ends(self) -> dict[int, PartitionEnd]:
@@ -116,16 +120,17 @@ class FeedRead:
             release_kept(self._source)
 
 
-def _collect_ends(kept: "DataFrame") -> dict[int, PartitionEnd]:
-    return _ends(kept.where(f"{END_COLUMN} IS NOT NULL")
-                 .select("partition_id", "cursor", "position", END_COLUMN).collect())
+def _collect_ends(kept: DataFrame) -> dict[int, PartitionEnd]:
+    return _ends(
+        kept.where(f"{END_COLUMN} IS NOT NULL").select("partition_id", "cursor", "position", END_COLUMN).collect()
+    )
 
 
 def _ends(rows: list) -> dict[int, PartitionEnd]:
     return {row[0]: PartitionEnd(row[1], row[2], ReadEnd.from_json(row[3])) for row in rows}
 
 
-def release_kept(frame: "DataFrame") -> None:
+def release_kept(frame: DataFrame) -> None:
     """Release a `localCheckpoint` of a Spark Connect session within `RELEASE_TIMEOUT_SECONDS`.
 
     pyspark (4.2) releases it only in `CachedRemoteRelation.__del__`, when the DataFrame is collected,
@@ -153,11 +158,13 @@ def release_kept(frame: "DataFrame") -> None:
         request.plan.command.CopyFrom(RemoveRemoteCachedRelation(plan).command(session=client))
         plan._relation_id = None
         # the same call as pyspark's release: each response of the stream read, under one deadline
-        for _ in client._stub.ExecutePlan(request, metadata=client._builder.metadata(),
-                                          timeout=RELEASE_TIMEOUT_SECONDS):
+        for _ in client._stub.ExecutePlan(
+            request, metadata=client._builder.metadata(), timeout=RELEASE_TIMEOUT_SECONDS
+        ):
             pass
     except Exception as error:  # noqa: BLE001 - a release that fails is logged; the session's end frees it
         plan._relation_id = None
-        log.warning("the read Spark kept was not released (%s); it is freed when the session ends",
-                    first_line(error) or type(error).__name__)
-
+        log.warning(
+            "the read Spark kept was not released (%s); it is freed when the session ends",
+            first_line(error) or type(error).__name__,
+        )

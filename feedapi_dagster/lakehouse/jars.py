@@ -15,6 +15,7 @@ Delta Connect: Delta 4.4.0 publishes no Spark Connect server plugin on Maven Cen
 (``DeltaTable``) does not work over Spark Connect; SQL (``DESCRIBE HISTORY``, ``MERGE``, ...) and
 DataFrame ``format("delta")`` reads/writes do.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -28,9 +29,10 @@ import sys
 import tempfile
 import textwrap
 import zipfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Literal
+from typing import Literal
 
 from feedapi_dagster.errors import SparkError
 
@@ -134,7 +136,9 @@ def delta_coordinates() -> list[str]:
         coords.append(f"com.fasterxml.jackson.datatype:jackson-datatype-jdk8:{jackson}")
     hadoop = shipped.get("hadoop-client-api")
     if not hadoop:
-        raise DeltaJarsError(f"pyspark ships no hadoop-client-api jar in {pyspark_jars_dir()}: cannot match hadoop-aws to it")
+        raise DeltaJarsError(
+            f"pyspark ships no hadoop-client-api jar in {pyspark_jars_dir()}: cannot match hadoop-aws to it"
+        )
     coords.append(f"org.apache.hadoop:hadoop-aws:{hadoop}")
     coords += [f"software.amazon.awssdk:{module}:{AWS_SDK_VERSION}" for module in AWS_SDK_MODULES]
     return coords
@@ -163,8 +167,10 @@ def delta_jars(directory: Path | None = None) -> list[Path]:
     if manifest is None or not manifest.get("jars"):
         raise DeltaJarsNotSetUp(f"{NOT_SET_UP_MESSAGE} (no manifest at {directory / MANIFEST_NAME})")
     if manifest.get("coordinates") != delta_coordinates():
-        raise DeltaJarsNotSetUp(f"{NOT_SET_UP_MESSAGE} (the cache in {directory} holds "
-                                f"{', '.join(manifest.get('coordinates', []))}, set up by an earlier release)")
+        raise DeltaJarsNotSetUp(
+            f"{NOT_SET_UP_MESSAGE} (the cache in {directory} holds "
+            f"{', '.join(manifest.get('coordinates', []))}, set up by an earlier release)"
+        )
     paths = [directory / entry["file"] for entry in manifest["jars"]]
     missing = [p.name for p in paths if not p.is_file()]
     if missing:
@@ -178,8 +184,10 @@ def ensure_delta_jars(echo=print) -> list[Path]:
     try:
         return delta_jars()
     except DeltaJarsNotSetUp:
-        echo(f"The Delta and s3a jars are not set up in {jars_dir()}: resolving them from Maven Central, "
-             "once (about a minute) ...")
+        echo(
+            f"The Delta and s3a jars are not set up in {jars_dir()}: resolving them from Maven Central, "
+            "once (about a minute) ..."
+        )
         return setup_delta_jars()
 
 
@@ -220,7 +228,10 @@ def setup_delta_jars(
     jars = delta_jars(directory)
     log.info(
         "Delta jars set up in %s with %s: kept %d, dropped %d already shipped by pyspark",
-        directory, used, len(jars), len(manifest["dropped"]),
+        directory,
+        used,
+        len(jars),
+        len(manifest["dropped"]),
     )
     return jars
 
@@ -250,8 +261,16 @@ def _resolve(coordinates: list[str], work: Path, resolver: Resolver) -> tuple[li
 def _run(cmd: list[str], *, cwd: Path, env: dict[str, str] | None, log_path: Path, timeout: float) -> None:
     with open(log_path, "wb") as out:
         try:
-            proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, timeout=timeout, check=False)
+            proc = subprocess.run(
+                cmd,
+                cwd=cwd,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                timeout=timeout,
+                check=False,
+            )
         except FileNotFoundError as exc:
             raise DeltaJarsError(f"cannot run {cmd[0]}: {exc}") from exc
         except subprocess.TimeoutExpired as exc:
@@ -279,11 +298,16 @@ def _resolve_with_ivy(coordinates: list[str], work: Path, timeout: float = 900) 
     env.update(SPARK_HOME=str(home), PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     cmd = [
         str(home / "bin" / "spark-submit"),
-        "--master", "local[1]",
-        "--conf", f"spark.jars.ivy={ivy}",
-        "--conf", "spark.ui.enabled=false",
-        "--packages", ",".join(coordinates),
-        "--exclude-packages", ",".join(EXCLUDED),
+        "--master",
+        "local[1]",
+        "--conf",
+        f"spark.jars.ivy={ivy}",
+        "--conf",
+        "spark.ui.enabled=false",
+        "--packages",
+        ",".join(coordinates),
+        "--exclude-packages",
+        ",".join(EXCLUDED),
         str(app),
     ]
     _run(cmd, cwd=work, env=env, log_path=work / "spark-submit.log", timeout=timeout)
@@ -312,13 +336,18 @@ def _parse_ivy_jar(path: Path, cache: Path) -> ResolvedJar:
 def _resolve_with_maven(coordinates: list[str], work: Path, timeout: float = 900) -> list[ResolvedJar]:
     """``mvn dependency:copy-dependencies`` on a generated pom, repository layout kept."""
     work.mkdir(parents=True)
-    exclusions = "".join(f"<exclusion><groupId>{excluded.split(':')[0]}</groupId>"
-                         f"<artifactId>{excluded.split(':')[1]}</artifactId></exclusion>" for excluded in EXCLUDED)
+    exclusions = "".join(
+        f"<exclusion><groupId>{excluded.split(':')[0]}</groupId>"
+        f"<artifactId>{excluded.split(':')[1]}</artifactId></exclusion>"
+        for excluded in EXCLUDED
+    )
     deps = []
     for coordinate in coordinates:
         group, artifact, version = coordinate.split(":")
-        deps.append(f"<dependency><groupId>{group}</groupId><artifactId>{artifact}</artifactId>"
-                    f"<version>{version}</version><exclusions>{exclusions}</exclusions></dependency>")
+        deps.append(
+            f"<dependency><groupId>{group}</groupId><artifactId>{artifact}</artifactId>"
+            f"<version>{version}</version><exclusions>{exclusions}</exclusions></dependency>"
+        )
     pom = textwrap.dedent("""\
         <project xmlns="http://maven.apache.org/POM/4.0.0">
           <modelVersion>4.0.0</modelVersion>
@@ -334,9 +363,15 @@ def _resolve_with_maven(coordinates: list[str], work: Path, timeout: float = 900
     (work / "pom.xml").write_text(pom)
     out = work / "out"
     cmd = [
-        shutil.which("mvn") or "mvn", "-B", "-q", "-f", str(work / "pom.xml"),
+        shutil.which("mvn") or "mvn",
+        "-B",
+        "-q",
+        "-f",
+        str(work / "pom.xml"),
         "org.apache.maven.plugins:maven-dependency-plugin:3.6.1:copy-dependencies",
-        f"-DoutputDirectory={out}", "-Dmdep.useRepositoryLayout=true", "-DincludeScope=runtime",
+        f"-DoutputDirectory={out}",
+        "-Dmdep.useRepositoryLayout=true",
+        "-DincludeScope=runtime",
     ]
     _run(cmd, cwd=work, env=None, log_path=work / "mvn.log", timeout=timeout)
     jars = []
@@ -357,7 +392,8 @@ def _resolve_with_maven(coordinates: list[str], work: Path, timeout: float = 900
 def _class_entries(jar: Path) -> set[str]:
     with zipfile.ZipFile(jar) as zf:
         return {
-            n for n in zf.namelist()
+            n
+            for n in zf.namelist()
             if n.endswith(".class") and not n.startswith("META-INF/") and not n.endswith("module-info.class")
         }
 
@@ -379,8 +415,14 @@ def _stage(resolved: list[ResolvedJar], coordinates: list[str], resolver: str, s
     candidates: list[ResolvedJar] = []
     for jar in resolved:
         if jar.artifact in shipped:
-            dropped.append({"group": jar.group, "artifact": jar.artifact, "version": jar.version,
-                            "reason": f"pyspark ships {jar.artifact} {shipped[jar.artifact]}"})
+            dropped.append(
+                {
+                    "group": jar.group,
+                    "artifact": jar.artifact,
+                    "version": jar.version,
+                    "reason": f"pyspark ships {jar.artifact} {shipped[jar.artifact]}",
+                }
+            )
         else:
             candidates.append(jar)
 
@@ -389,13 +431,24 @@ def _stage(resolved: list[ResolvedJar], coordinates: list[str], resolver: str, s
         classes = _class_entries(jar.path)
         shadowed = len(classes & spark_classes)
         if classes and shadowed == len(classes):
-            dropped.append({"group": jar.group, "artifact": jar.artifact, "version": jar.version,
-                            "reason": "every class is already in pyspark/jars"})
+            dropped.append(
+                {
+                    "group": jar.group,
+                    "artifact": jar.artifact,
+                    "version": jar.version,
+                    "reason": "every class is already in pyspark/jars",
+                }
+            )
             continue
         file_name = f"{jar.artifact}-{jar.version}.jar"
         shutil.copy2(jar.path, staging / file_name)
-        entry = {"group": jar.group, "artifact": jar.artifact, "version": jar.version, "file": file_name,
-                 "sha256": hashlib.sha256((staging / file_name).read_bytes()).hexdigest()}
+        entry = {
+            "group": jar.group,
+            "artifact": jar.artifact,
+            "version": jar.version,
+            "file": file_name,
+            "sha256": hashlib.sha256((staging / file_name).read_bytes()).hexdigest(),
+        }
         if shadowed:
             entry["classes_also_in_pyspark"] = shadowed
         kept.append(entry)

@@ -20,6 +20,7 @@ A run killed before a commit leaves nothing of it in the table; one killed after
 exactly the cursors that commit holds. At-least-once feeds are deduplicated in Spark against the
 event ids the table holds (and within the read, in the tasks).
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,18 +33,25 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from feedapi_dagster.errors import KeptReadLost, RebuildAbandoned
-from feedapi_dagster.planning import (DEFAULT_TASKS, FeedState, PartitionPlan, PartitionState, PlanStatus,
-                                      plan_feed, plan_rebuilds)
+from feedapi_dagster.planning import (
+    DEFAULT_TASKS,
+    FeedState,
+    PartitionPlan,
+    PartitionState,
+    PlanStatus,
+    plan_feed,
+    plan_rebuilds,
+)
 from feedapi_dagster.protocol import FeedClient, FeedInfo, FeedSettings
 from feedapi_dagster.protocol.models import FIRST
 
 from .cursor_record import CommittedState
 from .datasource import EVENT_DDL, SOURCE_NAME, FeedSourceOptions
+from .delta import FeedTable
 from .feed_read import FeedRead, PartitionEnd, ReadEndsMissing
 from .progress import run_with_progress
-from .delta import FeedTable
-from .sink import DeltaSink
 from .sessions import register_feed_source
+from .sink import DeltaSink
 from .spark_errors import is_kept_read_lost
 from .watchdog import DEFAULT_UNRESPONSIVE_SECONDS, answering
 
@@ -106,7 +114,7 @@ class PartitionReport:
     repeated_ids: int = 0  # ids an exactly-once feed sent more than once in this sync's reads (kept)
     repeated_examples: tuple[str, ...] = ()
 
-    def then(self, later: "PartitionReport") -> "PartitionReport":
+    def then(self, later: PartitionReport) -> PartitionReport:
         """This report followed by a later load of the same partition in the same sync."""
         later.start_cursor = self.start_cursor
         later.events += self.events
@@ -139,7 +147,7 @@ class FeedLoader:
         settings: LoadSettings | None = None,
         *,
         on_moment: Callable[[str, dict[int, PartitionState]], None] | None = None,
-        logger: "logging.Logger | logging.LoggerAdapter | None" = None,
+        logger: logging.Logger | logging.LoggerAdapter | None = None,
         ship_package: bool = False,
     ):
         """`logger`: where progress goes (a Dagster run passes `context.log`, so it shows live in the
@@ -159,12 +167,21 @@ class FeedLoader:
             register_feed_source(self.spark, ship=ship_package)
 
     def _answering(self):
-        return answering(self.spark, f"the load of feed {self.feed.url}",
-                         unresponsive_seconds=self.settings.spark_unresponsive_seconds)
+        return answering(
+            self.spark,
+            f"the load of feed {self.feed.url}",
+            unresponsive_seconds=self.settings.spark_unresponsive_seconds,
+        )
 
     # ------------------------------------------------------------------ entry points
-    def load(self, partitions: Iterable[int], *, rebuild: Iterable[int] = (), drop: Iterable[int] = (),
-             rebuild_closed: bool = False) -> LoadOutcome:
+    def load(
+        self,
+        partitions: Iterable[int],
+        *,
+        rebuild: Iterable[int] = (),
+        drop: Iterable[int] = (),
+        rebuild_closed: bool = False,
+    ) -> LoadOutcome:
         with self._answering():
             return self._load_all(list(partitions), rebuild, drop, rebuild_closed)
 
@@ -176,8 +193,9 @@ class FeedLoader:
         with self._answering():
             return self._rebuild(partition_ids, drop)
 
-    def _load_all(self, partitions: list[int], rebuild: Iterable[int], drop: Iterable[int],
-                  rebuild_closed: bool) -> LoadOutcome:
+    def _load_all(
+        self, partitions: list[int], rebuild: Iterable[int], drop: Iterable[int], rebuild_closed: bool
+    ) -> LoadOutcome:
         """Bring `partitions` up to date: `rebuild` ones (and, with `rebuild_closed`, the closed ones
         among them: a backfill of a closed partition) from `_first` with their rows replaced, together
         with the rows of `drop`; the others from their cursors of record."""
@@ -193,8 +211,9 @@ class FeedLoader:
         synced = [pid for pid in partitions if pid not in rebuilt]
         if synced:
             reports.update(self._sync(synced))
-        return LoadOutcome(dict(sorted(reports.items())), info, self.sink.table,
-                           self.sink.committed_state(refresh=True))
+        return LoadOutcome(
+            dict(sorted(reports.items())), info, self.sink.table, self.sink.committed_state(refresh=True)
+        )
 
     def _sync(self, partition_ids: Iterable[int] | None = None) -> dict[int, PartitionReport]:
         """Load every due partition (or the given ones) to where the feed is now.
@@ -207,11 +226,15 @@ class FeedLoader:
         reports: dict[int, PartitionReport] = {}
         loaded: set[int] = set()
         while True:
-            plans = [p for p in plan_feed(info, self.sink.state)
-                     if (wanted is None or p.partition_id in wanted) and p.partition_id not in loaded]
+            plans = [
+                p
+                for p in plan_feed(info, self.sink.state)
+                if (wanted is None or p.partition_id in wanted) and p.partition_id not in loaded
+            ]
             due, stopped, skipped = self._past_retention_gaps(info, [p for p in plans if p.due])
-            reports.update({p.partition_id: _idle_report(p) for p in plans
-                            if not p.due and p.partition_id not in reports})
+            reports.update(
+                {p.partition_id: _idle_report(p) for p in plans if not p.due and p.partition_id not in reports}
+            )
             for pid, report in stopped.items():
                 reports[pid] = reports[pid].then(report) if pid in reports else report
                 loaded.add(pid)
@@ -225,8 +248,9 @@ class FeedLoader:
                 reports[pid] = reports[pid].then(report) if pid in reports else report
             loaded.update(pid for pid, report in results.items() if not report.bounded)
 
-    def _past_retention_gaps(self, info: FeedInfo, due: list[PartitionPlan]
-                             ) -> tuple[list[PartitionPlan], dict[int, PartitionReport], dict[int, str]]:
+    def _past_retention_gaps(
+        self, info: FeedInfo, due: list[PartitionPlan]
+    ) -> tuple[list[PartitionPlan], dict[int, PartitionReport], dict[int, str]]:
         """Where the server's retention dropped events after a partition's cursor, unread: the plans to
         read, a failed report for each partition left at its cursor (`retention_gap: stop`), and what
         was lost of each that reads on from the oldest event left (`skip`)."""
@@ -240,11 +264,14 @@ class FeedLoader:
                 kept.append(plan.model_copy(update={"cursor": FIRST}))
                 skipped[plan.partition_id] = gap
             else:
-                error = (f"{gap}; the partition stays at its cursor until the loss is accepted "
-                         "(load.retention_gap: skip) or the events are restored")
+                error = (
+                    f"{gap}; the partition stays at its cursor until the loss is accepted "
+                    "(load.retention_gap: skip) or the events are restored"
+                )
                 self.log.error("%s", error)
-                stopped[plan.partition_id] = PartitionReport(plan.partition_id, "failed", plan.cursor, plan.position,
-                                                             plan.cursor, gap=gap, error=error)
+                stopped[plan.partition_id] = PartitionReport(
+                    plan.partition_id, "failed", plan.cursor, plan.position, plan.cursor, gap=gap, error=error
+                )
         return kept, stopped, skipped
 
     def _rebuild(self, partition_ids: Iterable[int], drop: Iterable[int] = ()) -> dict[int, PartitionReport]:
@@ -265,8 +292,9 @@ class FeedLoader:
         return dict(sorted(reports.items()))
 
     # ------------------------------------------------------------------ one load
-    def _load(self, info: FeedInfo, plans: list[PartitionPlan], *, rebuild: bool,
-              drop: list[int] = ()) -> dict[int, PartitionReport]:
+    def _load(
+        self, info: FeedInfo, plans: list[PartitionPlan], *, rebuild: bool, drop: list[int] = ()
+    ) -> dict[int, PartitionReport]:
         base = self.sink.committed_state()
         starts = {plan.partition_id: plan.start_state() for plan in plans}
         table = self.sink.table
@@ -284,8 +312,9 @@ class FeedLoader:
         read = self._read(info, starts, progress, bound, keep=rebuild or deduplicated)
         try:
             if read.kept:
-                reports = self._commit_kept(read, plans, starts, base, groups if deduplicated else None,
-                                            rebuild, drop, started)
+                reports = self._commit_kept(
+                    read, plans, starts, base, groups if deduplicated else None, rebuild, drop, started
+                )
             else:
                 reports = self._commit_streamed(read, plans, starts, base, progress)
         finally:
@@ -295,8 +324,15 @@ class FeedLoader:
             report.load_seconds = time.monotonic() - started
         return reports
 
-    def _read(self, info: FeedInfo, starts: dict[int, PartitionState], progress: str | None,
-              max_events: int | None, *, keep: bool) -> FeedRead:
+    def _read(
+        self,
+        info: FeedInfo,
+        starts: dict[int, PartitionState],
+        progress: str | None,
+        max_events: int | None,
+        *,
+        keep: bool,
+    ) -> FeedRead:
         """The read of `starts` by the `feedapi` source's tasks: streamed into the commit's Spark job, or
         (`keep`) Spark job 1, kept by Spark (`feed_read.py` says when and why)."""
         from pyspark import StorageLevel
@@ -320,8 +356,12 @@ class FeedLoader:
         # committed must be those of the rows committed. On disk: memory stays bounded whatever the
         # load's size, and it is as fast as in memory (`benchmarks/README.md`).
         started = time.monotonic()
-        kept = run_with_progress(lambda: source.localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY),
-                                 progress, self._tasks(starts), self.log)
+        kept = run_with_progress(
+            lambda: source.localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY),
+            progress,
+            self._tasks(starts),
+            self.log,
+        )
         read = FeedRead.kept_from(kept)
         self.log.info("partitions %s: read and kept by Spark in %.1f s", sorted(starts), time.monotonic() - started)
         self.on_moment(READ, {})
@@ -330,46 +370,81 @@ class FeedLoader:
     def _tasks(self, starts: dict[int, PartitionState]) -> int:
         return min(len(starts), self.settings.read_tasks or DEFAULT_TASKS)
 
-    def _commit_streamed(self, read: FeedRead, plans: list[PartitionPlan], starts: dict[int, PartitionState],
-                         base: CommittedState, progress: str | None) -> dict[int, PartitionReport]:
+    def _commit_streamed(
+        self,
+        read: FeedRead,
+        plans: list[PartitionPlan],
+        starts: dict[int, PartitionState],
+        base: CommittedState,
+        progress: str | None,
+    ) -> dict[int, PartitionReport]:
         """One Spark job reads the feed and commits the rows (the rows commit: the state the load
         started from, its partitions pending), then the state they end at is committed."""
         expected = {pid: base.state.get(pid) for pid in starts}
         self.on_moment(BEFORE_COMMIT, starts)
         started = time.monotonic()
-        rows_commit = run_with_progress(lambda: self.sink.commit(read.frame, starts, expected, pending=list(starts)),
-                                        progress, self._tasks(starts), self.log)
+        rows_commit = run_with_progress(
+            lambda: self.sink.commit(read.frame, starts, expected, pending=list(starts)),
+            progress,
+            self._tasks(starts),
+            self.log,
+        )
         version = rows_commit.delta_version
         self.on_moment(ROWS_COMMITTED, starts)
         ends = read.ends()
         if missing := sorted(set(starts) - set(ends)):  # cannot happen: a task that ended reports every partition
-            raise ReadEndsMissing(f"partitions {missing}: Spark committed the rows (Delta version {version}) but "
-                                  "reported no end of their reads; the next load resumes after their newest rows")
-        reports = {plan.partition_id: _report(plan, starts[plan.partition_id], ends[plan.partition_id], None, False)
-                   for plan in plans}
-        ended = {pid: PartitionState(cursor=r.cursor, position=r.position, drained=r.drained,
-                                     inherited_from=starts[pid].inherited_from) for pid, r in reports.items()}
+            raise ReadEndsMissing(
+                f"partitions {missing}: Spark committed the rows (Delta version {version}) but "
+                "reported no end of their reads; the next load resumes after their newest rows"
+            )
+        reports = {
+            plan.partition_id: _report(plan, starts[plan.partition_id], ends[plan.partition_id], None, False)
+            for plan in plans
+        }
+        ended = {
+            pid: PartitionState(
+                cursor=r.cursor, position=r.position, drained=r.drained, inherited_from=starts[pid].inherited_from
+            )
+            for pid, r in reports.items()
+        }
         if ended == starts:  # nothing read: the rows commit (no row) leaves them where they are (`cursor_record.py`)
-            self.log.info("partitions %s: nothing new (Spark's read took %.1f s; its Delta version %s holds no rows)",
-                          sorted(starts), time.monotonic() - started, version)
+            self.log.info(
+                "partitions %s: nothing new (Spark's read took %.1f s; its Delta version %s holds no rows)",
+                sorted(starts),
+                time.monotonic() - started,
+                version,
+            )
             return reports
         self._log_read(reports, f"read and written by Spark as Delta version {version}", time.monotonic() - started)
         rows_state = rows_commit.state  # rebased on others' commits, if any came first
         committing = time.monotonic()
-        state_version = self.sink.commit_state(version, FeedState(generation=rows_state.generation,
-                                                                  partitions={**rows_state.partitions, **ended}))
+        state_version = self.sink.commit_state(
+            version, FeedState(generation=rows_state.generation, partitions={**rows_state.partitions, **ended})
+        )
         self.on_moment(AFTER_COMMIT, ended)
         if state_version is not None:
-            self.log.info("cursors of partitions %s committed as Delta version %s in %.1f s", sorted(ended),
-                          state_version, time.monotonic() - committing)
+            self.log.info(
+                "cursors of partitions %s committed as Delta version %s in %.1f s",
+                sorted(ended),
+                state_version,
+                time.monotonic() - committing,
+            )
         for pid, report in reports.items():
             if ended[pid] != starts[pid] or report.events:
                 report.delta_version = version if state_version is None else state_version
         return reports
 
-    def _commit_kept(self, read: FeedRead, plans: list[PartitionPlan], starts: dict[int, PartitionState],
-                     base: CommittedState, groups: dict[int, list[int]] | None, rebuild: bool,
-                     drop: list[int], started: float) -> dict[int, PartitionReport]:
+    def _commit_kept(
+        self,
+        read: FeedRead,
+        plans: list[PartitionPlan],
+        starts: dict[int, PartitionState],
+        base: CommittedState,
+        groups: dict[int, list[int]] | None,
+        rebuild: bool,
+        drop: list[int],
+        started: float,
+    ) -> dict[int, PartitionReport]:
         """The kept read's ends first, then its rows (deduplicated against the table where `groups`)
         and the state they end at in one commit. `started`: when the read began."""
         ends = read.ends()
@@ -377,19 +452,27 @@ class FeedLoader:
         kept: dict[int, int] | None = None
         if groups is not None:
             rows, kept = _without_stored(rows, self.sink.table.frame(base.rows_version), groups, starts)
-        reports = {plan.partition_id: _report(plan, starts[plan.partition_id], ends.get(plan.partition_id), kept,
-                                              rebuild) for plan in plans}
+        reports = {
+            plan.partition_id: _report(plan, starts[plan.partition_id], ends.get(plan.partition_id), kept, rebuild)
+            for plan in plans
+        }
         self._log_read(reports, "read and kept by Spark", time.monotonic() - started)
         if rebuild:
             _check_nothing_expired(self.client.info, reports, base.state)
             failed = [r for r in reports.values() if r.status == "failed"]
             if failed:
-                raise RebuildAbandoned(f"rebuild of partitions {sorted(reports)} abandoned, nothing replaced: "
-                                       + "; ".join(f"partition {r.partition_id}: {r.error}" for r in failed))
+                raise RebuildAbandoned(
+                    f"rebuild of partitions {sorted(reports)} abandoned, nothing replaced: "
+                    + "; ".join(f"partition {r.partition_id}: {r.error}" for r in failed)
+                )
         updates = {}
         for pid, report in reports.items():
-            state = PartitionState(cursor=report.cursor, position=report.position, drained=report.drained,
-                                   inherited_from=starts[pid].inherited_from)
+            state = PartitionState(
+                cursor=report.cursor,
+                position=report.position,
+                drained=report.drained,
+                inherited_from=starts[pid].inherited_from,
+            )
             if rebuild or state != starts[pid] or report.events:
                 updates[pid] = state
         if not updates and not rebuild:
@@ -399,15 +482,20 @@ class FeedLoader:
         self.on_moment(BEFORE_COMMIT, updates)
         committing = time.monotonic()
         try:
-            version = self.sink.commit(lambda: rows, updates, expected,
-                                       replace=[*reports, *drop] if rebuild else []).delta_version
+            version = self.sink.commit(
+                lambda: rows, updates, expected, replace=[*reports, *drop] if rebuild else []
+            ).delta_version
         except Exception as error:  # noqa: BLE001 - Spark's error types differ between classic and Connect
             raise _explained(error, reports) from error
         self.on_moment(AFTER_COMMIT, updates)
         for pid in updates:
             reports[pid].delta_version = version
-        self.log.info("committed partitions %s as Delta version %s in %.1f s", sorted(updates), version,
-                      time.monotonic() - committing)
+        self.log.info(
+            "committed partitions %s as Delta version %s in %.1f s",
+            sorted(updates),
+            version,
+            time.monotonic() - committing,
+        )
         return reports
 
     def _log_read(self, reports: dict[int, PartitionReport], done: str, seconds: float) -> None:
@@ -416,17 +504,31 @@ class FeedLoader:
         # (each line is an event in Dagster's event log: ~3 ms each on SQLite)
         for report in reports.values():
             if report.repeated_ids:  # the feed broke its exactly-once promise: the duplicate-id check fails
-                self.log.warning("partition %s: the feed sent %d event ids more than once (e.g. %s); they were "
-                                 "written as sent", report.partition_id, report.repeated_ids,
-                                 ", ".join(report.repeated_examples))
+                self.log.warning(
+                    "partition %s: the feed sent %d event ids more than once (e.g. %s); they were written as sent",
+                    report.partition_id,
+                    report.repeated_ids,
+                    ", ".join(report.repeated_examples),
+                )
             if report.duplicates or report.error or len(reports) <= 32:
-                self.log.info("partition %s: %d events in %d pages%s, cursor %s", report.partition_id,
-                              report.events, report.pages,
-                              f" ({report.duplicates} duplicates skipped)" if report.duplicates else "",
-                              report.cursor)
+                self.log.info(
+                    "partition %s: %d events in %d pages%s, cursor %s",
+                    report.partition_id,
+                    report.events,
+                    report.pages,
+                    f" ({report.duplicates} duplicates skipped)" if report.duplicates else "",
+                    report.cursor,
+                )
         events = sum(r.events for r in reports.values())
-        self.log.info("%d events in %d pages from %d partitions %s in %.1f s (%.0f events/s)", events,
-                      sum(r.pages for r in reports.values()), len(reports), done, seconds, events / max(seconds, 1e-9))
+        self.log.info(
+            "%d events in %d pages from %d partitions %s in %.1f s (%.0f events/s)",
+            events,
+            sum(r.pages for r in reports.values()),
+            len(reports),
+            done,
+            seconds,
+            events / max(seconds, 1e-9),
+        )
 
     def _reassert_state(self) -> None:
         """Commit the state again, with no rows, when it was recovered from the rows or others' commits
@@ -441,29 +543,44 @@ class FeedLoader:
 def _explained(error: Exception, partitions) -> Exception:
     """Spark's error for a kept read lost with its executor, said as what it means for the load."""
     if is_kept_read_lost(error):
-        return KeptReadLost(f"partitions {sorted(partitions)}: the read Spark kept was lost before the Delta write "
-                            "(an executor holding it died); nothing was committed, and the next load reads these "
-                            "partitions again from their cursors of record")
+        return KeptReadLost(
+            f"partitions {sorted(partitions)}: the read Spark kept was lost before the Delta write "
+            "(an executor holding it died); nothing was committed, and the next load reads these "
+            "partitions again from their cursors of record"
+        )
     return error
 
 
 def _check_nothing_expired(info: FeedInfo, reports: dict[int, PartitionReport], committed) -> None:
     """A rebuild re-reads what the server holds now: where its retention dropped events (Nakadi), that
     is fewer than the table holds, and replacing the rows would lose the others."""
-    shrunk = [f"partition {pid}: {report.position} events read, the table holds {state.position}"
-              for pid, report in reports.items()
-              if (partition := info.partition(pid)) is not None and partition.oldest_available is not None
-              and (state := committed.get(pid)) is not None and report.position < state.position]
+    shrunk = [
+        f"partition {pid}: {report.position} events read, the table holds {state.position}"
+        for pid, report in reports.items()
+        if (partition := info.partition(pid)) is not None
+        and partition.oldest_available is not None
+        and (state := committed.get(pid)) is not None
+        and report.position < state.position
+    ]
     if shrunk:
-        raise RebuildAbandoned(f"rebuild of partitions {sorted(reports)} abandoned, nothing replaced: the server "
-                               "no longer holds every event the table has (its retention dropped some): "
-                               + "; ".join(shrunk))
+        raise RebuildAbandoned(
+            f"rebuild of partitions {sorted(reports)} abandoned, nothing replaced: the server "
+            "no longer holds every event the table has (its retention dropped some): " + "; ".join(shrunk)
+        )
 
 
-def _report(plan: PartitionPlan, start: PartitionState, end: PartitionEnd | None,
-            kept: dict[int, int] | None, rebuild: bool) -> PartitionReport:
-    report = PartitionReport(plan.partition_id, "loaded", start.cursor, start.position, start.cursor,
-                             rebuilt=rebuild, inherited_from=plan.inherited_from)
+def _report(
+    plan: PartitionPlan, start: PartitionState, end: PartitionEnd | None, kept: dict[int, int] | None, rebuild: bool
+) -> PartitionReport:
+    report = PartitionReport(
+        plan.partition_id,
+        "loaded",
+        start.cursor,
+        start.position,
+        start.cursor,
+        rebuilt=rebuild,
+        inherited_from=plan.inherited_from,
+    )
     if end is None:  # cannot happen with a whole read; never commit a guess
         report.status, report.error = "failed", "the read of this partition left no checkpoint row"
         return report
@@ -486,8 +603,9 @@ def _dedup_group(info: FeedInfo, partition_id: int) -> list[int]:
     return [partition_id, *(partition.cursor_from if partition else [])]
 
 
-def _without_stored(rows: "DataFrame", table: "DataFrame", groups: dict[int, list[int]],
-                    starts: dict[int, PartitionState]) -> tuple["DataFrame", dict[int, int]]:
+def _without_stored(
+    rows: DataFrame, table: DataFrame, groups: dict[int, list[int]], starts: dict[int, PartitionState]
+) -> tuple[DataFrame, dict[int, int]]:
     """The rows read whose event id the table does not hold in the partition's dedup group, with
     positions renumbered to stay contiguous from each partition's start; and the kept rows per
     partition."""
@@ -498,22 +616,40 @@ def _without_stored(rows: "DataFrame", table: "DataFrame", groups: dict[int, lis
     pairs = [(pid, source) for pid, group in groups.items() for source in group]
     sources = sorted({source for _, source in pairs})
     mapping = spark.createDataFrame(pairs, "partition_id INT, source INT")
-    stored = (table.where(F.col("partition_id").isin(sources) & F.col("event_id").isNotNull())
-              .select(F.col("partition_id").alias("source"), "event_id").distinct())
-    repeated = (rows.where(F.col("event_id").isNotNull()).select("partition_id", "event_id")
-                .join(mapping, "partition_id").join(stored, ["source", "event_id"])
-                .select("partition_id", "event_id").distinct())
-    starts_frame = spark.createDataFrame([(pid, s.position) for pid, s in starts.items()],
-                                         "partition_id INT, start BIGINT")
+    stored = (
+        table.where(F.col("partition_id").isin(sources) & F.col("event_id").isNotNull())
+        .select(F.col("partition_id").alias("source"), "event_id")
+        .distinct()
+    )
+    repeated = (
+        rows.where(F.col("event_id").isNotNull())
+        .select("partition_id", "event_id")
+        .join(mapping, "partition_id")
+        .join(stored, ["source", "event_id"])
+        .select("partition_id", "event_id")
+        .distinct()
+    )
+    starts_frame = spark.createDataFrame(
+        [(pid, s.position) for pid, s in starts.items()], "partition_id INT, start BIGINT"
+    )
     order = Window.partitionBy("partition_id").orderBy("position")
-    kept = (rows.join(repeated, ["partition_id", "event_id"], "left_anti")
-            .join(F.broadcast(starts_frame), "partition_id")
-            .withColumn("position", F.col("start") + F.row_number().over(order) - 1)
-            .select(*rows.columns))
+    kept = (
+        rows.join(repeated, ["partition_id", "event_id"], "left_anti")
+        .join(F.broadcast(starts_frame), "partition_id")
+        .withColumn("position", F.col("start") + F.row_number().over(order) - 1)
+        .select(*rows.columns)
+    )
     counts = {row[0]: row[1] for row in kept.groupBy("partition_id").count().collect()}
     return kept, counts
 
 
 def _idle_report(plan: PartitionPlan) -> PartitionReport:
-    return PartitionReport(plan.partition_id, plan.status.value, plan.cursor, plan.position, plan.cursor,
-                           drained=plan.status is PlanStatus.DRAINED, error=plan.reason or None)
+    return PartitionReport(
+        plan.partition_id,
+        plan.status.value,
+        plan.cursor,
+        plan.position,
+        plan.cursor,
+        drained=plan.status is PlanStatus.DRAINED,
+        error=plan.reason or None,
+    )

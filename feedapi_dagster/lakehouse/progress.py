@@ -8,6 +8,7 @@ heartbeat alone. No rate per task: a task's own reading time is a small part of 
 scheduling, its Python workers, the write), and its events/s said nothing true of the load. The notes
 are for people: what is committed comes from the read's own checkpoint rows.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,13 @@ T = TypeVar("T")
 HEARTBEAT_SECONDS = 10.0
 
 
-def run_with_progress(job: Callable[[], T], folder: str | None, tasks: int,
-                      logger: "logging.Logger | logging.LoggerAdapter", poll_seconds: float = 1.0) -> T:
+def run_with_progress(
+    job: Callable[[], T],
+    folder: str | None,
+    tasks: int,
+    logger: logging.Logger | logging.LoggerAdapter,
+    poll_seconds: float = 1.0,
+) -> T:
     """Run `job` (the Spark job that reads the feed) in a thread; log from this thread (a Dagster
     log manager writes to the instance from the thread that owns it) until it ends."""
     notes = ReadNotes(folder)
@@ -42,18 +48,31 @@ def run_with_progress(job: Callable[[], T], folder: str | None, tasks: int,
             now = time.monotonic()
             if now - last_beat >= HEARTBEAT_SECONDS:
                 last_beat = now
-                logger.info("Spark is reading: %d of %d read tasks done after %.0f s", len(notes.seen), tasks,
-                            now - started)
+                logger.info(
+                    "Spark is reading: %d of %d read tasks done after %.0f s", len(notes.seen), tasks, now - started
+                )
 
 
-def _log_task(logger: "logging.Logger | logging.LoggerAdapter", reads: list[tuple[int, ReadEnd]], done: int,
-              tasks: int, seconds: float) -> None:
+def _log_task(
+    logger: logging.Logger | logging.LoggerAdapter,
+    reads: list[tuple[int, ReadEnd]],
+    done: int,
+    tasks: int,
+    seconds: float,
+) -> None:
     """`seconds`: since the Spark job started."""
     events = sum(end.events for _, end in reads)
     pages = sum(end.pages for _, end in reads)
     which = f"partition {reads[0][0]}" if len(reads) == 1 else f"{len(reads)} partitions"
-    logger.info("%s: read %d events in %d pages; %d of %d read tasks done %.1f s into the Spark job", which, events,
-                pages, done, tasks, seconds)
+    logger.info(
+        "%s: read %d events in %d pages; %d of %d read tasks done %.1f s into the Spark job",
+        which,
+        events,
+        pages,
+        done,
+        tasks,
+        seconds,
+    )
 
 
 def _wait(future: Future, seconds: float) -> bool:

@@ -8,6 +8,7 @@ they come: the HTTP waits of small partitions overlap, so a task of a hundred sm
 little more than one of a single partition. Each partition's last row is its checkpoint row when
 asked for (`checkpointRows`): where that read stopped.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from feedapi_dagster.protocol import ProtocolError, FeedClient, FeedInfo, PageRun, RediscoveryNeeded
+from feedapi_dagster.protocol import FeedClient, FeedInfo, PageRun, ProtocolError, RediscoveryNeeded
 
 from .table import EVENT_SCHEMA, EventBatch, event_ids
 
@@ -57,11 +58,11 @@ class ReadEnd:
         return json.dumps(self.__dict__, separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, text: str) -> "ReadEnd":
+    def from_json(cls, text: str) -> ReadEnd:
         return cls.from_dict(json.loads(text))
 
     @classmethod
-    def from_dict(cls, fields: dict) -> "ReadEnd":
+    def from_dict(cls, fields: dict) -> ReadEnd:
         return cls(**{**fields, "repeated_examples": tuple(fields.get("repeated_examples", ()))})
 
 
@@ -201,13 +202,29 @@ class PartitionRead:
             error = str(failure)
         if settings.checkpoint_rows:
             drained = error is None and (self.done or (closed and not self._bounded))
-            self.end = ReadEnd(self.events, self.pages, self.duplicates, drained, self._bounded and not drained,
-                               error, round(time.monotonic() - started, 3), self.repeated_ids,
-                               tuple(self._repeated_examples))
-            yield pa.RecordBatch.from_pydict({
-                "partition_id": [self.partition_id], "position": [self.position], "cursor": [self.cursor],
-                "payload": [None], "payload_type": [None], "event_id": [None], END_COLUMN: [self.end.to_json()],
-            }, schema=schema)
+            self.end = ReadEnd(
+                self.events,
+                self.pages,
+                self.duplicates,
+                drained,
+                self._bounded and not drained,
+                error,
+                round(time.monotonic() - started, 3),
+                self.repeated_ids,
+                tuple(self._repeated_examples),
+            )
+            yield pa.RecordBatch.from_pydict(
+                {
+                    "partition_id": [self.partition_id],
+                    "position": [self.position],
+                    "cursor": [self.cursor],
+                    "payload": [None],
+                    "payload_type": [None],
+                    "event_id": [None],
+                    END_COLUMN: [self.end.to_json()],
+                },
+                schema=schema,
+            )
 
     @property
     def _bounded(self) -> bool:
@@ -272,7 +289,6 @@ class PartitionRead:
             rows = rows.append_column(END_COLUMN, pa.nulls(rows.num_rows, pa.string()))
         return rows.combine_chunks().to_batches()[0] if rows.num_rows else pa.RecordBatch.from_pylist([], schema)
 
-
     def _count_repeats(self, ids: list[str | None]) -> None:
         seen = self._seen
         for event_id in ids:
@@ -290,14 +306,15 @@ def read_schema(checkpoint_rows: bool) -> pa.Schema:
     return EVENT_SCHEMA.append(pa.field(END_COLUMN, pa.string())) if checkpoint_rows else EVENT_SCHEMA
 
 
-def _unseen(raws: list[bytes], ends: list[int], ids: list[bytes | None],
-            seen: set[bytes]) -> tuple[list[bytes], list[int]]:
+def _unseen(
+    raws: list[bytes], ends: list[int], ids: list[bytes | None], seen: set[bytes]
+) -> tuple[list[bytes], list[int]]:
     """The events whose id was not seen (adding theirs), and the pages' new ends."""
     kept: list[bytes] = []
     kept_ends: list[int] = []
     start = 0
     for end in ends:
-        for raw, event_id in zip(raws[start:end], ids[start:end]):
+        for raw, event_id in zip(raws[start:end], ids[start:end], strict=True):
             if event_id is not None:
                 if event_id in seen:
                     continue

@@ -9,6 +9,7 @@ gives its pid to the next process. `is_recorded_server` compares the process's s
 signals an unrelated process, and it refuses a server another installation started (that one's
 Python workers run that installation's code).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -17,7 +18,7 @@ import os
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from feedapi_dagster.lakehouse.spark_conf import CONNECT_SERVER_CLASS
@@ -75,10 +76,15 @@ def _command_line(pid: int) -> list[str]:
 
 def write_record(port: int, pid: int, *, log_path: Path, work_dir: Path, detached: bool) -> ServerRecord:
     record = ServerRecord(
-        port=port, pid=pid, pid_started=process_started(pid) or 0,
-        started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        installation=this_installation(), log_path=str(log_path), work_dir=str(work_dir),
-        detached=detached, owner_pid=os.getpid(),
+        port=port,
+        pid=pid,
+        pid_started=process_started(pid) or 0,
+        started_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        installation=this_installation(),
+        log_path=str(log_path),
+        work_dir=str(work_dir),
+        detached=detached,
+        owner_pid=os.getpid(),
     )
     path = record_file(port)
     with contextlib.suppress(FileNotFoundError):

@@ -17,6 +17,7 @@ of a bucket it opened (endpoint, keys) until it restarts, unless the storage ask
 data source is registered where it is read, by `FeedLoader` (`register_feed_source`; for a cluster,
 with this package as a Spark Connect artifact: `package_zip`), whoever made the session.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -28,8 +29,9 @@ import sys
 import tempfile
 import weakref
 import zipfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Union
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from feedapi_dagster.lakehouse import connect_server
@@ -48,7 +50,7 @@ def local_spark_session(
     master: str = LOCAL_MASTER,
     app_name: str = "feedapi-dagster",
     storage: S3Storage | None = None,
-) -> "SparkSession":
+) -> SparkSession:
     """A classic in-process SparkSession with Delta; returns the existing one if there is one.
     ``storage``: the lakehouse's S3 settings and credentials, given to the session (`apply_storage`)."""
     from pyspark.sql import SparkSession
@@ -79,8 +81,9 @@ def is_connect(session: Any) -> bool:
     return type(session).__module__.startswith("pyspark.sql.connect")
 
 
-def connect_session(url: str, conf: Mapping[str, str] | None = None, *,
-                    storage: S3Storage | None = None) -> "SparkSession":
+def connect_session(
+    url: str, conf: Mapping[str, str] | None = None, *, storage: S3Storage | None = None
+) -> SparkSession:
     """A Spark Connect client session for ``url`` (``conf``: runtime SQL settings; ``storage``: the
     lakehouse's S3 settings and credentials, given to the session: `apply_storage`)."""
     from pyspark.sql import SparkSession
@@ -94,8 +97,7 @@ def connect_session(url: str, conf: Mapping[str, str] | None = None, *,
     return session
 
 
-def apply_storage(session: "SparkSession", storage: S3Storage | None,
-                  conf: Mapping[str, str] | None = None) -> None:
+def apply_storage(session: SparkSession, storage: S3Storage | None, conf: Mapping[str, str] | None = None) -> None:
     """Give the session the lakehouse's S3 settings and credentials (`S3Storage.session_conf`, the
     credentials read now) as runtime settings, which Spark copies into the Hadoop configuration of the
     session's reads and writes, and unset the other settings `session_conf` may give (`SESSION_KEYS`):
@@ -115,10 +117,10 @@ def apply_storage(session: "SparkSession", storage: S3Storage | None,
 
 
 # Sessions that have the `feedapi` data source (weakly: an id() of a collected session is reused).
-_with_source: "weakref.WeakSet[SparkSession]" = weakref.WeakSet()
+_with_source: weakref.WeakSet[SparkSession] = weakref.WeakSet()
 
 
-def register_feed_source(spark: "SparkSession", ship: bool = False) -> None:
+def register_feed_source(spark: SparkSession, ship: bool = False) -> None:
     """Register `FeedDataSource` as `feedapi` in the session, once (`FeedLoader` does, before its first
     read). `ship`: also send this package to the session's executors as a Spark Connect artifact (a
     cluster whose Python does not have feedapi-dagster installed; its wheels - msgspec, pyarrow,
@@ -148,10 +150,10 @@ def package_zip() -> Path:
     return target
 
 
-Logger = Union[logging.Logger, logging.LoggerAdapter]
+Logger = logging.Logger | logging.LoggerAdapter
 
 
-def spark_session(settings: SparkSettings | None = None, logger: Logger | None = None) -> "SparkSession":
+def spark_session(settings: SparkSettings | None = None, logger: Logger | None = None) -> SparkSession:
     """The session for ``settings.mode`` (embedded: ensure the server runs, then connect), with the
     lakehouse's S3 settings and credentials (``settings.s3``, read now) as its runtime settings.
     ``logger`` (a Dagster run's log) is told what the embedded server's start says (its port, log
@@ -179,7 +181,7 @@ def _where(settings: SparkSettings) -> str:
     return f"the embedded Spark Connect server on sc://{LOOPBACK}:{settings.port}"
 
 
-def spark_ui_url(session: "SparkSession", settings: SparkSettings) -> str | None:
+def spark_ui_url(session: SparkSession, settings: SparkSettings) -> str | None:
     """The address of the Spark UI of the session's driver, where this client can tell it: a local
     session's, or the embedded server's (its driver binds the UI to the loopback address, on
     `spark.ui.port`); None when the UI is off or the driver is a cluster's."""
@@ -218,7 +220,7 @@ def _server_messages_to(logger: Logger | None) -> Iterator[None]:
         source.setLevel(level)
 
 
-def _session(settings: SparkSettings) -> "SparkSession":
+def _session(settings: SparkSettings) -> SparkSession:
     if settings.s3 is not None:
         settings.s3.credentials()  # a variable named by *_env that is not set: StorageError before any JVM
     if settings.mode == "local":
@@ -229,8 +231,9 @@ def _session(settings: SparkSettings) -> "SparkSession":
     else:
         # the URL carries the server's token: built here, never part of any configuration; the
         # server's `conf` (settings.conf) is not the session's
-        server = ensure_embedded_server(settings.port, conf=settings.conf, work_dir=settings.work_dir,
-                                        detach=settings.detach_server)
+        server = ensure_embedded_server(
+            settings.port, conf=settings.conf, work_dir=settings.work_dir, detach=settings.detach_server
+        )
         session = connect_session(server.client_url())
         apply_storage(session, settings.s3, settings.conf)
     return session

@@ -1,6 +1,7 @@
 """`DeltaSink`: rows and the feed's state in idempotent Delta commits, made by Spark: one commit of
 rows and the state they end at (a kept read), or a streamed read's rows commit (the state it started
 from, its partitions pending) followed by its state commit (`cursor_record.py`)."""
+
 from __future__ import annotations
 
 import logging
@@ -67,7 +68,7 @@ class DeltaSink:
     # ------------------------------------------------------------------ writing
     def commit(
         self,
-        rows: "Callable[[], DataFrame]",
+        rows: Callable[[], DataFrame],
         updates: Mapping[int, PartitionState],
         expected: Mapping[int, PartitionState | None],
         *,
@@ -101,19 +102,23 @@ class DeltaSink:
                 self.table.write(commit, self.run_id)
             except Exception as error:  # noqa: BLE001 - classified below; Spark raises many types
                 if (version := self._landed(commit_id)) is not None:
-                    return self._after(committed.CommittedState(new_state, "commit", commit_id, version, version,
-                                                                version, pending))
+                    return self._after(
+                        committed.CommittedState(new_state, "commit", commit_id, version, version, version, pending)
+                    )
                 if not is_commit_conflict(error):
                     raise
                 log.info("commit to %s lost a race (attempt %d); rebasing", self.path, attempt)
                 continue
             if (version := self._landed(commit_id)) is not None:
-                return self._after(committed.CommittedState(new_state, "commit", commit_id, version, version,
-                                                            version, pending))
+                return self._after(
+                    committed.CommittedState(new_state, "commit", commit_id, version, version, version, pending)
+                )
             # Delta skipped the write: another load committed after this one read the table
             log.info("commit to %s was superseded by another load's (attempt %d); rebasing", self.path, attempt)
-        raise CommitExhausted(f"could not commit to {self.path} after {self.max_conflict_retries} attempts: "
-                              "other loads of this feed committed first every time")
+        raise CommitExhausted(
+            f"could not commit to {self.path} after {self.max_conflict_retries} attempts: "
+            "other loads of this feed committed first every time"
+        )
 
     def _after(self, landed: committed.CommittedState) -> committed.CommittedState:
         """The state to base the next commit on: this commit's own (a rows commit's is read again, once
@@ -136,8 +141,9 @@ class DeltaSink:
                 raise
         version = self._landed(commit_id)
         if version is None:
-            log.info("the state commit after rows commit %s of %s was superseded by another load's", rows_commit,
-                     self.path)
+            log.info(
+                "the state commit after rows commit %s of %s was superseded by another load's", rows_commit, self.path
+            )
         self._committed = None  # read again on use: the newest state, resolved
         return version
 
@@ -145,9 +151,11 @@ class DeltaSink:
         history = committed.read_history(self.table, limit)
         self._committed = committed.resolve(self.table, history)
         if self._committed.source == "rows" and self._committed.delta_version is None:
-            log.warning("no commit in the Delta log of %s carries the feed state any more (Delta's log cleanup): "
-                        "the cursors were recovered from the table's rows; the next commit carries them again",
-                        self.path)
+            log.warning(
+                "no commit in the Delta log of %s carries the feed state any more (Delta's log cleanup): "
+                "the cursors were recovered from the table's rows; the next commit carries them again",
+                self.path,
+            )
         return history.states
 
     def _landed(self, commit_id: str) -> int | None:

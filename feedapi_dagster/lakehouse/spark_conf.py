@@ -9,10 +9,12 @@ directory; log4j writes WARN and above to stderr. `build_conf` is the whole conf
 embedded server or local session. Starting the server is `connect_server`'s business; making sessions
 is `sessions`'.
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -49,8 +51,11 @@ LOCAL_MASTER = "local[*,4]"
 # a test run's session) compiles many generated classes and method handles, and the small segment
 # the segmented cache keeps for method handle intrinsics ran out in a full test run ("Out of space in
 # CodeCache for method handle intrinsic": the query failed).
-QUICK_START_JAVA_OPTIONS: tuple[str, ...] = ("-XX:TieredStopAtLevel=1", "-XX:-SegmentedCodeCache",
-                                             "-XX:ReservedCodeCacheSize=512m")
+QUICK_START_JAVA_OPTIONS: tuple[str, ...] = (
+    "-XX:TieredStopAtLevel=1",
+    "-XX:-SegmentedCodeCache",
+    "-XX:ReservedCodeCacheSize=512m",
+)
 FULL_JIT_JAVA_OPTION = "-XX:TieredStopAtLevel=4"
 
 _LOOPBACK_CONF: dict[str, str] = {
@@ -117,7 +122,7 @@ class SparkSettings(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _check_mode(self) -> "SparkSettings":
+    def _check_mode(self) -> SparkSettings:
         if self.mode == "remote":
             if not self.remote:
                 raise ValueError("mode 'remote' needs `remote`, a Spark Connect URL such as sc://spark-host:15002")
@@ -157,10 +162,12 @@ def prepare_work_dir(work_dir: Path) -> dict[str, str]:
     return {
         "spark.sql.warehouse.dir": str(work_dir / "warehouse"),
         "spark.jars.ivy": str(work_dir / "ivy"),
-        "spark.driver.extraJavaOptions": " ".join([
-            _java_opt("derby.system.home", work_dir / "derby"),
-            _java_opt("log4j2.configurationFile", log4j.as_uri()),
-        ]),
+        "spark.driver.extraJavaOptions": " ".join(
+            [
+                _java_opt("derby.system.home", work_dir / "derby"),
+                _java_opt("log4j2.configurationFile", log4j.as_uri()),
+            ]
+        ),
     }
 
 

@@ -11,6 +11,7 @@ Delta 4.4 (a kept read's blocks removed, two writers of one partition).
 Hadoop's and the AWS SDK's exceptions (`s3a`) are no `SparkThrowable`: they reach Python with no
 condition, as their class names and messages only, so `storage_failure` reads the text.
 """
+
 from __future__ import annotations
 
 import enum
@@ -18,13 +19,15 @@ import enum
 # Delta's conflicts between concurrent commits (its `DeltaConcurrentModificationException`s, SQLSTATE
 # 2D521) that a commit resolves by reading the table again and retrying. Delta adds a subclass to
 # some (``.WITHOUT_HINT``, ``.WITH_PARTITION_HINT``): `condition` keeps the class only.
-COMMIT_CONFLICTS = frozenset({
-    "DELTA_CONCURRENT_APPEND",
-    "DELTA_CONCURRENT_DELETE_DELETE",
-    "DELTA_CONCURRENT_DELETE_READ",
-    "DELTA_CONCURRENT_TRANSACTION",
-    "DELTA_CONCURRENT_WRITE",
-})
+COMMIT_CONFLICTS = frozenset(
+    {
+        "DELTA_CONCURRENT_APPEND",
+        "DELTA_CONCURRENT_DELETE_DELETE",
+        "DELTA_CONCURRENT_DELETE_READ",
+        "DELTA_CONCURRENT_TRANSACTION",
+        "DELTA_CONCURRENT_WRITE",
+    }
+)
 # a block of a `localCheckpoint` is gone (with the executor that held it); Spark's own advice in the
 # message (use `rdd.checkpoint()`) does not apply to a load
 KEPT_BLOCK_LOST = "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND"
@@ -79,14 +82,20 @@ class StorageFailure(enum.Enum):
 # What Hadoop's and the AWS SDK's errors say, by failure (checked in order): their class names and
 # messages, the only thing that tells them apart (no error condition: see the module docstring).
 _STORAGE_TEXTS: tuple[tuple[StorageFailure, tuple[str, ...]], ...] = (
-    (StorageFailure.NO_S3A_FILE_SYSTEM, ("Class org.apache.hadoop.fs.s3a.S3AFileSystem",
-                                         'No FileSystem for scheme "s3a"')),
+    (
+        StorageFailure.NO_S3A_FILE_SYSTEM,
+        ("Class org.apache.hadoop.fs.s3a.S3AFileSystem", 'No FileSystem for scheme "s3a"'),
+    ),
     (StorageFailure.NO_CREDENTIALS, ("NoAuthWithAWSException", "No AWS Credentials", "Unable to load credentials")),
-    (StorageFailure.ACCESS_DENIED, ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403 Forbidden",
-                                    "Status Code: 403")),
+    (
+        StorageFailure.ACCESS_DENIED,
+        ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403 Forbidden", "Status Code: 403"),
+    ),
     (StorageFailure.NO_BUCKET, ("NoSuchBucket", "The specified bucket does not exist", "UnknownStoreException")),
-    (StorageFailure.UNREACHABLE, ("UnknownHostException", "Connection refused", "ConnectException",
-                                  "Unable to execute HTTP request")),
+    (
+        StorageFailure.UNREACHABLE,
+        ("UnknownHostException", "Connection refused", "ConnectException", "Unable to execute HTTP request"),
+    ),
 )
 
 
@@ -99,5 +108,11 @@ def storage_failure(error: BaseException) -> StorageFailure | None:
 def first_line(error: BaseException, limit: int = 300) -> str:
     """The first line of an error's message that says something (not classic pyspark's py4j preamble),
     at most `limit` characters: for a person, without the JVM's stack trace."""
-    return next((line.strip().lstrip(": ") for line in str(error).splitlines()
-                 if line.strip() and not line.startswith(_PY4J_PREAMBLE)), "")[:limit]
+    return next(
+        (
+            line.strip().lstrip(": ")
+            for line in str(error).splitlines()
+            if line.strip() and not line.startswith(_PY4J_PREAMBLE)
+        ),
+        "",
+    )[:limit]

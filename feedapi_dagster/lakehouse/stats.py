@@ -12,6 +12,7 @@ partitions asked for, and Arrow groups them (hundredths of a second for 10,000 s
 statistic: that takes a scan of the given partitions (for at-least-once feeds; an exactly-once
 feed's loads count repeats as they read).
 """
+
 from __future__ import annotations
 
 import logging
@@ -36,8 +37,12 @@ class PartitionStats:
         user's DELETE removed (`deletes.py`). Positions are unique by construction of the loader: so
         many rows within those bounds leave no room for a gap or a repeat. `deletes_exact` False (the
         DELETEs before the log's oldest commit are not known): no more rows than that."""
-        within = self.rows == 0 or (self.min_position is not None and self.max_position is not None
-                                    and self.min_position >= 0 and self.max_position < committed_position)
+        within = self.rows == 0 or (
+            self.min_position is not None
+            and self.max_position is not None
+            and self.min_position >= 0
+            and self.max_position < committed_position
+        )
         expected = committed_position - deleted_by_user
         return within and (self.rows == expected if deletes_exact else self.rows <= expected)
 
@@ -58,22 +63,36 @@ def partition_stats(table: FeedTable, partition_ids: Iterable[int]) -> dict[int,
             return _from_columns(log, wanted)
         except Exception as error:  # noqa: BLE001 - delta-rs raises many types
             # what delta-rs does not read (deletion vectors, column mapping a user turned on): Spark does
-            _log.info("the positions of %s are read by Spark: delta-rs cannot read its rows here (%s: %s)",
-                      table.path, type(error).__name__, first_line(error, 200))
+            _log.info(
+                "the positions of %s are read by Spark: delta-rs cannot read its rows here (%s: %s)",
+                table.path,
+                type(error).__name__,
+                first_line(error, 200),
+            )
     # storage only the cluster reaches: Spark answers from the same statistics (Delta's
     # metadata-only aggregation) or, where it cannot, reads the columns of these partitions
     from pyspark.sql import functions as F
 
-    rows = table.frame().where(in_partitions(wanted)).groupBy(PARTITION_COLUMN) \
-        .agg(F.count("*"), F.min("position"), F.max("position")).collect()
+    rows = (
+        table.frame()
+        .where(in_partitions(wanted))
+        .groupBy(PARTITION_COLUMN)
+        .agg(F.count("*"), F.min("position"), F.max("position"))
+        .collect()
+    )
     return {r[0]: PartitionStats(r[1], r[2], r[3]) for r in rows}
 
 
 def _from_log(log: DeltaLog, wanted: set[int]) -> dict[int, PartitionStats]:
     actions = log.add_actions()
     stats: dict[int, PartitionStats] = {}
-    for partition, rows, low, high in zip(actions[f"partition.{PARTITION_COLUMN}"], actions["num_records"],
-                                          actions["min.position"], actions["max.position"]):
+    for partition, rows, low, high in zip(
+        actions[f"partition.{PARTITION_COLUMN}"],
+        actions["num_records"],
+        actions["min.position"],
+        actions["max.position"],
+        strict=True,
+    ):
         if partition is None or int(partition) not in wanted:
             continue
         partition = int(partition)
@@ -81,8 +100,9 @@ def _from_log(log: DeltaLog, wanted: set[int]) -> dict[int, PartitionStats]:
         if seen is None:
             stats[partition] = PartitionStats(rows, low, high)
         else:
-            stats[partition] = PartitionStats(seen.rows + rows, min(seen.min_position, low),
-                                              max(seen.max_position, high))
+            stats[partition] = PartitionStats(
+                seen.rows + rows, min(seen.min_position, low), max(seen.max_position, high)
+            )
     return stats
 
 
@@ -91,10 +111,21 @@ def _from_columns(log: DeltaLog, wanted: set[int]) -> dict[int, PartitionStats]:
     import pyarrow.compute as pc
 
     columns = log.partition_columns(wanted=wanted)
-    grouped = columns.group_by(PARTITION_COLUMN).aggregate(
-        [("position", "count", pc.CountOptions(mode="all")), ("position", "min"), ("position", "max")]).to_pydict()
-    return {int(p): PartitionStats(rows, low, high) for p, rows, low, high in zip(
-        grouped[PARTITION_COLUMN], grouped["position_count"], grouped["position_min"], grouped["position_max"])}
+    grouped = (
+        columns.group_by(PARTITION_COLUMN)
+        .aggregate([("position", "count", pc.CountOptions(mode="all")), ("position", "min"), ("position", "max")])
+        .to_pydict()
+    )
+    return {
+        int(p): PartitionStats(rows, low, high)
+        for p, rows, low, high in zip(
+            grouped[PARTITION_COLUMN],
+            grouped["position_count"],
+            grouped["position_min"],
+            grouped["position_max"],
+            strict=True,
+        )
+    }
 
 
 def duplicate_event_ids(table: FeedTable, partition_ids: Iterable[int], limit: int = 20) -> list[str]:
@@ -102,6 +133,13 @@ def duplicate_event_ids(table: FeedTable, partition_ids: Iterable[int], limit: i
     wanted = sorted({int(p) for p in partition_ids})
     if not wanted:
         return []
-    rows = table.frame().where(f"{in_partitions(wanted)} AND event_id IS NOT NULL") \
-        .groupBy(PARTITION_COLUMN, "event_id").count().where("count > 1").limit(limit).collect()
+    rows = (
+        table.frame()
+        .where(f"{in_partitions(wanted)} AND event_id IS NOT NULL")
+        .groupBy(PARTITION_COLUMN, "event_id")
+        .count()
+        .where("count > 1")
+        .limit(limit)
+        .collect()
+    )
     return [f"partition {r[0]}: {r[1]} x{r[2]}" for r in rows]

@@ -27,6 +27,7 @@ all runs) or a cluster's Spark Connect server. `check_single_driver` refuses ``l
 per run process) unless the configuration names a log store itself (``spark.delta.logStore.s3a.impl``,
 for example Delta's ``S3DynamoDBLogStore`` for many drivers).
 """
+
 from __future__ import annotations
 
 import os
@@ -58,9 +59,15 @@ TEMPORARY_CREDENTIALS = "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvide
 NO_FILE_SYSTEM_CACHE = "fs.s3a.impl.disable.cache"
 # Every setting `session_conf` may give: a session of the shared server-side session that does not give
 # one unsets it, so that no setting of an earlier session (another lakehouse's endpoint, keys) is left.
-SESSION_KEYS = ("fs.s3a.path.style.access", "fs.s3a.endpoint", "fs.s3a.connection.ssl.enabled",
-                "fs.s3a.endpoint.region", NO_FILE_SYSTEM_CACHE, CREDENTIALS_PROVIDER,
-                *(key for _, key in _CREDENTIALS.values()))
+SESSION_KEYS = (
+    "fs.s3a.path.style.access",
+    "fs.s3a.endpoint",
+    "fs.s3a.connection.ssl.enabled",
+    "fs.s3a.endpoint.region",
+    NO_FILE_SYSTEM_CACHE,
+    CREDENTIALS_PROVIDER,
+    *(key for _, key in _CREDENTIALS.values()),
+)
 
 
 class S3Storage(BaseModel):
@@ -70,17 +77,20 @@ class S3Storage(BaseModel):
 
     endpoint: str | None = Field(default=None, description="an S3-compatible server's URL; AWS when unset")
     region: str | None = Field(default=None, description="the bucket's region (AWS default chain when unset)")
-    path_style: bool = Field(default=False, description="bucket in the path, not the host name (most S3-compatible servers)")
+    path_style: bool = Field(
+        default=False, description="bucket in the path, not the host name (most S3-compatible servers)"
+    )
     access_key_id_env: str | None = Field(default=None, description="environment variable with the access key id")
     secret_access_key_env: str | None = Field(default=None, description="environment variable with the secret key")
     session_token_env: str | None = Field(default=None, description="environment variable with a session token")
     fresh_file_systems: bool = Field(
         default=False,
         description="make every s3a file system of a Spark read or write from the session's settings "
-                    "(fs.s3a.impl.disable.cache=true), so that keys rotated in the *_env variables, or another "
-                    "endpoint, are used without restarting the Spark server; costs the server's JVM the file "
-                    "systems (and their threads) Hadoop never closes, with every load. Off: a Spark server "
-                    "keeps the file system of a bucket it first opened (its endpoint and keys) until it restarts")
+        "(fs.s3a.impl.disable.cache=true), so that keys rotated in the *_env variables, or another "
+        "endpoint, are used without restarting the Spark server; costs the server's JVM the file "
+        "systems (and their threads) Hadoop never closes, with every load. Off: a Spark server "
+        "keeps the file system of a bucket it first opened (its endpoint and keys) until it restarts",
+    )
 
     @field_validator("endpoint")
     @classmethod
@@ -100,10 +110,11 @@ class S3Storage(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _key_pair(self) -> "S3Storage":
+    def _key_pair(self) -> S3Storage:
         if (self.access_key_id_env is None) != (self.secret_access_key_env is None):
-            raise ValueError("set access_key_id_env and secret_access_key_env together "
-                             "(or neither: the AWS default chain)")
+            raise ValueError(
+                "set access_key_id_env and secret_access_key_env together (or neither: the AWS default chain)"
+            )
         return self
 
     # ------------------------------------------------------------------ credentials
@@ -117,8 +128,9 @@ class S3Storage(BaseModel):
                 continue
             value = os.environ.get(name)
             if not value:
-                raise StorageError(f"lakehouse storage: environment variable {name} (storage.s3.{setting}) "
-                                   "is not set in this process")
+                raise StorageError(
+                    f"lakehouse storage: environment variable {name} (storage.s3.{setting}) is not set in this process"
+                )
             values[setting] = value
         return values
 
@@ -187,8 +199,10 @@ def check_lakehouse_uri(uri: str, storage: S3Storage | None) -> None:
     """A lakehouse URI Spark and delta-rs both open, matching its storage setting."""
     scheme = urlsplit(uri).scheme.lower()
     if scheme in ("s3", "s3n"):
-        raise ValueError(f"lakehouse {uri!r}: write s3a://{uri.split('://', 1)[1]} (Hadoop's S3 file system, "
-                         "which Spark uses; delta-rs reads it too)")
+        raise ValueError(
+            f"lakehouse {uri!r}: write s3a://{uri.split('://', 1)[1]} (Hadoop's S3 file system, "
+            "which Spark uses; delta-rs reads it too)"
+        )
     if scheme == S3A and not urlsplit(uri).netloc:
         raise ValueError(f"lakehouse {uri!r}: s3a:// needs a bucket (s3a://bucket/prefix)")
     if storage is not None and scheme != S3A:
@@ -205,25 +219,21 @@ def check_single_driver(uri: str, spark_mode: str, spark_conf: Mapping[str, str]
         "log store (S3SingleDriverLogStore) keeps two commits of one table version apart only within one "
         "driver. Use spark mode 'embedded' (one local server for all runs) or 'remote' (a cluster's Spark "
         "Connect server), or name a log store made for many drivers in spark.conf "
-        "(spark.delta.logStore.s3a.impl, e.g. io.delta.storage.S3DynamoDBLogStore)")
+        "(spark.delta.logStore.s3a.impl, e.g. io.delta.storage.S3DynamoDBLogStore)"
+    )
 
 
 # What each storage failure means, said with the setting to change.
 _MEANINGS: dict[StorageFailure, str] = {
-    StorageFailure.NO_S3A_FILE_SYSTEM:
-        "the Spark that runs the load has no s3a file system (hadoop-aws and the AWS SDK): run "
-        "`feedapi-dagster setup-jars` for the embedded or local Spark; a cluster needs "
-        "org.apache.hadoop:hadoop-aws (its Hadoop's version) and the AWS SDK on its classpath",
-    StorageFailure.NO_CREDENTIALS:
-        "no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a profile or role) where Spark "
-        "runs, or name the variables in storage.s3.access_key_id_env / secret_access_key_env",
-    StorageFailure.ACCESS_DENIED:
-        "S3 refused the credentials (access denied): check the key in storage.s3 (or the AWS default chain) "
-        "and its rights on the bucket",
-    StorageFailure.NO_BUCKET:
-        "the bucket does not exist (or the endpoint in storage.s3 is not the server that has it)",
-    StorageFailure.UNREACHABLE:
-        "cannot reach the S3 endpoint: check storage.s3.endpoint and that the server is up",
+    StorageFailure.NO_S3A_FILE_SYSTEM: "the Spark that runs the load has no s3a file system (hadoop-aws and the AWS SDK): run "
+    "`feedapi-dagster setup-jars` for the embedded or local Spark; a cluster needs "
+    "org.apache.hadoop:hadoop-aws (its Hadoop's version) and the AWS SDK on its classpath",
+    StorageFailure.NO_CREDENTIALS: "no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a profile or role) where Spark "
+    "runs, or name the variables in storage.s3.access_key_id_env / secret_access_key_env",
+    StorageFailure.ACCESS_DENIED: "S3 refused the credentials (access denied): check the key in storage.s3 (or the AWS default chain) "
+    "and its rights on the bucket",
+    StorageFailure.NO_BUCKET: "the bucket does not exist (or the endpoint in storage.s3 is not the server that has it)",
+    StorageFailure.UNREACHABLE: "cannot reach the S3 endpoint: check storage.s3.endpoint and that the server is up",
 }
 
 

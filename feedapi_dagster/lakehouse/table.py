@@ -9,6 +9,7 @@ at the payload's start); otherwise msgspec finds it, in one decode of the group'
 Arrow arrays are built from buffers and compute kernels, never from Python objects: converting those
 (`pa.array(list)`, `pa.scalar`) makes pyarrow import pandas, ~1.5 s of every run's first commit.
 """
+
 from __future__ import annotations
 
 import functools
@@ -28,10 +29,16 @@ from ..protocol.feedapi.ndjson import json_fields
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 # What the loader hands the sink: everything but the commit's own columns.
-EVENT_SCHEMA = pa.schema([
-    ("partition_id", pa.int32()), ("position", pa.int64()), ("cursor", pa.string()), ("payload", pa.string()),
-    ("payload_type", pa.string()), ("event_id", pa.string()),
-])
+EVENT_SCHEMA = pa.schema(
+    [
+        ("partition_id", pa.int32()),
+        ("position", pa.int64()),
+        ("cursor", pa.string()),
+        ("payload", pa.string()),
+        ("payload_type", pa.string()),
+        ("event_id", pa.string()),
+    ]
+)
 TABLE_SCHEMA = pa.schema([*EVENT_SCHEMA, ("loaded_at", TIMESTAMP), ("run_id", pa.string())])
 PARTITION_COLUMN = "partition_id"
 _SPARK_TYPES = {pa.int32(): "INT", pa.int64(): "BIGINT", pa.string(): "STRING", TIMESTAMP: "TIMESTAMP"}
@@ -40,13 +47,17 @@ _SPARK_TYPES = {pa.int32(): "INT", pa.int64(): "BIGINT", pa.string(): "STRING", 
 def spark_ddl(schema: pa.Schema) -> str:
     """The schema as Spark's column DDL (`partition_id INT, position BIGINT, ...`)."""
     return ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in schema)
+
+
 _ID_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 def check_id_field(event_id_field: str) -> str:
     if not _ID_FIELD.fullmatch(event_id_field):
-        raise ValueError("event_id_field must be a field name ([A-Za-z_][A-Za-z0-9_]*), or names joined by dots "
-                         f"for a nested field (metadata.eid), got {event_id_field!r}")
+        raise ValueError(
+            "event_id_field must be a field name ([A-Za-z_][A-Za-z0-9_]*), or names joined by dots "
+            f"for a nested field (metadata.eid), got {event_id_field!r}"
+        )
     return event_id_field
 
 
@@ -75,8 +86,15 @@ class EventBatch:
     def __len__(self) -> int:
         return self.count
 
-    def add(self, partition_id: int, position: int, raws: Sequence[bytes], ends: list[int], cursors: list[str],
-            size: int | None = None) -> None:
+    def add(
+        self,
+        partition_id: int,
+        position: int,
+        raws: Sequence[bytes],
+        ends: list[int],
+        cursors: list[str],
+        size: int | None = None,
+    ) -> None:
         """Pages of one partition from `position` on: page i holds `raws[ends[i-1]:ends[i]]`, covered by
         `cursors[i]` (a `PageRun`'s layout); `size`: their payload bytes, when known."""
         count, before = len(raws), self.count
@@ -98,11 +116,17 @@ class EventBatch:
         ids = _ids(payloads, pc.equal(kinds, _KIND_CODES_ARRAY[_OBJECT_KIND]), self.event_id_field)
         if strings.true_count:  # a string payload is stored as the string itself
             payloads = pc.replace_with_mask(payloads, strings, _unquoted(pc.filter(payloads, strings)))
-        return pa.Table.from_arrays([
-            _fixed(pa.int32(), self.partition_ids), _positions(count, self.positions),
-            _page_column(count, self.ends or [0], self.cursors or [""]), _text(payloads),
-            pc.take(_KIND_NAMES, kinds), _text(ids),
-        ], schema=EVENT_SCHEMA)
+        return pa.Table.from_arrays(
+            [
+                _fixed(pa.int32(), self.partition_ids),
+                _positions(count, self.positions),
+                _page_column(count, self.ends or [0], self.cursors or [""]),
+                _text(payloads),
+                pc.take(_KIND_NAMES, kinds),
+                _text(ids),
+            ],
+            schema=EVENT_SCHEMA,
+        )
 
 
 # ------------------------------------------------------------------------------------------ payloads
@@ -167,11 +191,12 @@ _STRINGS = msgspec.json.Decoder(str)
 def _data(binary: pa.BinaryArray) -> memoryview:
     """The bytes of a binary array's values, end to end (nulls have none)."""
     _, offsets, data = binary.buffers()
-    ends = memoryview(offsets).cast("B").cast("i")[binary.offset:binary.offset + len(binary) + 1]
-    return memoryview(data)[ends[0]:ends[-1]] if data is not None else memoryview(b"")
+    ends = memoryview(offsets).cast("B").cast("i")[binary.offset : binary.offset + len(binary) + 1]
+    return memoryview(data)[ends[0] : ends[-1]] if data is not None else memoryview(b"")
 
 
 # ----------------------------------------------------------------------------------------- event ids
+
 
 def _ids(payloads: pa.BinaryArray, objects: pa.BooleanArray, event_id_field: str) -> pa.BinaryArray:
     """The first top-level `event_id_field` of each object payload (of the objects on its path when
@@ -273,11 +298,12 @@ def _first_field(raw: bytes, path: str) -> bytes | None:
         if quoted == key or b"\\" in quoted and msgspec.json.decode(quoted) == name:
             if not rest:
                 return raw[start:end]
-            return _first_field(raw[start:end], rest) if raw[start:start + 1] == b"{" else None
+            return _first_field(raw[start:end], rest) if raw[start : start + 1] == b"{" else None
     return None
 
 
 # ------------------------------------------------------------------------------------------- columns
+
 
 def _page_column(count: int, ends: list[int], cursors: list[str]) -> pa.StringArray:
     """Each event's page cursor: page i holds events ends[i-1]..ends[i]."""
@@ -323,5 +349,6 @@ _FALSE = pa.Array.from_buffers(pa.bool_(), 1, [None, pa.py_buffer(b"\0")])[0]
 
 
 def _strings(count: int, data: bytes, offsets: bytes, validity: bytes | None = None) -> pa.Array:
-    return pa.StringArray.from_buffers(count, pa.py_buffer(offsets), pa.py_buffer(data),
-                                       None if validity is None else pa.py_buffer(validity))
+    return pa.StringArray.from_buffers(
+        count, pa.py_buffer(offsets), pa.py_buffer(data), None if validity is None else pa.py_buffer(validity)
+    )

@@ -8,6 +8,7 @@ Spark Connect answers from its own threads whatever its jobs do); when no answer
 `unresponsive_seconds`, it closes the session's client, which cancels every call in flight, and the
 load fails with `SparkUnresponsive`. A classic in-process session has no server to lose.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,8 +34,13 @@ def _is_connect(session: Any) -> bool:
 
 
 @contextlib.contextmanager
-def answering(spark: "SparkSession", what: str, *, unresponsive_seconds: float = DEFAULT_UNRESPONSIVE_SECONDS,
-              probe_seconds: float | None = None) -> Iterator[None]:
+def answering(
+    spark: SparkSession,
+    what: str,
+    *,
+    unresponsive_seconds: float = DEFAULT_UNRESPONSIVE_SECONDS,
+    probe_seconds: float | None = None,
+) -> Iterator[None]:
     """Run the block with the Spark Connect server watched (see the module docstring); `what` names
     the work in the error."""
     if not _is_connect(spark):
@@ -55,7 +61,7 @@ def answering(spark: "SparkSession", what: str, *, unresponsive_seconds: float =
 
 
 class _Watch:
-    def __init__(self, spark: "SparkSession", unresponsive_seconds: float, probe_seconds: float):
+    def __init__(self, spark: SparkSession, unresponsive_seconds: float, probe_seconds: float):
         self.spark = spark
         self.unresponsive_seconds = unresponsive_seconds
         self.probe_seconds = probe_seconds
@@ -75,7 +81,8 @@ class _Watch:
             f"{what}: the Spark Connect server {self._url} did not answer for {self.gave_up:.0f} s "
             f"(bound: {self.unresponsive_seconds:g} s); the load was abandoned and its Spark client closed. "
             "What it had committed stays; the next load resumes from the cursors of record. Check the server "
-            "(its process, memory, log) or raise `load.spark_unresponsive_seconds`")
+            "(its process, memory, log) or raise `load.spark_unresponsive_seconds`"
+        )
 
     def _run(self) -> None:
         while not self._stopped.wait(self.probe_seconds):
@@ -99,13 +106,16 @@ class _Watch:
 
     def _give_up(self, waited: float) -> None:
         self.gave_up = waited
-        log.error("the Spark Connect server %s has not answered for %.0f s: closing the load's Spark client",
-                  self._url, waited)
+        log.error(
+            "the Spark Connect server %s has not answered for %.0f s: closing the load's Spark client",
+            self._url,
+            waited,
+        )
         # closing the channel cancels every call in flight on it (the load's, and the probe)
         with contextlib.suppress(Exception):
             self.spark.client.close()
 
 
-def _server_address(spark: "SparkSession") -> str:
+def _server_address(spark: SparkSession) -> str:
     host = getattr(getattr(spark, "client", None), "host", None)
     return f"at {host}" if host else "(unknown)"

@@ -1,9 +1,19 @@
 """Orchestration: the Dagster side of feeds (assets, checks, sensors, schedules, the resources), built
 by `build_feedapi_definitions` from a `ProjectConfig`, or by the `FeedApiComponent` from a defs.yaml."""
+
 from .config import FeedConfig, ProjectConfig
 from .definitions import build_feedapi_definitions, feed_bindings
 from .resources import RESOURCE_KEY, FeedApiResource, SparkResource
 from .translator import FeedApiTranslator, FeedTranslatorData
 
-__all__ = ["RESOURCE_KEY", "FeedApiResource", "FeedApiTranslator", "FeedConfig", "FeedTranslatorData",
-           "ProjectConfig", "SparkResource", "build_feedapi_definitions", "feed_bindings"]
+__all__ = [
+    "RESOURCE_KEY",
+    "FeedApiResource",
+    "FeedApiTranslator",
+    "FeedConfig",
+    "FeedTranslatorData",
+    "ProjectConfig",
+    "SparkResource",
+    "build_feedapi_definitions",
+    "feed_bindings",
+]

@@ -26,8 +26,9 @@ LoadEvent = dg.AssetMaterialization | dg.AssetObservation | dg.AssetCheckResult
 Execute = Callable[[dg.AssetExecutionContext, FeedApiResource, FeedBinding, LoadConfig], Iterator[LoadEvent]]
 
 
-def load_feed(context: dg.AssetExecutionContext, feedapi: FeedApiResource, binding: FeedBinding,
-              config: LoadConfig) -> Iterator[LoadEvent]:
+def load_feed(
+    context: dg.AssetExecutionContext, feedapi: FeedApiResource, binding: FeedBinding, config: LoadConfig
+) -> Iterator[LoadEvent]:
     """What a feed's asset runs unless told otherwise: the load of the run's partitions."""
     return feedapi.load(context, binding, config)
 

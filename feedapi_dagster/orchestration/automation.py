@@ -6,10 +6,17 @@ from collections.abc import Sequence
 import dagster as dg
 from pydantic import BaseModel, Field
 
-from feedapi_dagster.protocol import ProtocolError, FeedInfo
+from feedapi_dagster.protocol import FeedInfo, ProtocolError
 
-from .loads import (REBUILD_TAG, SCHEDULED_SYNC, SYNC_TAG, FeedBinding, active_partitions, latest_metadata_by_partition,
-                    partition_run_tags)
+from .loads import (
+    REBUILD_TAG,
+    SCHEDULED_SYNC,
+    SYNC_TAG,
+    FeedBinding,
+    active_partitions,
+    latest_metadata_by_partition,
+    partition_run_tags,
+)
 
 
 class DiscoveryCursor(BaseModel):
@@ -27,8 +34,15 @@ class DiscoveryCursor(BaseModel):
         return cls(token=info.token, partitions={p.id: p.closed for p in info.partitions})
 
 
-def load_request(binding: FeedBinding, partitions: Sequence[int], reason: str, order: Sequence[str], *,
-                 rebuild: Sequence[int] = (), drop: Sequence[int] = ()) -> dg.RunRequest:
+def load_request(
+    binding: FeedBinding,
+    partitions: Sequence[int],
+    reason: str,
+    order: Sequence[str],
+    *,
+    rebuild: Sequence[int] = (),
+    drop: Sequence[int] = (),
+) -> dg.RunRequest:
     """A run of the asset over `partitions` (`order`: the dynamic partition keys as the instance lists
     them, once this tick's new ones are added)."""
     config = {"rebuild": sorted(rebuild), "drop": sorted(drop)}
@@ -44,8 +58,13 @@ def load_request(binding: FeedBinding, partitions: Sequence[int], reason: str, o
     )
 
 
-def evaluate_discovery(binding: FeedBinding, info: FeedInfo, previous: DiscoveryCursor, known: Sequence[str],
-                       log: dg.DagsterLogManager | None = None) -> dg.SensorResult:
+def evaluate_discovery(
+    binding: FeedBinding,
+    info: FeedInfo,
+    previous: DiscoveryCursor,
+    known: Sequence[str],
+    log: dg.DagsterLogManager | None = None,
+) -> dg.SensorResult:
     """`known`: the feed's dynamic partition keys in the instance, in its order."""
     current = DiscoveryCursor.of(info)
     by_id = {p.id: p for p in info.partitions}
@@ -62,12 +81,17 @@ def evaluate_discovery(binding: FeedBinding, info: FeedInfo, previous: Discovery
     order = [*known, *added]
     requests = []
     if binding.feed.schedule.rebuild_on_split and vanished and split_children:
-        requests.append(load_request(binding, split_children, f"split-rebuild-{info.token}", order,
-                                     rebuild=split_children, drop=vanished))
+        requests.append(
+            load_request(
+                binding, split_children, f"split-rebuild-{info.token}", order, rebuild=split_children, drop=vanished
+            )
+        )
         new = [pid for pid in new if pid not in split_children]
     # new partitions (method-2 children start from their ancestor's cursor, method-1 children wait
     # for their parent inside the run) and a final run for partitions that just closed
-    due = sorted({*new, *newly_closed, *(by_id[pid].starts_after for pid in new if by_id[pid].starts_after is not None)})
+    due = sorted(
+        {*new, *newly_closed, *(by_id[pid].starts_after for pid in new if by_id[pid].starts_after is not None)}
+    )
     due = [pid for pid in due if pid in by_id]
     if due:
         requests.append(load_request(binding, due, f"discovery-{info.token}", order))
@@ -91,10 +115,11 @@ def build_discovery_sensor(binding: FeedBinding, job: dg.JobDefinition) -> dg.Se
         name=f"feedapi_{feed.name}_discovery",
         job=job,
         minimum_interval_seconds=feed.schedule.discovery_interval_seconds,
-        default_status=dg.DefaultSensorStatus.RUNNING if feed.schedule.discovery_enabled
+        default_status=dg.DefaultSensorStatus.RUNNING
+        if feed.schedule.discovery_enabled
         else dg.DefaultSensorStatus.STOPPED,
         description=f"Polls discovery of feed `{feed.name}`: adds partitions, requests final loads of closed "
-                    "partitions, handles splits.",
+        "partitions, handles splits.",
     )
     def discovery(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         client = feed.client()
@@ -126,8 +151,11 @@ def register_discovered_partitions(instance: dg.DagsterInstance, binding: FeedBi
 
 def drained_partitions(instance: dg.DagsterInstance, binding: FeedBinding, keys: list[str]) -> set[str]:
     """Partitions whose latest materialization says they are closed and read to their end."""
-    return {key for key, metadata in latest_metadata_by_partition(instance, binding, keys).items()
-            if metadata.get("drained") is True}
+    return {
+        key
+        for key, metadata in latest_metadata_by_partition(instance, binding, keys).items()
+        if metadata.get("drained") is True
+    }
 
 
 def build_load_schedule(binding: FeedBinding, job: dg.JobDefinition) -> dg.ScheduleDefinition:

@@ -14,6 +14,7 @@ does then); it is registered only where the protocol reports such gaps
 (`FeedProtocol.reports_retention_gaps`), since elsewhere it could never fail.
 The first two block: a violation means wrong rows.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
@@ -25,7 +26,6 @@ from feedapi_dagster.lakehouse.deletes import UserDeletes, count_user_deletes
 from feedapi_dagster.lakehouse.loader import LoadOutcome
 from feedapi_dagster.lakehouse.stats import NO_ROWS, duplicate_event_ids, partition_stats
 from feedapi_dagster.protocol.interface import FeedProtocol
-
 
 NO_DUPLICATES = "no_duplicate_event_ids"
 CONTIGUOUS = "positions_contiguous"
@@ -42,19 +42,32 @@ _DELETES_REWRITTEN = "deletes_exact_after_rebuild"
 def feed_check_specs(key: dg.AssetKey, protocol: FeedProtocol) -> list[dg.AssetCheckSpec]:
     """The checks of a feed's asset: those its protocol can fail."""
     specs = [
-        dg.AssetCheckSpec(CONTIGUOUS, asset=key, blocking=True,
-                          description="Positions of each loaded partition are 0..n-1 and n is its committed "
-                                      "position, less the rows a user's DELETE removed (Delta file statistics "
-                                      "and log)."),
-        dg.AssetCheckSpec(NO_DUPLICATES, asset=key, blocking=True,
-                          description="No event id is stored twice in a loaded partition."),
-        dg.AssetCheckSpec(CURSOR_MIRRORED, asset=key,
-                          description="The cursor in each partition's latest materialization is the one in Delta."),
+        dg.AssetCheckSpec(
+            CONTIGUOUS,
+            asset=key,
+            blocking=True,
+            description="Positions of each loaded partition are 0..n-1 and n is its committed "
+            "position, less the rows a user's DELETE removed (Delta file statistics "
+            "and log).",
+        ),
+        dg.AssetCheckSpec(
+            NO_DUPLICATES, asset=key, blocking=True, description="No event id is stored twice in a loaded partition."
+        ),
+        dg.AssetCheckSpec(
+            CURSOR_MIRRORED,
+            asset=key,
+            description="The cursor in each partition's latest materialization is the one in Delta.",
+        ),
     ]
     if protocol.reports_retention_gaps:
-        specs.append(dg.AssetCheckSpec(NO_RETENTION_GAP, asset=key,
-                                       description="No events of a loaded partition expired on the server (its "
-                                                   "retention) after the partition's cursor before they were read."))
+        specs.append(
+            dg.AssetCheckSpec(
+                NO_RETENTION_GAP,
+                asset=key,
+                description="No events of a loaded partition expired on the server (its "
+                "retention) after the partition's cursor before they were read.",
+            )
+        )
     return specs
 
 
@@ -64,18 +77,27 @@ def recorded_user_deletes(instance: dg.DagsterInstance, key: dg.AssetKey) -> Use
     # method (and its status enum, imported from dagster._core) is what the UI's check history uses
     evaluated = {AssetCheckExecutionRecordStatus.SUCCEEDED, AssetCheckExecutionRecordStatus.FAILED}
     records = instance.event_log_storage.get_asset_check_execution_history(
-        dg.AssetCheckKey(key, CONTIGUOUS), limit=1, status=evaluated)
+        dg.AssetCheckKey(key, CONTIGUOUS), limit=1, status=evaluated
+    )
     event = records[0].event.dagster_event if records and records[0].event else None
     metadata = event.event_specific_data.metadata if event else {}
     if _DELETES_VERSION not in metadata:
         return None
-    return UserDeletes({int(p): rows for p, rows in metadata[_DELETED].value.items()},
-                       metadata[_DELETES_VERSION].value, metadata[_DELETES_EXACT].value,
-                       frozenset(metadata[_DELETES_REWRITTEN].value if _DELETES_REWRITTEN in metadata else ()))
+    return UserDeletes(
+        {int(p): rows for p, rows in metadata[_DELETED].value.items()},
+        metadata[_DELETES_VERSION].value,
+        metadata[_DELETES_EXACT].value,
+        frozenset(metadata[_DELETES_REWRITTEN].value if _DELETES_REWRITTEN in metadata else ()),
+    )
 
 
-def feed_check_results(outcome: LoadOutcome, loaded: Sequence[int], latest: dict[str, dict],
-                       protocol: FeedProtocol, deletes_before: UserDeletes | None) -> Iterator[dg.AssetCheckResult]:
+def feed_check_results(
+    outcome: LoadOutcome,
+    loaded: Sequence[int],
+    latest: dict[str, dict],
+    protocol: FeedProtocol,
+    deletes_before: UserDeletes | None,
+) -> Iterator[dg.AssetCheckResult]:
     """The results of `feed_check_specs`. `latest`: each partition's latest materialization metadata,
     by partition key; `deletes_before`: the previous positions check's count of users' DELETEs."""
     yield _contiguous(outcome, loaded, deletes_before)
@@ -95,13 +117,20 @@ def _contiguous(outcome: LoadOutcome, loaded: Sequence[int], deletes_before: Use
         found = stats.get(partition_id, NO_ROWS)
         deleted = deletes.deleted(partition_id) if deletes else 0
         if not found.contiguous(position, deleted, deletes.exact_for(partition_id) if deletes else True):
-            broken.append(f"partition {partition_id}: {found.rows} rows at positions "
-                          f"{found.min_position}..{found.max_position}, committed position {position}"
-                          + (f", {deleted} row(s) removed by DELETE commits" if deleted else ""))
+            broken.append(
+                f"partition {partition_id}: {found.rows} rows at positions "
+                f"{found.min_position}..{found.max_position}, committed position {position}"
+                + (f", {deleted} row(s) removed by DELETE commits" if deleted else "")
+            )
     metadata: dict[str, object] = {"partitions_checked": len(loaded), "problems": broken[:_SHOWN]}
     if deletes is not None:
-        metadata.update({_DELETED: dg.MetadataValue.json({str(p): rows for p, rows in sorted(deletes.rows.items())}),
-                         _DELETES_VERSION: deletes.version, _DELETES_EXACT: deletes.exact})
+        metadata.update(
+            {
+                _DELETED: dg.MetadataValue.json({str(p): rows for p, rows in sorted(deletes.rows.items())}),
+                _DELETES_VERSION: deletes.version,
+                _DELETES_EXACT: deletes.exact,
+            }
+        )
         if not deletes.exact:
             # DELETEs before the log's oldest commit are unknown: fewer rows than expected are accepted,
             # except in these partitions (rebuilt by a load since)
@@ -109,8 +138,9 @@ def _contiguous(outcome: LoadOutcome, loaded: Sequence[int], deletes_before: Use
     return dg.AssetCheckResult(check_name=CONTIGUOUS, passed=not broken, metadata=metadata)
 
 
-def _other_results(outcome: LoadOutcome, loaded: Sequence[int], latest: dict[str, dict],
-                   protocol: FeedProtocol) -> Iterator[dg.AssetCheckResult]:
+def _other_results(
+    outcome: LoadOutcome, loaded: Sequence[int], latest: dict[str, dict], protocol: FeedProtocol
+) -> Iterator[dg.AssetCheckResult]:
     table = outcome.table
     state = outcome.committed.state
 
@@ -119,26 +149,37 @@ def _other_results(outcome: LoadOutcome, loaded: Sequence[int], latest: dict[str
     # twice (no scan). An at-least-once feed's whole partitions are scanned, since the load
     # deduplicated against them.
     if outcome.info.exactly_once:
-        duplicates = [f"partition {pid}: {report.repeated_ids} event id(s) sent more than once, e.g. "
-                      f"{', '.join(report.repeated_examples)}"
-                      for pid, report in sorted(outcome.reports.items()) if report.repeated_ids]
+        duplicates = [
+            f"partition {pid}: {report.repeated_ids} event id(s) sent more than once, e.g. "
+            f"{', '.join(report.repeated_examples)}"
+            for pid, report in sorted(outcome.reports.items())
+            if report.repeated_ids
+        ]
         checked = "the rows this load added, as its read tasks saw them"
     else:
         duplicates = duplicate_event_ids(table, loaded, limit=_SHOWN)
         checked = "every row of the loaded partitions"
-    yield dg.AssetCheckResult(check_name=NO_DUPLICATES, passed=not duplicates,
-                              metadata={"partitions_checked": len(loaded), "examples": duplicates[:_SHOWN],
-                                        "rows_checked": checked})
+    yield dg.AssetCheckResult(
+        check_name=NO_DUPLICATES,
+        passed=not duplicates,
+        metadata={"partitions_checked": len(loaded), "examples": duplicates[:_SHOWN], "rows_checked": checked},
+    )
 
-    mismatched = [f"partition {pid}: metadata {latest[str(pid)].get('cursor')!r}, Delta {committed.cursor!r}"
-                  for pid, committed in sorted(state.partitions.items())
-                  if str(pid) in latest and latest[str(pid)].get("cursor") != committed.cursor]
-    yield dg.AssetCheckResult(check_name=CURSOR_MIRRORED, passed=not mismatched,
-                              metadata={"problems": mismatched[:_SHOWN]})
+    mismatched = [
+        f"partition {pid}: metadata {latest[str(pid)].get('cursor')!r}, Delta {committed.cursor!r}"
+        for pid, committed in sorted(state.partitions.items())
+        if str(pid) in latest and latest[str(pid)].get("cursor") != committed.cursor
+    ]
+    yield dg.AssetCheckResult(
+        check_name=CURSOR_MIRRORED, passed=not mismatched, metadata={"problems": mismatched[:_SHOWN]}
+    )
 
     if not protocol.reports_retention_gaps:
         return
     gaps = [report.gap for report in outcome.reports.values() if report.gap]
-    yield dg.AssetCheckResult(check_name=NO_RETENTION_GAP, passed=not gaps,
-                              severity=dg.AssetCheckSeverity.ERROR,
-                              metadata={"gaps": gaps[:_SHOWN]})
+    yield dg.AssetCheckResult(
+        check_name=NO_RETENTION_GAP,
+        passed=not gaps,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata={"gaps": gaps[:_SHOWN]},
+    )

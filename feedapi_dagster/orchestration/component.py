@@ -16,6 +16,7 @@ with its file and line); `translation` changes the asset specs as in dagster-dlt
 asset runs the component's `execute`, which a subclass may override (as
 `SlingReplicationCollectionComponent.execute`), with the component's `FeedApiResource`.
 """
+
 from __future__ import annotations
 
 import re
@@ -67,11 +68,18 @@ def _resolve_feed(context: dg.ResolutionContext, feed: FeedConfig) -> FeedConfig
         # without authentication, in silence: a feed that needs none leaves `token` out
         template = feed.token.get_secret_value()
         variable = _ENV_VARIABLE.search(template)
-        unset = (f"the environment variable {variable['name']} is not set (or empty) where the definitions load. "
-                 f"Set it, or write `token_env: {variable['name']}` to read it in the runs; " if variable else "")
-        raise _yaml_error(context.at_path("token"), f"feed {values.get('name')!r}: token {template!r} is empty: "
-                                                    f"{unset}a feed that needs no authentication leaves `token` out",
-                          inline=f"{variable['name']} is not set" if variable else "empty")
+        unset = (
+            f"the environment variable {variable['name']} is not set (or empty) where the definitions load. "
+            f"Set it, or write `token_env: {variable['name']}` to read it in the runs; "
+            if variable
+            else ""
+        )
+        raise _yaml_error(
+            context.at_path("token"),
+            f"feed {values.get('name')!r}: token {template!r} is empty: "
+            f"{unset}a feed that needs no authentication leaves `token` out",
+            inline=f"{variable['name']} is not set" if variable else "empty",
+        )
     return _validated(context, FeedConfig, values)
 
 
@@ -100,15 +108,18 @@ def _yaml_error(context: dg.ResolutionContext, message: str, inline: str) -> Res
     `inline`: the few words under the value in the snippet."""
     if context.source_position_tree is None:
         return ResolutionException(message)
-    source = context.source_position_tree.source_error(yaml_path=context.path, inline_error_message=inline,
-                                                       value_error=True)
-    return ResolutionException(f"{source.file_name}:{source.start_line_no} - {source.location}: {message}\n"
-                               f"{source.snippet}")
+    source = context.source_position_tree.source_error(
+        yaml_path=context.path, inline_error_message=inline, value_error=True
+    )
+    return ResolutionException(
+        f"{source.file_name}:{source.start_line_no} - {source.location}: {message}\n{source.snippet}"
+    )
 
 
 # `translation` as a defs.yaml writes it, and as the component holds it: a function of the asset spec
 _TRANSLATION = TranslationFnResolver[FeedTranslatorData](
-    lambda data: {"feed": data.feed, "table_path": data.table_path})
+    lambda data: {"feed": data.feed, "table_path": data.table_path}
+)
 
 
 class FeedApiAttributes(ProjectConfig):
@@ -135,16 +146,21 @@ class FeedApiScaffolder(dg.Scaffolder[FeedApiScaffoldParams]):
 
     def scaffold(self, request: dg.ScaffoldRequest[FeedApiScaffoldParams]) -> None:
         params = request.params or FeedApiScaffoldParams()
-        dg.scaffold_component(request, {
-            "lakehouse": "lakehouse",
-            "spark": {"mode": "embedded"},
-            "feeds": [{
-                "name": params.name,
-                "url": params.url,
-                "token": f"{{{{ env.{params.name.upper()}_FEED_TOKEN }}}}",
-                "schedule": {"cron": "*/5 * * * *", "enabled": False, "discovery_enabled": False},
-            }],
-        })
+        dg.scaffold_component(
+            request,
+            {
+                "lakehouse": "lakehouse",
+                "spark": {"mode": "embedded"},
+                "feeds": [
+                    {
+                        "name": params.name,
+                        "url": params.url,
+                        "token": f"{{{{ env.{params.name.upper()}_FEED_TOKEN }}}}",
+                        "schedule": {"cron": "*/5 * * * *", "enabled": False, "discovery_enabled": False},
+                    }
+                ],
+            },
+        )
 
 
 @dg.scaffold_with(FeedApiScaffolder)
@@ -160,7 +176,7 @@ class FeedApiComponent(ProjectConfig, dg.Component, dg.Resolvable):
         return FeedApiAttributes
 
     @classmethod
-    def resolve_from_model(cls, context: dg.ResolutionContext, model: BaseModel) -> "FeedApiComponent":
+    def resolve_from_model(cls, context: dg.ResolutionContext, model: BaseModel) -> FeedApiComponent:
         """The component of a defs.yaml's validated attributes, their `{{ ... }}` templates rendered (a
         value rendered wrong is reported at its line). Dagster's resolution walks models of plain fields
         only; these are our pydantic models."""
@@ -180,8 +196,9 @@ class FeedApiComponent(ProjectConfig, dg.Component, dg.Resolvable):
         settings in a process, so that the Definitions of two components with the same Spark merge)."""
         return shared_resource(self.spark_settings())
 
-    def execute(self, context: dg.AssetExecutionContext, feedapi: FeedApiResource, binding: FeedBinding,
-                config: LoadConfig) -> Iterator[LoadEvent]:
+    def execute(
+        self, context: dg.AssetExecutionContext, feedapi: FeedApiResource, binding: FeedBinding, config: LoadConfig
+    ) -> Iterator[LoadEvent]:
         """What each feed's asset runs: the load of the run's partitions (`FeedApiResource.load`).
         Override it to do more around a load."""
         return feedapi.load(context, binding, config)
@@ -194,5 +211,9 @@ class FeedApiComponent(ProjectConfig, dg.Component, dg.Resolvable):
         return ProjectConfig(lakehouse=lakehouse, storage=self.storage, spark=self.spark, feeds=self.feeds)
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
-        return feed_definitions(self.project_config(context.project_root), self.resource,
-                                _ComponentTranslator(self.translation), self.execute)
+        return feed_definitions(
+            self.project_config(context.project_root),
+            self.resource,
+            _ComponentTranslator(self.translation),
+            self.execute,
+        )

@@ -1,19 +1,31 @@
 """The feeds configuration: what a `FeedApiComponent`'s defs.yaml holds, validated with pydantic
 (`dg check defs` reports a bad key with its file and line), or built in Python for
 `build_feedapi_definitions`."""
+
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import (BaseModel, ConfigDict, Field, GetJsonSchemaHandler, SecretStr, SerializeAsAny,
-                      SerializerFunctionWrapHandler, ValidationError, field_validator, model_serializer, model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    SecretStr,
+    SerializeAsAny,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, InitErrorDetails, PydanticCustomError
 
-from feedapi_dagster.lakehouse.loader import LoadSettings
 from feedapi_dagster.lakehouse.delta_maintenance import MaintenanceSettings
+from feedapi_dagster.lakehouse.loader import LoadSettings
 from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.lakehouse.storage import S3Storage, check_storage, is_s3
 from feedapi_dagster.lakehouse.table import check_id_field
@@ -93,7 +105,9 @@ class FeedConfig(BaseModel):
     @classmethod
     def _name(cls, value: str) -> str:
         if not _FEED_NAME.fullmatch(value):
-            raise ValueError(f"feed name must match [a-z][a-z0-9_]* (it names a table and Dagster objects), got {value!r}")
+            raise ValueError(
+                f"feed name must match [a-z][a-z0-9_]* (it names a table and Dagster objects), got {value!r}"
+            )
         return value
 
     @model_serializer(mode="wrap")
@@ -116,11 +130,24 @@ class FeedConfig(BaseModel):
             chosen: dict[str, Any] = {"properties": {"protocol": {"const": name}}}
             if name != DEFAULT_PROTOCOL:
                 chosen["required"] = ["protocol"]
-            cases.append({"if": chosen, "then": {"properties": properties, "additionalProperties": False,
-                                                 "required": sorted({"name", *settings.get("required", [])})}})
+            cases.append(
+                {
+                    "if": chosen,
+                    "then": {
+                        "properties": properties,
+                        "additionalProperties": False,
+                        "required": sorted({"name", *settings.get("required", [])}),
+                    },
+                }
+            )
         # the keys are checked in the one case that applies, so that a wrong value is reported once
-        return {"title": schema.get("title", cls.__name__), "description": schema.get("description", ""),
-                "type": "object", "properties": {"protocol": {"enum": sorted(protocols)}}, "allOf": cases}
+        return {
+            "title": schema.get("title", cls.__name__),
+            "description": schema.get("description", ""),
+            "type": "object",
+            "properties": {"protocol": {"enum": sorted(protocols)}},
+            "allOf": cases,
+        }
 
     @property
     def url(self) -> str:
@@ -149,8 +176,10 @@ _PROJECT_KEYS = frozenset(FeedConfig.model_fields) - {"settings"}
 
 def _invalid(key: str, value: Any, message: str) -> ValidationError:
     """A feed's error at `key` of its flat shape (a defs.yaml's line)."""
-    return ValidationError.from_exception_data(FeedConfig.__name__, [InitErrorDetails(
-        type=PydanticCustomError("value_error", message), loc=(key,), input=value)])
+    return ValidationError.from_exception_data(
+        FeedConfig.__name__,
+        [InitErrorDetails(type=PydanticCustomError("value_error", message), loc=(key,), input=value)],
+    )
 
 
 class StorageConfig(_Strict):
@@ -163,16 +192,21 @@ class ProjectConfig(_Strict):
     """The feeds of a project and where they are loaded: what `build_feedapi_definitions` takes, and
     the attributes of a `FeedApiComponent`'s defs.yaml (with `translation`)."""
 
-    lakehouse: str = Field(default="lakehouse", json_schema_extra=LAKEHOUSE_URI_RULE,
-                           description="Folder or URI of the tables (relative: to the project root).")
-    storage: StorageConfig = Field(default_factory=StorageConfig,
-                                   description="The lakehouse's object storage: s3 (endpoint, region, credentials).")
-    spark: SparkSettings = Field(default_factory=SparkSettings,
-                                 description="Where Spark runs: embedded (default), remote (sc://...) or local.")
+    lakehouse: str = Field(
+        default="lakehouse",
+        json_schema_extra=LAKEHOUSE_URI_RULE,
+        description="Folder or URI of the tables (relative: to the project root).",
+    )
+    storage: StorageConfig = Field(
+        default_factory=StorageConfig, description="The lakehouse's object storage: s3 (endpoint, region, credentials)."
+    )
+    spark: SparkSettings = Field(
+        default_factory=SparkSettings, description="Where Spark runs: embedded (default), remote (sc://...) or local."
+    )
     feeds: list[FeedConfig] = Field(description="The feeds: one Delta table and one asset each.")
 
     @model_validator(mode="after")
-    def _storage(self) -> "ProjectConfig":
+    def _storage(self) -> ProjectConfig:
         if self.spark.s3 is not None:
             raise ValueError("spark.s3 is set from storage.s3 (the lakehouse's storage): set that instead")
         check_storage(self.lakehouse, self.storage.s3, self.spark.mode, self.spark.conf)
@@ -195,7 +229,7 @@ class ProjectConfig(_Strict):
         return self.s3.storage_options() if self.s3 is not None else {}
 
     @model_validator(mode="after")
-    def _unique_names(self) -> "ProjectConfig":
+    def _unique_names(self) -> ProjectConfig:
         names = [feed.name for feed in self.feeds]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:

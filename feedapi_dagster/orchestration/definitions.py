@@ -5,6 +5,7 @@ schedule targeting it, and a maintenance job with its schedule. The result has n
 resource, a `FeedApiResource` under a key of its own (`RESOURCE_KEY`), so it merges into any code
 location (`dg.Definitions.merge`).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -20,8 +21,9 @@ from .resources import RESOURCE_KEY, FeedApiResource, shared_resource
 from .translator import FeedApiTranslator, FeedTranslatorData
 
 
-def feed_bindings(project: ProjectConfig,
-                  translator: FeedApiTranslator | None = None) -> Iterator[tuple[FeedBinding, dg.AssetSpec]]:
+def feed_bindings(
+    project: ProjectConfig, translator: FeedApiTranslator | None = None
+) -> Iterator[tuple[FeedBinding, dg.AssetSpec]]:
     """Each feed of `project` as the definitions bind it: its asset spec (the translator's) and binding."""
     translator = translator or FeedApiTranslator()
     for feed in project.feeds:
@@ -42,15 +44,20 @@ def build_feedapi_definitions(
     return feed_definitions(project, resource, translator)
 
 
-def feed_definitions(project: ProjectConfig, resource: FeedApiResource, translator: FeedApiTranslator | None = None,
-                     execute: Execute = load_feed) -> dg.Definitions:
+def feed_definitions(
+    project: ProjectConfig,
+    resource: FeedApiResource,
+    translator: FeedApiTranslator | None = None,
+    execute: Execute = load_feed,
+) -> dg.Definitions:
     """The definitions of `project`'s feeds, `resource` bound to `RESOURCE_KEY`; `execute`: what each
     feed's asset runs (a component's `execute`)."""
     assets, jobs, sensors, schedules = [], [], [], []
     for binding, spec in feed_bindings(project, translator):
         asset = build_feed_asset(binding, spec, execute)
         job = dg.define_asset_job(
-            binding.job_name, selection=[asset],
+            binding.job_name,
+            selection=[asset],
             # one process per run for this job only: the default executor would start a second
             # process that imports everything again (benchmarks/README.md, "Start-up choices"); a
             # load is one step anyway
@@ -64,5 +71,6 @@ def feed_definitions(project: ProjectConfig, resource: FeedApiResource, translat
         schedules.append(build_load_schedule(binding, job))
         if (maintenance_schedule := build_maintenance_schedule(binding, maintenance)) is not None:
             schedules.append(maintenance_schedule)
-    return dg.Definitions(assets=assets, jobs=jobs, sensors=sensors, schedules=schedules,
-                          resources={RESOURCE_KEY: resource})
+    return dg.Definitions(
+        assets=assets, jobs=jobs, sensors=sensors, schedules=schedules, resources={RESOURCE_KEY: resource}
+    )

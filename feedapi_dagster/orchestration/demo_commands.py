@@ -7,6 +7,7 @@ lakehouse and DAGSTER_HOME in the current directory, and stop what they started.
 `dg` project or workspace of the current directory when it has one (this repository's
 `dagster_project`), otherwise the demo code location of this module (`defs`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,18 +27,18 @@ import dagster as dg
 import feedapi_dagster.demo
 from feedapi_dagster.demo.demo_feeds import demo_feed_settings, demo_server
 from feedapi_dagster.lakehouse.connect_server import ensure_embedded_server
-from feedapi_dagster.lakehouse.delta import FeedTable
-from feedapi_dagster.lakehouse.jars import ensure_delta_jars
-from feedapi_dagster.lakehouse.delta_maintenance import MaintenanceSettings
-from feedapi_dagster.lakehouse.spark_conf import DEFAULT_PORT, SparkSettings
 from feedapi_dagster.lakehouse.cursor_record import read_committed_state
+from feedapi_dagster.lakehouse.delta import FeedTable
+from feedapi_dagster.lakehouse.delta_maintenance import MaintenanceSettings
+from feedapi_dagster.lakehouse.jars import ensure_delta_jars
+from feedapi_dagster.lakehouse.spark_conf import DEFAULT_PORT, SparkSettings
 from feedapi_dagster.protocol import registered_protocols
 
 from .automation import load_request, register_discovered_partitions
 from .config import FeedConfig, ProjectConfig, ScheduleConfig
 from .definitions import build_feedapi_definitions, feed_bindings
-from .resources import RESOURCE_KEY
 from .loads import FeedBinding
+from .resources import RESOURCE_KEY
 
 # package data: Dagster's default launcher and coordinator, and the `concurrency` a deployment needs
 INSTANCE_TEMPLATE = Path(feedapi_dagster.demo.__file__).with_name("dagster.yaml")
@@ -52,24 +53,34 @@ PROTOCOL_ENV = "FEEDAPI_DAGSTER_DEMO_PROTOCOL"
 PLANNED_SUBSET_ENV = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
 
 
-def demo_project(root: Path, feed_port: int = DEMO_FEED_PORT, spark_port: int = DEFAULT_PORT,
-                 protocol: str = "feedapi") -> ProjectConfig:
+def demo_project(
+    root: Path, feed_port: int = DEMO_FEED_PORT, spark_port: int = DEFAULT_PORT, protocol: str = "feedapi"
+) -> ProjectConfig:
     """The demo: one feed `demo` on the bundled server of `protocol`, the embedded Spark, the lakehouse
     in `root` (the same settings as this repository's `dagster_project/defs/demo_feed/defs.yaml`)."""
-    feed = FeedConfig(name="demo", **demo_feed_settings(protocol, feed_port), page_size_hint=1000,
-                      schedule=ScheduleConfig(cron="* * * * *", enabled=True, discovery_enabled=True,
-                                              discovery_interval_seconds=30),
-                      maintenance=MaintenanceSettings(cron="0 3 * * *", time_travel_hours=168))
-    return ProjectConfig(lakehouse=str(root / "lakehouse"), spark=SparkSettings(mode="embedded", port=spark_port),
-                         feeds=[feed])
+    feed = FeedConfig(
+        name="demo",
+        **demo_feed_settings(protocol, feed_port),
+        page_size_hint=1000,
+        schedule=ScheduleConfig(cron="* * * * *", enabled=True, discovery_enabled=True, discovery_interval_seconds=30),
+        maintenance=MaintenanceSettings(cron="0 3 * * *", time_travel_hours=168),
+    )
+    return ProjectConfig(
+        lakehouse=str(root / "lakehouse"), spark=SparkSettings(mode="embedded", port=spark_port), feeds=[feed]
+    )
 
 
 @dg.definitions
 def defs() -> dg.Definitions:
     """The demo code location `feedapi-dagster dev` serves where the directory has no project."""
-    return build_feedapi_definitions(demo_project(
-        Path.cwd(), int(os.environ.get(FEED_PORT_ENV, DEMO_FEED_PORT)), int(os.environ.get(SPARK_PORT_ENV, DEFAULT_PORT)),
-        os.environ.get(PROTOCOL_ENV, "feedapi")))
+    return build_feedapi_definitions(
+        demo_project(
+            Path.cwd(),
+            int(os.environ.get(FEED_PORT_ENV, DEMO_FEED_PORT)),
+            int(os.environ.get(SPARK_PORT_ENV, DEFAULT_PORT)),
+            os.environ.get(PROTOCOL_ENV, "feedapi"),
+        )
+    )
 
 
 def register(subparsers: Any) -> None:
@@ -81,12 +92,18 @@ def register(subparsers: Any) -> None:
     dev.add_argument("--events", type=int, default=20000)
     dev.add_argument("--partitions", type=int, default=4)
     for command in (demo, dev):
-        command.add_argument("--feed-port", type=int, default=None,
-                             help=f"port of the demo FeedAPI server (default {DEMO_FEED_PORT})")
-        command.add_argument("--spark-port", type=int, default=None,
-                             help=f"port of the embedded Spark server (default {DEFAULT_PORT})")
-        command.add_argument("--protocol", choices=sorted(registered_protocols()), default="feedapi",
-                             help="the demo feed's protocol: a FeedAPI feed or a Nakadi event type")
+        command.add_argument(
+            "--feed-port", type=int, default=None, help=f"port of the demo FeedAPI server (default {DEMO_FEED_PORT})"
+        )
+        command.add_argument(
+            "--spark-port", type=int, default=None, help=f"port of the embedded Spark server (default {DEFAULT_PORT})"
+        )
+        command.add_argument(
+            "--protocol",
+            choices=sorted(registered_protocols()),
+            default="feedapi",
+            help="the demo feed's protocol: a FeedAPI feed or a Nakadi event type",
+        )
     dev.add_argument("dagster_args", nargs=argparse.REMAINDER, help="passed on to `dagster dev`")
     dev.set_defaults(func=run_dev)
 
@@ -137,8 +154,9 @@ def run_demo(args: argparse.Namespace) -> int:
         # what the schedule asks for: one run of the asset over every open partition
         request = load_request(binding, [int(key) for key in keys], "demo", keys)
         job = definitions.resolve_job_def(binding.job_name)
-        run = job.execute_in_process(run_config=request.run_config, instance=instance, tags=request.tags,
-                                     raise_on_error=False)
+        run = job.execute_in_process(
+            run_config=request.run_config, instance=instance, tags=request.tags, raise_on_error=False
+        )
         if not run.success:
             print("the load run failed; see the log above", file=sys.stderr)
             return 1
@@ -150,17 +168,25 @@ def run_demo(args: argparse.Namespace) -> int:
 def _print_table(spark, table: FeedTable, instance: dg.DagsterInstance, binding: FeedBinding, home: Path) -> None:
     table.ensure_table()
     state = read_committed_state(table).state
-    counts = {r.partition_id: r["count"] for r in spark.sql(
-        f"SELECT partition_id, count(*) AS count FROM delta.`{table.path}` GROUP BY partition_id").collect()}
+    counts = {
+        r.partition_id: r["count"]
+        for r in spark.sql(
+            f"SELECT partition_id, count(*) AS count FROM delta.`{table.path}` GROUP BY partition_id"
+        ).collect()
+    }
     print(f"\nDelta table {table.path}")
     print(f"{'partition':>9}  {'rows':>8}  {'position':>8}  {'drained':>7}  cursor")
     for partition_id, partition in sorted(state.partitions.items()):
-        print(f"{partition_id:>9}  {counts.get(partition_id, 0):>8}  {partition.position:>8}  "
-              f"{str(partition.drained):>7}  {partition.cursor}")
+        print(
+            f"{partition_id:>9}  {counts.get(partition_id, 0):>8}  {partition.position:>8}  "
+            f"{str(partition.drained):>7}  {partition.cursor}"
+        )
     print(f"{'total':>9}  {sum(counts.values()):>8}")
-    print(f"\nDagster partitions of {binding.key.to_user_string()}: "
-          f"{', '.join(instance.get_dynamic_partitions(binding.partitions_name))}; runs and materializations "
-          f"are in DAGSTER_HOME={home} (see them with `feedapi-dagster dev`).")
+    print(
+        f"\nDagster partitions of {binding.key.to_user_string()}: "
+        f"{', '.join(instance.get_dynamic_partitions(binding.partitions_name))}; runs and materializations "
+        f"are in DAGSTER_HOME={home} (see them with `feedapi-dagster dev`)."
+    )
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -177,8 +203,11 @@ def run_dev(args: argparse.Namespace) -> int:
     env = {PLANNED_SUBSET_ENV: "true", **os.environ}
     if (root / "workspace.yaml").exists():
         if args.feed_port or args.spark_port or args.protocol != "feedapi":
-            print("--feed-port, --spark-port and --protocol serve the demo; this directory's workspace.yaml sets "
-                  "its own feeds (in their defs.yaml)", file=sys.stderr)
+            print(
+                "--feed-port, --spark-port and --protocol serve the demo; this directory's workspace.yaml sets "
+                "its own feeds (in their defs.yaml)",
+                file=sys.stderr,
+            )
             return 2
         target = ["-w", str(root / "workspace.yaml")]
     else:

@@ -8,6 +8,7 @@ feed's load step is in pool `feedapi_<feed>`: one load of a feed at a time), one
 slot. `feedapi-dagster doctor` reads the instance as Dagster does and names what is missing and what
 happens without it; `--write-config` writes the `dagster.yaml` the package ships where there is none.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,32 +41,51 @@ def instance_findings(instance: dg.DagsterInstance) -> list[Finding]:
     queued = type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
     default_limit = config.pool_config.default_pool_limit
     one_run_per_partition = any(
-        limit.get("key") == PARTITION_TAG and limit.get("limit") == 1
-        and isinstance(limit.get("value"), dict) and limit["value"].get("applyLimitPerUniqueValue")
-        for limit in config.run_queue_config.tag_concurrency_limits)
-    frees_slots = instance.run_monitoring_enabled and \
-        instance.run_monitoring_settings.get("free_slots_after_run_end_seconds") is not None
+        limit.get("key") == PARTITION_TAG
+        and limit.get("limit") == 1
+        and isinstance(limit.get("value"), dict)
+        and limit["value"].get("applyLimitPerUniqueValue")
+        for limit in config.run_queue_config.tag_concurrency_limits
+    )
+    frees_slots = (
+        instance.run_monitoring_enabled
+        and instance.run_monitoring_settings.get("free_slots_after_run_end_seconds") is not None
+    )
     return [
-        Finding(queued, "run_coordinator: QueuedRunCoordinator",
-                "queued (the concurrency limits below apply)" if queued else
-                f"{type(instance.run_coordinator).__name__}: runs start at once, no concurrency limit applies"),
-        Finding(default_limit is not None, "concurrency.pools.default_limit",
-                f"{default_limit} (pool feedapi_<feed>: {default_limit} load(s) of a feed at a time)"
-                if default_limit is not None else
-                "not set: the pools feedapi_<feed> have no limit, so the loads of one feed (the schedule's, "
-                "the sensor's, a backfill's) run at once, each its own Spark job, their Delta commits "
-                "conflicting and retried, instead of waiting for each other in the queue"),
-        Finding(one_run_per_partition, f"concurrency.runs.tag_concurrency_limits: {PARTITION_TAG} "
-                                       "(applyLimitPerUniqueValue, limit 1)",
-                "one run per partition at a time" if one_run_per_partition else
-                "not set: two runs of one partition (a backfill and a materialization from the UI) both "
-                "start, and the second fails (\"another run is loading it\") or skips it instead of waiting "
-                "in the queue"),
-        Finding(bool(frees_slots), "run_monitoring: enabled, free_slots_after_run_end_seconds",
-                f"a killed run's pool slot is freed after "
-                f"{instance.run_monitoring_settings.get('free_slots_after_run_end_seconds')} s" if frees_slots else
-                "not set: a load that is killed (its process, its machine) keeps its feed's pool slot, and "
-                "every later load of the feed waits in the queue for good"),
+        Finding(
+            queued,
+            "run_coordinator: QueuedRunCoordinator",
+            "queued (the concurrency limits below apply)"
+            if queued
+            else f"{type(instance.run_coordinator).__name__}: runs start at once, no concurrency limit applies",
+        ),
+        Finding(
+            default_limit is not None,
+            "concurrency.pools.default_limit",
+            f"{default_limit} (pool feedapi_<feed>: {default_limit} load(s) of a feed at a time)"
+            if default_limit is not None
+            else "not set: the pools feedapi_<feed> have no limit, so the loads of one feed (the schedule's, "
+            "the sensor's, a backfill's) run at once, each its own Spark job, their Delta commits "
+            "conflicting and retried, instead of waiting for each other in the queue",
+        ),
+        Finding(
+            one_run_per_partition,
+            f"concurrency.runs.tag_concurrency_limits: {PARTITION_TAG} (applyLimitPerUniqueValue, limit 1)",
+            "one run per partition at a time"
+            if one_run_per_partition
+            else "not set: two runs of one partition (a backfill and a materialization from the UI) both "
+            'start, and the second fails ("another run is loading it") or skips it instead of waiting '
+            "in the queue",
+        ),
+        Finding(
+            bool(frees_slots),
+            "run_monitoring: enabled, free_slots_after_run_end_seconds",
+            f"a killed run's pool slot is freed after "
+            f"{instance.run_monitoring_settings.get('free_slots_after_run_end_seconds')} s"
+            if frees_slots
+            else "not set: a load that is killed (its process, its machine) keeps its feed's pool slot, and "
+            "every later load of the feed waits in the queue for good",
+        ),
     ]
 
 
@@ -78,31 +98,48 @@ def open_instance(dagster_home: Path | None) -> Iterator[tuple[dg.DagsterInstanc
             warnings.simplefilter("ignore")  # Dagster's own warning of a missing dagster.yaml: said below
             instance = dg.DagsterInstance.from_config(str(dagster_home))
         with instance:
-            yield instance, (f"DAGSTER_HOME {dagster_home}"
-                             + ("" if configured else " (no dagster.yaml: Dagster's defaults)"))
+            yield (
+                instance,
+                (f"DAGSTER_HOME {dagster_home}" + ("" if configured else " (no dagster.yaml: Dagster's defaults)")),
+            )
         return
     # what `dagster dev` does without DAGSTER_HOME: a temporary instance, configured from the folder
     # (no public API builds it; InstanceRef.from_dir is what `dagster dev` itself calls)
     from dagster._core.instance.ref import InstanceRef
 
-    with tempfile.TemporaryDirectory() as storage, \
-            dg.DagsterInstance.from_ref(InstanceRef.from_dir(storage, config_dir=os.getcwd())) as instance:
+    with (
+        tempfile.TemporaryDirectory() as storage,
+        dg.DagsterInstance.from_ref(InstanceRef.from_dir(storage, config_dir=os.getcwd())) as instance,
+    ):
         config = Path.cwd() / "dagster.yaml"
-        yield instance, (f"DAGSTER_HOME is not set: `dg dev` run here would use a temporary instance (its runs are "
-                         f"forgotten when it exits), configured by {config}"
-                         + ("" if config.exists() else " (there is none: Dagster's defaults)"))
+        yield (
+            instance,
+            (
+                f"DAGSTER_HOME is not set: `dg dev` run here would use a temporary instance (its runs are "
+                f"forgotten when it exits), configured by {config}"
+                + ("" if config.exists() else " (there is none: Dagster's defaults)")
+            ),
+        )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     command = subparsers.add_parser(
-        "doctor", help="check that the Dagster instance (DAGSTER_HOME) has the pool and concurrency settings "
-                       "loads need",
-        description=__doc__.splitlines()[0])
-    command.add_argument("--dagster-home", type=Path, default=None,
-                         help="the instance's folder (default: DAGSTER_HOME, from this folder's .env as dg dev "
-                              "reads it, or the environment)")
-    command.add_argument("--write-config", action="store_true",
-                         help="write the dagster.yaml feedapi-dagster ships into DAGSTER_HOME when it has none")
+        "doctor",
+        help="check that the Dagster instance (DAGSTER_HOME) has the pool and concurrency settings loads need",
+        description=__doc__.splitlines()[0],
+    )
+    command.add_argument(
+        "--dagster-home",
+        type=Path,
+        default=None,
+        help="the instance's folder (default: DAGSTER_HOME, from this folder's .env as dg dev "
+        "reads it, or the environment)",
+    )
+    command.add_argument(
+        "--write-config",
+        action="store_true",
+        help="write the dagster.yaml feedapi-dagster ships into DAGSTER_HOME when it has none",
+    )
     command.set_defaults(func=run)
 
 
@@ -118,15 +155,19 @@ def dagster_home_setting() -> Path | None:
 def run(args: argparse.Namespace) -> int:
     home = args.dagster_home or dagster_home_setting()
     if args.write_config and home is None:
-        print("DAGSTER_HOME is not set: set it to the instance's folder, e.g. in the project's .env "
-              "(`echo DAGSTER_HOME=$PWD/.dagster >> .env`, which dg dev reads), and run this again")
+        print(
+            "DAGSTER_HOME is not set: set it to the instance's folder, e.g. in the project's .env "
+            "(`echo DAGSTER_HOME=$PWD/.dagster >> .env`, which dg dev reads), and run this again"
+        )
         return 1
     if args.write_config:
         written = write_config(home)
         print(f"wrote {written}" if written else f"{home / 'dagster.yaml'} exists: left as it is")
     if home is not None and not home.is_dir():
-        print(f"DAGSTER_HOME {home} is no folder: create it, or run `feedapi-dagster doctor --write-config` "
-              "(it creates it, with the dagster.yaml feedapi-dagster ships)")
+        print(
+            f"DAGSTER_HOME {home} is no folder: create it, or run `feedapi-dagster doctor --write-config` "
+            "(it creates it, with the dagster.yaml feedapi-dagster ships)"
+        )
         return 1
     with open_instance(home) as (instance, source):
         findings = instance_findings(instance)
@@ -141,8 +182,11 @@ def report(source: str, findings: list[Finding], home: Path | None) -> int:
     if not missing:
         print("the instance has what feed loads need")
         return 0
-    how = (" (`feedapi-dagster doctor --write-config` writes it where DAGSTER_HOME has none)" if home else
-           " (as dagster.yaml in this folder, or in DAGSTER_HOME: `feedapi-dagster doctor --write-config`)")
+    how = (
+        " (`feedapi-dagster doctor --write-config` writes it where DAGSTER_HOME has none)"
+        if home
+        else " (as dagster.yaml in this folder, or in DAGSTER_HOME: `feedapi-dagster doctor --write-config`)"
+    )
     print(f"{len(missing)} setting(s) missing. Add them from the dagster.yaml feedapi-dagster ships{how}:\n")
     print(INSTANCE_TEMPLATE.read_text())
     return 1

@@ -2,6 +2,7 @@
 a load, keeping two runs off one partition (and VACUUM off what a load may still write), turning load
 reports into materializations with the cursor in their metadata, a sync into one observation of the
 asset (when it was last synced, how far behind the feed it is), and a maintenance into another."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -13,8 +14,8 @@ from typing import TYPE_CHECKING
 import dagster as dg
 
 from feedapi_dagster.lakehouse.delta import FeedTable
-from feedapi_dagster.lakehouse.loader import LoadOutcome, PartitionReport
 from feedapi_dagster.lakehouse.delta_maintenance import RUNNING_LOAD_MARGIN_HOURS, MaintenanceReport
+from feedapi_dagster.lakehouse.loader import LoadOutcome, PartitionReport
 from feedapi_dagster.protocol import ProtocolError
 from feedapi_dagster.protocol.models import FIRST
 
@@ -40,6 +41,7 @@ BACKFILL_TAG = "dagster/backfill"
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
 _ACTIVE = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
+_IN_PROGRESS = dg.RunsFilter(statuses=_ACTIVE)
 _ENDED = [dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
 
 
@@ -78,7 +80,7 @@ class FeedBinding:
     def table_path(self) -> str:
         return self.project.table_path(self.feed)
 
-    def table_for(self, spark: "SparkSession") -> FeedTable:
+    def table_for(self, spark: SparkSession) -> FeedTable:
         return FeedTable(spark, self.table_path, storage_options=self.project.storage_options())
 
 
@@ -131,24 +133,36 @@ def run_partitions(run: dg.DagsterRun, order: Sequence[str]) -> set[int]:
         return {int(key)}
     start, end = run.tags.get(RANGE_START_TAG), run.tags.get(RANGE_END_TAG)
     if start in order and end in order:
-        return {int(key) for key in order[order.index(start):order.index(end) + 1] if key.isdigit()}
+        return {int(key) for key in order[order.index(start) : order.index(end) + 1] if key.isdigit()}
     return set()
 
 
-def runs_loading(instance: dg.DagsterInstance, binding: FeedBinding, exclude_run_id: str | None = None,
-                 runs: dg.RunsFilter = dg.RunsFilter(statuses=_ACTIVE)) -> list[dg.RunRecord]:
+def runs_loading(
+    instance: dg.DagsterInstance,
+    binding: FeedBinding,
+    exclude_run_id: str | None = None,
+    runs: dg.RunsFilter = _IN_PROGRESS,
+) -> list[dg.RunRecord]:
     """Runs that load the feed (runs of its asset from a schedule, a sensor, a backfill or the UI),
     by default those in progress."""
-    return [record for record in instance.get_run_records(runs)
-            if record.dagster_run.run_id != exclude_run_id and _loads(record.dagster_run, binding)]
+    return [
+        record
+        for record in instance.get_run_records(runs)
+        if record.dagster_run.run_id != exclude_run_id and _loads(record.dagster_run, binding)
+    ]
 
 
 def _loads(run: dg.DagsterRun, binding: FeedBinding) -> bool:
-    return (run.tags.get(FEED_TAG) == binding.name or run.job_name == binding.job_name
-            or bool(run.asset_selection and binding.key in run.asset_selection))
+    return (
+        run.tags.get(FEED_TAG) == binding.name
+        or run.job_name == binding.job_name
+        or bool(run.asset_selection and binding.key in run.asset_selection)
+    )
 
 
-def active_partitions(instance: dg.DagsterInstance, binding: FeedBinding, exclude_run_id: str | None = None) -> set[int]:
+def active_partitions(
+    instance: dg.DagsterInstance, binding: FeedBinding, exclude_run_id: str | None = None
+) -> set[int]:
     """Partitions that runs in progress are loading."""
     order = instance.get_dynamic_partitions(binding.partitions_name)
     busy: set[int] = set()
@@ -157,17 +171,19 @@ def active_partitions(instance: dg.DagsterInstance, binding: FeedBinding, exclud
     return busy
 
 
-def oldest_running_load(instance: dg.DagsterInstance, binding: FeedBinding,
-                        exclude_run_id: str | None = None) -> dt.datetime | None:
+def oldest_running_load(
+    instance: dg.DagsterInstance, binding: FeedBinding, exclude_run_id: str | None = None
+) -> dt.datetime | None:
     """When the oldest load of the feed that may still write started (None: there is none): runs in
     progress, and runs that failed or were canceled within the margin (a killed run's Spark job can
     still commit after it). VACUUM's retention is never below its age."""
-    recently = dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=RUNNING_LOAD_MARGIN_HOURS)
-    records = [*runs_loading(instance, binding, exclude_run_id),
-               *runs_loading(instance, binding, exclude_run_id,
-                             dg.RunsFilter(statuses=_ENDED, updated_after=recently))]
+    recently = dt.datetime.now(dt.UTC) - dt.timedelta(hours=RUNNING_LOAD_MARGIN_HOURS)
+    records = [
+        *runs_loading(instance, binding, exclude_run_id),
+        *runs_loading(instance, binding, exclude_run_id, dg.RunsFilter(statuses=_ENDED, updated_after=recently)),
+    ]
     starts = [record.start_time or record.create_timestamp.timestamp() for record in records]
-    return dt.datetime.fromtimestamp(min(starts), dt.timezone.utc) if starts else None
+    return dt.datetime.fromtimestamp(min(starts), dt.UTC) if starts else None
 
 
 def report_metadata(report: PartitionReport, outcome: LoadOutcome, row_count: int) -> dict[str, dg.RawMetadataValue]:
@@ -215,12 +231,16 @@ def materialized_reports(run: dg.DagsterRun, outcome: LoadOutcome, asked: Iterab
     if run.tags.get(SYNC_TAG) == SCHEDULED_SYNC:
         return committed
     asked = set(asked)
-    return [r for r in outcome.reports.values()
-            if r.status in SUCCEEDED and (r.delta_version is not None or r.partition_id in asked)]
+    return [
+        r
+        for r in outcome.reports.values()
+        if r.status in SUCCEEDED and (r.delta_version is not None or r.partition_id in asked)
+    ]
 
 
-def materializations(binding: FeedBinding, reports: Iterable[PartitionReport],
-                     outcome: LoadOutcome) -> list[dg.AssetMaterialization]:
+def materializations(
+    binding: FeedBinding, reports: Iterable[PartitionReport], outcome: LoadOutcome
+) -> list[dg.AssetMaterialization]:
     """One materialization per report."""
     rows = sum(p.position for p in outcome.committed.state.partitions.values())
     return [
@@ -229,8 +249,9 @@ def materializations(binding: FeedBinding, reports: Iterable[PartitionReport],
     ]
 
 
-def sync_observation(binding: FeedBinding, outcome: LoadOutcome,
-                     logger: "dg.DagsterLogManager | None" = None) -> dg.AssetObservation:
+def sync_observation(
+    binding: FeedBinding, outcome: LoadOutcome, logger: dg.DagsterLogManager | None = None
+) -> dg.AssetObservation:
     """One observation of the asset per load, whatever its number of partitions: when it was synced,
     what it brought, and (where the protocol says) how many events the feed holds past the cursors
     of record now."""
@@ -248,8 +269,7 @@ def sync_observation(binding: FeedBinding, outcome: LoadOutcome,
     return dg.AssetObservation(binding.key, metadata=metadata)
 
 
-def events_behind(binding: FeedBinding, outcome: LoadOutcome,
-                  logger: "dg.DagsterLogManager | None" = None) -> int | None:
+def events_behind(binding: FeedBinding, outcome: LoadOutcome, logger: dg.DagsterLogManager | None = None) -> int | None:
     """Events the feed holds past the cursors of record, summed over its partitions, from a discovery
     made now; None where the protocol cannot tell (FeedAPI) or the discovery failed."""
     state = outcome.committed.state
@@ -258,8 +278,9 @@ def events_behind(binding: FeedBinding, outcome: LoadOutcome,
         if not client.protocol.tells_newest_events:
             return None
         partitions = client.discover().partitions
-        counts = [client.protocol.events_behind(p, state.get(p.id).cursor if state.get(p.id) else FIRST)
-                  for p in partitions]
+        counts = [
+            client.protocol.events_behind(p, state.get(p.id).cursor if state.get(p.id) else FIRST) for p in partitions
+        ]
     except ProtocolError as error:
         if logger is not None:
             logger.warning("how far behind the feed the table is is unknown: discovery failed (%s)", error)
@@ -269,37 +290,53 @@ def events_behind(binding: FeedBinding, outcome: LoadOutcome,
     return None if None in counts else sum(counts)
 
 
-def latest_metadata_by_partition(instance: dg.DagsterInstance, binding: FeedBinding,
-                                 partition_keys: list[str]) -> dict[str, dict]:
+def latest_metadata_by_partition(
+    instance: dg.DagsterInstance, binding: FeedBinding, partition_keys: list[str]
+) -> dict[str, dict]:
     """The metadata of each partition's latest materialization (partitions without one are left out),
     in two queries whatever the number of partitions."""
     # DagsterInstance has no public lookup of each partition's latest materialization; this storage
     # method is the one Dagster's own partition status uses (one query for all the keys)
     latest = instance.event_log_storage.get_latest_storage_id_by_partition(
-        binding.key, dg.DagsterEventType.ASSET_MATERIALIZATION, set(partition_keys))
+        binding.key, dg.DagsterEventType.ASSET_MATERIALIZATION, set(partition_keys)
+    )
     if not latest:
         return {}
     records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=binding.key, storage_ids=list(latest.values())), limit=len(latest)).records
-    return {record.partition_key: {k: v.value for k, v in record.asset_materialization.metadata.items()}
-            for record in records}
+        dg.AssetRecordsFilter(asset_key=binding.key, storage_ids=list(latest.values())), limit=len(latest)
+    ).records
+    return {
+        record.partition_key: {k: v.value for k, v in record.asset_materialization.metadata.items()}
+        for record in records
+    }
 
 
-def mirror_repairs(binding: FeedBinding, outcome: LoadOutcome, latest: dict[str, dict],
-                   skip: Iterable[int]) -> list[dg.AssetMaterialization]:
+def mirror_repairs(
+    binding: FeedBinding, outcome: LoadOutcome, latest: dict[str, dict], skip: Iterable[int]
+) -> list[dg.AssetMaterialization]:
     """Materializations for partitions whose latest one (`latest`, by partition key) disagrees with the
     cursor of record in Delta (a run killed between its commit and its materialization): the next run
     sets the mirror right."""
     skip = set(skip)
-    candidates = {partition_id: state for partition_id, state in sorted(outcome.committed.state.partitions.items())
-                  if partition_id not in skip and outcome.info.partition(partition_id) is not None}
+    candidates = {
+        partition_id: state
+        for partition_id, state in sorted(outcome.committed.state.partitions.items())
+        if partition_id not in skip and outcome.info.partition(partition_id) is not None
+    }
     repairs = []
     for partition_id, state in candidates.items():
         mirrored = latest.get(str(partition_id), {})
         if mirrored.get("cursor") == state.cursor and mirrored.get("drained") == state.drained:
             continue
-        report = PartitionReport(partition_id, "loaded", state.cursor, state.position, state.cursor,
-                                 drained=state.drained, inherited_from=state.inherited_from)
+        report = PartitionReport(
+            partition_id,
+            "loaded",
+            state.cursor,
+            state.position,
+            state.cursor,
+            drained=state.drained,
+            inherited_from=state.inherited_from,
+        )
         repairs.extend(materializations(binding, [report], outcome))
     return repairs
 
@@ -310,7 +347,7 @@ def failure(binding: FeedBinding, reports: Iterable[PartitionReport]) -> dg.Fail
         return None
     return dg.Failure(
         description=f"feed {binding.name}: {len(problems)} partition(s) could not be loaded "
-                    "(what was committed before the failure is kept): " + "; ".join(problems),
+        "(what was committed before the failure is kept): " + "; ".join(problems),
         allow_retries=True,
     )
 

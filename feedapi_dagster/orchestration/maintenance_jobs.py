@@ -19,9 +19,12 @@ def build_maintenance_job(binding: FeedBinding) -> dg.JobDefinition:
     def maintenance_op(context: dg.OpExecutionContext, feedapi: FeedApiResource) -> None:
         context.log_event(feedapi.maintain(context, binding))
 
-    @dg.job(name=f"feedapi_{feed.name}_maintenance", tags={"feedapi/maintenance": feed.name},
-            executor_def=dg.in_process_executor,
-            description=f"OPTIMIZE and VACUUM of the Delta table of feed `{feed.name}` (by Spark).")
+    @dg.job(
+        name=f"feedapi_{feed.name}_maintenance",
+        tags={"feedapi/maintenance": feed.name},
+        executor_def=dg.in_process_executor,
+        description=f"OPTIMIZE and VACUUM of the Delta table of feed `{feed.name}` (by Spark).",
+    )
     def maintenance_job():
         maintenance_op()
 
@@ -33,7 +36,11 @@ def build_maintenance_schedule(binding: FeedBinding, job: dg.JobDefinition) -> d
     if cron is None:
         return None
     return dg.ScheduleDefinition(
-        name=f"feedapi_{binding.name}_maintenance_schedule", cron_schedule=cron, job=job,
-        default_status=dg.DefaultScheduleStatus.RUNNING if binding.feed.schedule.enabled
+        name=f"feedapi_{binding.name}_maintenance_schedule",
+        cron_schedule=cron,
+        job=job,
+        default_status=dg.DefaultScheduleStatus.RUNNING
+        if binding.feed.schedule.enabled
         else dg.DefaultScheduleStatus.STOPPED,
-        description=f"OPTIMIZE and VACUUM of feed `{binding.name}`'s table.")
+        description=f"OPTIMIZE and VACUUM of feed `{binding.name}`'s table.",
+    )

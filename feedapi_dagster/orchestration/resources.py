@@ -2,6 +2,7 @@
 its table's maintenance, by Spark, as dagster-dlt's `DagsterDltResource.run(context)` runs a pipeline
 and dagster-sling's `SlingResource.replicate(context)` a replication; `SparkResource` is the Spark
 session it uses unless given another, made from the project's `SparkSettings`."""
+
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -9,17 +10,31 @@ import dagster as dg
 from pydantic import Field, PrivateAttr, field_validator
 
 from feedapi_dagster.lakehouse.delta import FeedTable
-from feedapi_dagster.lakehouse.loader import FeedLoader
 from feedapi_dagster.lakehouse.delta_maintenance import due, maintain
+from feedapi_dagster.lakehouse.loader import FeedLoader
 from feedapi_dagster.lakehouse.sessions import is_connect, spark_session
 from feedapi_dagster.lakehouse.sink import DeltaSink
 from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.protocol.registry import protocol_of
 
 from .checks import feed_check_results, recorded_user_deletes
-from .loads import (BACKFILL_TAG, REBUILD_TAG, SUCCEEDED, FeedBinding, LoadConfig, active_partitions, failure,
-                    latest_metadata_by_partition, listed_partitions, maintenance_observation, materializations,
-                    materialized_reports, mirror_repairs, oldest_running_load, sync_observation)
+from .loads import (
+    BACKFILL_TAG,
+    REBUILD_TAG,
+    SUCCEEDED,
+    FeedBinding,
+    LoadConfig,
+    active_partitions,
+    failure,
+    latest_metadata_by_partition,
+    listed_partitions,
+    maintenance_observation,
+    materializations,
+    materialized_reports,
+    mirror_repairs,
+    oldest_running_load,
+    sync_observation,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -43,9 +58,11 @@ class SparkResource(dg.ConfigurableResource):
     # A Dagster resource's configuration holds values of JSON (no pydantic models): the settings are
     # held as `SparkSettings` dumped to JSON, validated by it (`SparkSettings` is the one model).
     settings: dict[str, Any] = Field(
-        default={}, description="SparkSettings: mode (embedded | remote | local), remote, port, conf, work_dir, "
-                                "ship_package and the lakehouse's s3 storage (credentials by the names of "
-                                "their variables)")
+        default={},
+        description="SparkSettings: mode (embedded | remote | local), remote, port, conf, work_dir, "
+        "ship_package and the lakehouse's s3 storage (credentials by the names of "
+        "their variables)",
+    )
     _session: Any = PrivateAttr(default=None)
 
     @field_validator("settings", mode="before")
@@ -83,15 +100,18 @@ class FeedApiResource(dg.ConfigurableResource):
     # fields take no union of resource types)
     spark: dg.ConfigurableResource = Field(
         description="The Spark resource: a SparkResource, or a dagster-pyspark PySparkResource / "
-                    "LazyPySparkResource (its cluster's Python then needs feedapi-dagster installed, unless "
-                    "its session is a Spark Connect session, which gets this package as an artifact)")
+        "LazyPySparkResource (its cluster's Python then needs feedapi-dagster installed, unless "
+        "its session is a Spark Connect session, which gets this package as an artifact)"
+    )
 
     @field_validator("spark")
     @classmethod
     def _has_session(cls, value: dg.ConfigurableResource) -> dg.ConfigurableResource:
         if not hasattr(type(value), "spark_session"):
-            raise ValueError(f"the Spark resource must give a `spark_session` (a SparkResource, or dagster-pyspark's "
-                             f"PySparkResource or LazyPySparkResource), got {type(value).__name__}")
+            raise ValueError(
+                f"the Spark resource must give a `spark_session` (a SparkResource, or dagster-pyspark's "
+                f"PySparkResource or LazyPySparkResource), got {type(value).__name__}"
+            )
         return value
 
     @property
@@ -101,9 +121,9 @@ class FeedApiResource(dg.ConfigurableResource):
     def table(self, binding: FeedBinding) -> FeedTable:
         return binding.table_for(self.spark_session)
 
-    def load(self, context: dg.AssetExecutionContext, binding: FeedBinding,
-             config: LoadConfig | None = None) -> Iterator[dg.AssetMaterialization | dg.AssetObservation
-                                                            | dg.AssetCheckResult]:
+    def load(
+        self, context: dg.AssetExecutionContext, binding: FeedBinding, config: LoadConfig | None = None
+    ) -> Iterator[dg.AssetMaterialization | dg.AssetObservation | dg.AssetCheckResult]:
         """Load the run's partitions of the feed (those its tags list, or its partition keys) that no
         other run is loading, in one Spark job per wave: the materializations of the partitions it
         committed (and of those it was asked for and found up to date, except in the schedule's syncs),
@@ -115,40 +135,58 @@ class FeedApiResource(dg.ConfigurableResource):
             keys = [key for key in keys if key in listed]
         busy = active_partitions(context.instance, binding, exclude_run_id=context.run.run_id)
         if len(keys) == 1 and keys[0] in busy:
-            raise dg.Failure(f"feed {binding.name} partition {keys[0]}: another run is loading it; not starting a "
-                             "second load (see the runs tagged feedapi/feed)", allow_retries=False)
+            raise dg.Failure(
+                f"feed {binding.name} partition {keys[0]}: another run is loading it; not starting a "
+                "second load (see the runs tagged feedapi/feed)",
+                allow_retries=False,
+            )
         wanted = [key for key in keys if key not in busy]
         if len(wanted) < len(keys):
             context.log.info("skipping partitions %s: other runs are loading them", sorted(set(keys) - set(wanted)))
         if clash := busy & {*config.rebuild, *config.drop}:
             raise dg.Failure(f"feed {binding.name}: partitions {sorted(clash)} are being loaded by another run")
         rebuild = set(config.rebuild) | (set(wanted) if context.run.tags.get(REBUILD_TAG) == "true" else set())
-        loader = FeedLoader(binding.feed.settings, DeltaSink(self.table(binding), run_id=context.run.run_id), binding.feed.load,
-                            logger=context.log, ship_package=self._ships_package())
+        loader = FeedLoader(
+            binding.feed.settings,
+            DeltaSink(self.table(binding), run_id=context.run.run_id),
+            binding.feed.load,
+            logger=context.log,
+            ship_package=self._ships_package(),
+        )
         # a backfill of a closed partition rebuilds it from `_first`
-        outcome = loader.load(wanted, rebuild=rebuild, drop=config.drop,
-                              rebuild_closed=BACKFILL_TAG in context.run.tags)
+        outcome = loader.load(
+            wanted, rebuild=rebuild, drop=config.drop, rebuild_closed=BACKFILL_TAG in context.run.tags
+        )
         for report in outcome.reports.values():
             if report.error and report.status not in SUCCEEDED:  # a waiting partition's reason is no error
                 context.log.error("partition %s: %s", report.partition_id, report.error)
         # the checks look at the partitions this load committed something for
-        loaded = [r.partition_id for r in outcome.reports.values()
-                  if r.status == "loaded" and r.delta_version is not None]
+        loaded = [
+            r.partition_id for r in outcome.reports.values() if r.status == "loaded" and r.delta_version is not None
+        ]
         # Dagster's view of every partition, read once (10,000 partitions: seconds): the mirror repairs and
         # the mirror check both start from it, and the check adds what this load logged
-        mirrored = latest_metadata_by_partition(context.instance, binding,
-                                                [str(p) for p in outcome.committed.state.partitions])
+        mirrored = latest_metadata_by_partition(
+            context.instance, binding, [str(p) for p in outcome.committed.state.partitions]
+        )
         events = materializations(binding, materialized_reports(context.run, outcome, wanted), outcome)
         yield from events
         yield sync_observation(binding, outcome, context.log)
         for event in mirror_repairs(binding, outcome, mirrored, skip=[int(event.partition) for event in events]):
-            context.log.info("partition %s: materialization metadata was behind Delta; recorded the cursor of record",
-                             event.partition)
+            context.log.info(
+                "partition %s: materialization metadata was behind Delta; recorded the cursor of record",
+                event.partition,
+            )
             yield event
             events.append(event)
         mirrored.update({event.partition: {k: v.value for k, v in event.metadata.items()} for event in events})
-        yield from feed_check_results(outcome, loaded, mirrored, protocol_of(binding.feed.settings),
-                                      recorded_user_deletes(context.instance, binding.key))
+        yield from feed_check_results(
+            outcome,
+            loaded,
+            mirrored,
+            protocol_of(binding.feed.settings),
+            recorded_user_deletes(context.instance, binding.key),
+        )
         # what the loads' commits made due: OPTIMIZE every `optimize_every_commits` commits, VACUUM every
         # `vacuum_every_commits`
         if operations := due(outcome.table, binding.feed.maintenance):
@@ -162,13 +200,15 @@ class FeedApiResource(dg.ConfigurableResource):
         table.ensure_table()
         return self._maintain(context, binding, table, operations=None)
 
-    def _maintain(self, context: dg.OpExecutionContext, binding: FeedBinding, table: FeedTable,
-                  operations: tuple[str, ...] | None) -> dg.AssetObservation:
+    def _maintain(
+        self, context: dg.OpExecutionContext, binding: FeedBinding, table: FeedTable, operations: tuple[str, ...] | None
+    ) -> dg.AssetObservation:
         # VACUUM keeps what the feed's loads that may still write need
         running = oldest_running_load(context.instance, binding, exclude_run_id=context.run.run_id)
         settings = binding.feed.maintenance
-        report = maintain(table, settings, running) if operations is None else maintain(table, settings, running,
-                                                                                        operations)
+        report = (
+            maintain(table, settings, running) if operations is None else maintain(table, settings, running, operations)
+        )
         context.log.info("feed %s: %s", binding.name, report)
         return maintenance_observation(binding, report)
 

@@ -3,6 +3,7 @@
 Subclass `FeedApiTranslator` (as `DagsterDltTranslator`) and override `get_asset_spec` to change them;
 the factory and the Component build every feed's asset from the spec it returns.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,10 +41,12 @@ class FeedTranslatorData:
 
 
 def table_column_schema() -> dg.TableSchema:
-    return dg.TableSchema(columns=[
-        dg.TableColumn(field.name, _DAGSTER_TYPES[str(field.type)], description=_COLUMN_DESCRIPTIONS[field.name])
-        for field in TABLE_SCHEMA
-    ])
+    return dg.TableSchema(
+        columns=[
+            dg.TableColumn(field.name, _DAGSTER_TYPES[str(field.type)], description=_COLUMN_DESCRIPTIONS[field.name])
+            for field in TABLE_SCHEMA
+        ]
+    )
 
 
 class FeedApiTranslator:
@@ -57,7 +60,7 @@ class FeedApiTranslator:
             group_name="feedapi",
             kinds={"delta", "spark"},
             description=f"Feed `{feed.name}` ({feed.protocol}, {feed.settings.location()}) in the Delta table "
-                        f"`{data.table_path}`, partitioned by the feed's partition.",
+            f"`{data.table_path}`, partitioned by the feed's partition.",
             metadata={
                 "dagster/table_name": data.table_path,
                 "dagster/column_schema": table_column_schema(),

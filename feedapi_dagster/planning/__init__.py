@@ -1,7 +1,18 @@
 """Planning: which partition to read next from which cursor. Pure (no I/O, no Spark, no Dagster)."""
-from .plan import PartitionPlan, PlanStatus, plan_feed, plan_partition, plan_rebuild, plan_rebuilds
+
 from .feed_state import FeedState, PartitionState
+from .plan import PartitionPlan, PlanStatus, plan_feed, plan_partition, plan_rebuild, plan_rebuilds
 from .tasks import DEFAULT_TASKS, task_groups
 
-__all__ = ["DEFAULT_TASKS", "FeedState", "PartitionPlan", "PartitionState", "PlanStatus", "plan_feed", "plan_partition", "plan_rebuild",
-           "plan_rebuilds", "task_groups"]
+__all__ = [
+    "DEFAULT_TASKS",
+    "FeedState",
+    "PartitionPlan",
+    "PartitionState",
+    "PlanStatus",
+    "plan_feed",
+    "plan_partition",
+    "plan_rebuild",
+    "plan_rebuilds",
+    "task_groups",
+]

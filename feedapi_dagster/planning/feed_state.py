@@ -3,6 +3,7 @@
 The lakehouse stores a `FeedState` in every Delta commit it makes (see `lakehouse/cursor_record.py`);
 this module only defines it, so that planning stays pure.
 """
+
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -36,5 +37,5 @@ class FeedState(BaseModel):
     def get(self, partition_id: int) -> PartitionState | None:
         return self.partitions.get(partition_id)
 
-    def advanced(self, updates: dict[int, PartitionState]) -> "FeedState":
+    def advanced(self, updates: dict[int, PartitionState]) -> FeedState:
         return FeedState(generation=self.generation + 1, partitions={**self.partitions, **updates})

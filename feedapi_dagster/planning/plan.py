@@ -7,9 +7,10 @@ Rules (see docs/feedapi-protocol.md, "Partitions and splits"):
   has one, so the redistributed history is not loaded twice; with none, from `_first`;
 * everything else continues from its own cursor.
 """
+
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
@@ -18,7 +19,7 @@ from feedapi_dagster.protocol.models import FIRST, FeedInfo, Partition
 from .feed_state import FeedState, PartitionState
 
 
-class PlanStatus(str, Enum):
+class PlanStatus(StrEnum):
     DUE = "due"  # load it now
     DRAINED = "drained"  # closed and read to its end
     WAITING = "waiting"  # a method-1 child whose parent is not drained yet
@@ -53,16 +54,23 @@ def plan_partition(partition: Partition, info: FeedInfo, state: FeedState) -> Pa
     if partition.starts_after is not None:
         waiting = _parent_block(partition, info, state)
         if waiting is not None:
-            return PartitionPlan(cursor=own.cursor if own else FIRST, position=own.position if own else 0,
-                                 **waiting, **common)
+            return PartitionPlan(
+                cursor=own.cursor if own else FIRST, position=own.position if own else 0, **waiting, **common
+            )
     if own is not None:
-        return PartitionPlan(status=PlanStatus.DUE, cursor=own.cursor, position=own.position,
-                             inherited_from=own.inherited_from, **common)
+        return PartitionPlan(
+            status=PlanStatus.DUE, cursor=own.cursor, position=own.position, inherited_from=own.inherited_from, **common
+        )
     for ancestor in partition.cursor_from:
         ancestor_state = state.get(ancestor)
         if ancestor_state is not None and ancestor_state.cursor != FIRST:
-            return PartitionPlan(status=PlanStatus.DUE, cursor=ancestor_state.cursor, inherited_from=ancestor,
-                                 reason=f"continues from partition {ancestor}'s cursor (method-2 split)", **common)
+            return PartitionPlan(
+                status=PlanStatus.DUE,
+                cursor=ancestor_state.cursor,
+                inherited_from=ancestor,
+                reason=f"continues from partition {ancestor}'s cursor (method-2 split)",
+                **common,
+            )
     return PartitionPlan(status=PlanStatus.DUE, **common)
 
 
@@ -74,30 +82,44 @@ def _parent_block(partition: Partition, info: FeedInfo, state: FeedState) -> dic
         return None
     parent = info.partition(parent_id)
     if parent is None:
-        return {"status": PlanStatus.INVALID,
-                "reason": f"startsAfterPartition points at partition {parent_id}, which discovery does not list"}
+        return {
+            "status": PlanStatus.INVALID,
+            "reason": f"startsAfterPartition points at partition {parent_id}, which discovery does not list",
+        }
     if not parent.closed:
-        return {"status": PlanStatus.INVALID,
-                "reason": f"startsAfterPartition points at partition {parent_id}, which is still open"}
+        return {
+            "status": PlanStatus.INVALID,
+            "reason": f"startsAfterPartition points at partition {parent_id}, which is still open",
+        }
     return {"status": PlanStatus.WAITING, "reason": f"waits until partition {parent_id} is drained (method-1 split)"}
 
 
-def plan_rebuilds(info: FeedInfo, state: FeedState, partitions: list[Partition],
-                  drop: list[int]) -> list[PartitionPlan]:
+def plan_rebuilds(
+    info: FeedInfo, state: FeedState, partitions: list[Partition], drop: list[int]
+) -> list[PartitionPlan]:
     """Plans to rebuild `partitions` (rows replaced, with those of `drop`, in one commit).
 
     A method-1 child whose parent is not drained is not rebuilt either: it waits, as in a sync, and
     its rows stay (it is not among the replaced partitions the others plan with)."""
-    blocked = {p.id: block for p in partitions
-               if p.starts_after is not None and (block := _parent_block(p, info, state)) is not None}
+    blocked = {
+        p.id: block
+        for p in partitions
+        if p.starts_after is not None and (block := _parent_block(p, info, state)) is not None
+    }
     replaced = {p.id for p in partitions if p.id not in blocked} | set(drop)
     plans = []
     for partition in partitions:
         if partition.id in blocked:
             own = state.get(partition.id)
-            plans.append(PartitionPlan(partition_id=partition.id, closed=partition.closed,
-                                       cursor=own.cursor if own else FIRST, position=own.position if own else 0,
-                                       **blocked[partition.id]))
+            plans.append(
+                PartitionPlan(
+                    partition_id=partition.id,
+                    closed=partition.closed,
+                    cursor=own.cursor if own else FIRST,
+                    position=own.position if own else 0,
+                    **blocked[partition.id],
+                )
+            )
         else:
             plans.append(plan_rebuild(partition, state, replaced))
     return plans
@@ -119,7 +141,12 @@ def plan_rebuild(partition: Partition, state: FeedState, replaced: set[int]) -> 
             continue
         ancestor_state = state.get(ancestor)
         if ancestor_state is not None and ancestor_state.cursor != FIRST:
-            return PartitionPlan(partition_id=partition.id, status=PlanStatus.DUE, closed=partition.closed,
-                                 cursor=ancestor_state.cursor, inherited_from=ancestor,
-                                 reason=f"rebuilt from partition {ancestor}'s cursor, whose rows stay")
+            return PartitionPlan(
+                partition_id=partition.id,
+                status=PlanStatus.DUE,
+                closed=partition.closed,
+                cursor=ancestor_state.cursor,
+                inherited_from=ancestor,
+                reason=f"rebuilt from partition {ancestor}'s cursor, whose rows stay",
+            )
     return PartitionPlan(partition_id=partition.id, status=PlanStatus.DUE, closed=partition.closed)

@@ -6,6 +6,7 @@ tasks. Partitions are spread over the tasks by their expected size, largest firs
 with the least so far (longest-processing-time first): a large partition gets a task of its own, small
 ones share.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping

@@ -1,7 +1,9 @@
 """Feed protocols, no Spark, no Dagster: the interface a protocol implements (`interface.py`, no
 I/O), the one client that speaks HTTP (`client.py`), the open registry (`registry.py`) and the
 built-in protocols, one subpackage each (`feedapi/`, `nakadi/`), registered here."""
+
 from feedapi_dagster.errors import MalformedResponse, ProtocolError, RediscoveryNeeded
+
 from .client import FeedClient
 from .feedapi import EventFilter, FeedApi, FeedApiSettings
 from .interface import BodyReader, FeedProtocol, Request, Response
@@ -15,8 +17,27 @@ register_protocol(FeedApi())
 register_protocol(Nakadi())
 
 __all__ = [
-    "BodyReader", "EventFilter", "FeedApi", "FeedApiSettings", "FeedClient", "FeedInfo", "FeedProtocol",
-    "FeedSettings", "MalformedResponse", "Nakadi", "NakadiSettings", "Page", "PageRun", "Partition",
-    "ProtocolError", "RediscoveryNeeded", "Request", "Response", "RetryPolicy", "feed_settings",
-    "protocol_of", "register_protocol", "registered_protocols",
+    "BodyReader",
+    "EventFilter",
+    "FeedApi",
+    "FeedApiSettings",
+    "FeedClient",
+    "FeedInfo",
+    "FeedProtocol",
+    "FeedSettings",
+    "MalformedResponse",
+    "Nakadi",
+    "NakadiSettings",
+    "Page",
+    "PageRun",
+    "Partition",
+    "ProtocolError",
+    "RediscoveryNeeded",
+    "Request",
+    "Response",
+    "RetryPolicy",
+    "feed_settings",
+    "protocol_of",
+    "register_protocol",
+    "registered_protocols",
 ]

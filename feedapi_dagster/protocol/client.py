@@ -2,6 +2,7 @@
 
 The only part of `protocol/` that speaks HTTP: it sends the requests a protocol builds and hands it
 the responses (`interface.Response`, a body's chunks)."""
+
 from __future__ import annotations
 
 import logging
@@ -13,12 +14,13 @@ from urllib.parse import urlsplit
 
 import requests
 
-from feedapi_dagster.errors import ProtocolError, MalformedResponse
+from feedapi_dagster.errors import MalformedResponse, ProtocolError
+
 from .interface import BodyReader, FeedProtocol, Request, Response
 from .models import FIRST, FeedInfo, PageRun
 from .registry import protocol_of
-from .settings import FeedSettings, redact_url
 from .retry import TRANSIENT_STATUSES
+from .settings import FeedSettings, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +74,7 @@ class FeedClient:
     def close(self) -> None:
         self._session.close()
 
-    def __enter__(self) -> "FeedClient":
+    def __enter__(self) -> FeedClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -133,9 +135,13 @@ class FeedClient:
         if run.done:
             run = replace(run, cursors=[*run.cursors[:-1], run.cursors[-2] if len(run.cursors) > 1 else cursor])
         last = len(run.ends) - 1
-        kept = [index for index, (start, end, page_cursor, before)
-                in enumerate(zip([0, *run.ends[:-1]], run.ends, run.cursors, [cursor, *run.cursors[:-1]]))
-                if start != end or page_cursor != before or (run.done and index == last)]
+        kept = [
+            index
+            for index, (start, end, page_cursor, before) in enumerate(
+                zip([0, *run.ends[:-1]], run.ends, run.cursors, [cursor, *run.cursors[:-1]], strict=True)
+            )
+            if start != end or page_cursor != before or (run.done and index == last)
+        ]
         if not kept:
             return None
         if len(kept) < len(run.ends):  # no-op pages hold no events: only their ends and cursors go
@@ -164,16 +170,22 @@ class FeedClient:
                     self._wait_or_raise(max(attempt, 1), partition_id, _describe(error), None, error)
 
     # ---------------------------------------------------------------- HTTP with retries
-    def _request(self, request: Request, *, partition: int | None, what: str,
-                 first_attempt: int = 1) -> tuple[requests.Response, int]:
+    def _request(
+        self, request: Request, *, partition: int | None, what: str, first_attempt: int = 1
+    ) -> tuple[requests.Response, int]:
         """GET with retries on transport errors and transient statuses: the first other response (a
         streamed one: close it), and the attempts spent so far (a fetch that failed mid-body goes on
         counting)."""
         attempt = first_attempt
         while True:
             try:
-                response = self._session.get(request.url, params=request.params, headers=request.headers or None,
-                                             stream=True, timeout=self.timeout)
+                response = self._session.get(
+                    request.url,
+                    params=request.params,
+                    headers=request.headers or None,
+                    stream=True,
+                    timeout=self.timeout,
+                )
             except _TRANSPORT_ERRORS as error:
                 self._wait_or_raise(attempt, partition, f"{what}: {_describe(error)}", None, error)
                 attempt += 1
@@ -185,12 +197,14 @@ class FeedClient:
             self._wait_or_raise(attempt, partition, f"{what}: HTTP {response.status_code}", retry_after, None)
             attempt += 1
 
-    def _wait_or_raise(self, attempt: int, partition: int | None, reason: str, retry_after: str | None,
-                       error: BaseException | None) -> None:
+    def _wait_or_raise(
+        self, attempt: int, partition: int | None, reason: str, retry_after: str | None, error: BaseException | None
+    ) -> None:
         where = f"feed {self.safe_url}" + (f" partition {partition}" if partition is not None else "")
         if attempt >= self.feed.retry.max_attempts:
-            raise ProtocolError(f"{where}: giving up after {attempt} attempts: {reason}",
-                               partition=partition) from error
+            raise ProtocolError(
+                f"{where}: giving up after {attempt} attempts: {reason}", partition=partition
+            ) from error
         delay = self.feed.retry.delay(attempt, retry_after)
         log.warning("%s: %s; retry %d/%d in %.2fs", where, reason, attempt, self.feed.retry.max_attempts - 1, delay)
         time.sleep(delay)
@@ -216,4 +230,3 @@ class FeedClient:
 
 def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {str(error)[:200]}"
-

@@ -1,6 +1,7 @@
 """What every protocol's discovery does with its answer: a refused or non-JSON answer is an error,
 and each partition entry is parsed on its own, a bad one rejected with a message (logged, and kept in
 `FeedInfo.rejected`) while the others are read."""
+
 from __future__ import annotations
 
 import logging
@@ -10,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from feedapi_dagster.errors import ProtocolError
+
 from .interface import FeedProtocol, Response
 from .models import Partition
 from .settings import FeedSettings
@@ -27,8 +29,9 @@ def document(protocol: FeedProtocol, feed: FeedSettings, response: Response, wha
         raise ProtocolError(f"feed {feed.safe_url}: the {what} response is not JSON") from error
 
 
-def partitions(feed: FeedSettings, entries: Iterable[Any],
-               parse: Callable[[Any], Partition]) -> tuple[list[Partition], list[str]]:
+def partitions(
+    feed: FeedSettings, entries: Iterable[Any], parse: Callable[[Any], Partition]
+) -> tuple[list[Partition], list[str]]:
     """The entries `parse` accepts, and a message for each one it rejects (ValueError, TypeError,
     KeyError: a missing field)."""
     accepted: list[Partition] = []

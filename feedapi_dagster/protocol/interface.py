@@ -12,6 +12,7 @@ Adding a protocol: a module with a `FeedProtocol` subclass and its settings mode
 subclass whose `protocol` is `Literal["<name>"]`), registered with `registry.register_protocol`
 when the module is imported (README, "Adding a protocol").
 """
+
 from __future__ import annotations
 
 import json
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 from feedapi_dagster.errors import ProtocolError
+
 from .models import FeedInfo, PageRun, Partition
 from .settings import FeedSettings
 
@@ -113,13 +115,15 @@ class FeedProtocol(Generic[Settings]):
         return None
 
 
-def refusal_error(feed: FeedSettings, response: Response, partition: int | None, what: str,
-                  explanation: str) -> ProtocolError:
+def refusal_error(
+    feed: FeedSettings, response: Response, partition: int | None, what: str, explanation: str
+) -> ProtocolError:
     """The error of a refused request, quoting the server's `explanation`."""
     status = response.status
     where = f"feed {feed.safe_url}" + (f" partition {partition}" if partition is not None else "")
     if status in (401, 403):
         hint = "the token was refused" if feed.has_token else "the server wants a bearer token"
-        return ProtocolError(f"{where}: {what} not authorized (HTTP {status}): {hint}: {explanation}",
-                             status=status, partition=partition)
+        return ProtocolError(
+            f"{where}: {what} not authorized (HTTP {status}): {hint}: {explanation}", status=status, partition=partition
+        )
     return ProtocolError(f"{where}: {what} failed (HTTP {status}): {explanation}", status=status, partition=partition)

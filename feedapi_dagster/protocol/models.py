@@ -1,5 +1,6 @@
 """Typed views of what a feed server says, the same for every protocol: its partitions (a FeedAPI
 discovery document, Nakadi's partition list), events and pages."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
@@ -138,6 +139,6 @@ class PageRun:
 
     def pages(self) -> Iterator[Page]:
         start, last = 0, len(self.ends) - 1
-        for index, (end, cursor) in enumerate(zip(self.ends, self.cursors)):
+        for index, (end, cursor) in enumerate(zip(self.ends, self.cursors, strict=True)):
             yield Page(self.partition_id, self.raw_events[start:end], cursor, done=self.done and index == last)
             start = end

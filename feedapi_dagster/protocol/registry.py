@@ -6,6 +6,7 @@ imports no protocol. Spark's Python workers parse the `feedapi` data source's op
 where a user's protocol module may not have been imported: the options carry its module
 (`protocol_module`), which `import_protocol` imports there.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -16,6 +17,7 @@ from pydantic import ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from feedapi_dagster.errors import ProtocolError
+
 from .interface import FeedProtocol
 from .settings import FeedSettings
 
@@ -29,11 +31,16 @@ def register_protocol(protocol: FeedProtocol) -> None:
     """Make `protocol` one a feed can name. Registering a protocol of the same class again (its module
     imported twice) replaces it; another class under a registered name is an error."""
     settings = getattr(protocol, "settings", None)
-    named = settings.model_fields.get("protocol") if isinstance(settings, type) and issubclass(settings, FeedSettings) \
+    named = (
+        settings.model_fields.get("protocol")
+        if isinstance(settings, type) and issubclass(settings, FeedSettings)
         else None
+    )
     if named is None or named.default != protocol.name:
-        raise ProtocolError(f"protocol {protocol.name!r}: its settings model must extend FeedSettings with "
-                            f"`protocol: Literal[{protocol.name!r}] = {protocol.name!r}`")
+        raise ProtocolError(
+            f"protocol {protocol.name!r}: its settings model must extend FeedSettings with "
+            f"`protocol: Literal[{protocol.name!r}] = {protocol.name!r}`"
+        )
     known = _PROTOCOLS.get(protocol.name)
     if known is not None and _origin(known) != _origin(protocol):
         raise ProtocolError(f"protocol {protocol.name!r} is already registered by {_origin(known)}")
@@ -67,8 +74,14 @@ def feed_settings(values: Mapping[str, Any] | None = None, /, **fields: Any) -> 
     name = values.get("protocol", DEFAULT_PROTOCOL)
     protocol = _PROTOCOLS.get(name) if isinstance(name, str) else None
     if protocol is None:
-        raise ValidationError.from_exception_data("FeedSettings", [InitErrorDetails(
-            type=PydanticCustomError("unknown_protocol", unknown_protocol(name)), loc=("protocol",), input=name)])
+        raise ValidationError.from_exception_data(
+            "FeedSettings",
+            [
+                InitErrorDetails(
+                    type=PydanticCustomError("unknown_protocol", unknown_protocol(name)), loc=("protocol",), input=name
+                )
+            ],
+        )
     return protocol.settings.model_validate(values)
 
 

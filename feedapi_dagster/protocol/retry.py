@@ -1,9 +1,10 @@
 """Backoff for transient failures: exponential, full jitter, capped, honouring Retry-After."""
+
 from __future__ import annotations
 
 import random
+from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from datetime import datetime, timezone
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -40,5 +41,5 @@ def parse_retry_after(value: str | None) -> float | None:
     except (TypeError, ValueError):
         return None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())

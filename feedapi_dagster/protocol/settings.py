@@ -7,6 +7,7 @@ defs.yaml feed, `FeedConfig`, holds one), the `feedapi` Spark data source's opti
 (`lakehouse.datasource` writes and parses its fields as camelCase options) and the arguments of its
 `FeedClient`.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,6 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from feedapi_dagster.errors import ProtocolError
+
 from .retry import RetryPolicy
 
 
@@ -33,7 +35,7 @@ class FeedSettings(BaseModel):
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
 
     @model_validator(mode="after")
-    def _one_token(self) -> "FeedSettings":
+    def _one_token(self) -> FeedSettings:
         if self.token is not None and self.token_env is not None:
             raise ValueError("set token or token_env, not both")
         if self.token is not None and not self.token.get_secret_value():
@@ -67,11 +69,13 @@ class FeedSettings(BaseModel):
             return None
         token = os.environ.get(self.token_env)
         if not token:
-            raise ProtocolError(f"{feed or f'feed {self.safe_url}'}: environment variable {self.token_env} "
-                                "(token_env) is not set where this runs")
+            raise ProtocolError(
+                f"{feed or f'feed {self.safe_url}'}: environment variable {self.token_env} "
+                "(token_env) is not set where this runs"
+            )
         return token
 
-    def with_token(self, feed: str | None = None) -> "FeedSettings":
+    def with_token(self, feed: str | None = None) -> FeedSettings:
         """These settings with the token read here, for a read that runs where `token_env` may not be
         set (a cluster's executors): Spark redacts the `token` option from plans and its UI."""
         if self.token_env is None:

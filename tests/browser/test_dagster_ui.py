@@ -15,6 +15,7 @@ observation: `last_synced`, partitions synced).
 Needs Debian's chromium and chromium-driver: `make browser` installs them (the test fails, never
 skips, without them).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -47,19 +48,30 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 WEBSERVER = Path(sys.executable).parent / "dagster-webserver"
 CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-dev-shm-usage", "--window-size=1400,900",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--window-size=1400,900",
 ]
 SERVER_START_TIMEOUT = 90  # dagster-webserver + its code server take 20-40 s on a 2-core machine
 PAGE_TIMEOUT = 45
 EXPECTED_KEYS = ["0", "1", "2"]
 
+
 def _require_browser():
     missing = [str(path) for path in (CHROMIUM, CHROMEDRIVER) if not os.access(path, os.X_OK)]
     if missing:
-        pytest.fail(f"{', '.join(missing)} not found: run `make browser` (installs the Debian packages "
-                    "chromium and chromium-driver) before the browser tests", pytrace=False)
+        pytest.fail(
+            f"{', '.join(missing)} not found: run `make browser` (installs the Debian packages "
+            "chromium and chromium-driver) before the browser tests",
+            pytrace=False,
+        )
     try:
         import selenium  # noqa: F401
     except ImportError:
@@ -84,8 +96,9 @@ def _wait_for_server(process: subprocess.Popen, url: str, log: Path) -> None:
         except (urllib.error.URLError, OSError):
             pass
         time.sleep(0.5)
-    pytest.fail(f"dagster-webserver did not answer /server_info within {SERVER_START_TIMEOUT} s:\n"
-                f"{log.read_text()[-4000:]}")
+    pytest.fail(
+        f"dagster-webserver did not answer /server_info within {SERVER_START_TIMEOUT} s:\n{log.read_text()[-4000:]}"
+    )
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -113,9 +126,13 @@ def feed_server():
 def user_project(tmp_path, feed_server, monkeypatch) -> Path:
     """A user's dg project with the feed in one defs.yaml (Spark: this process's local session)."""
     # the sensor and the schedule stopped: the daemon runs the backfill only
-    root = write_user_project(tmp_path / "project", feed_server.url, {"mode": "local"},
-                              lakehouse=tmp_path / "lakehouse",
-                              feed={"schedule": {"enabled": False, "discovery_enabled": False}})
+    root = write_user_project(
+        tmp_path / "project",
+        feed_server.url,
+        {"mode": "local"},
+        lakehouse=tmp_path / "lakehouse",
+        feed={"schedule": {"enabled": False, "discovery_enabled": False}},
+    )
     monkeypatch.setenv("ORDERS_FEED_TOKEN", "unused-by-the-demo-server")
     with importable(root):
         yield root
@@ -146,7 +163,8 @@ def _discover_and_load(project: Path, home: Path, feed_url: str) -> list[str]:
         keys = register_discovered_partitions(instance, binding)
         request = load_request(binding, [int(k) for k in keys], "browser-test", keys)
         result = defs.resolve_job_def("feedapi_orders_load").execute_in_process(
-            instance=instance, tags=request.tags, run_config=request.run_config)
+            instance=instance, tags=request.tags, run_config=request.run_config
+        )
         assert result.success
         return keys
 
@@ -180,15 +198,22 @@ COMMUNITY_DIALOG = "Join the Dagster community"
 
 @pytest.mark.browser
 def test_the_asset_page_shows_partitions_automations_checks_and_table_metadata(
-        spark, tmp_path, user_project, dagster_home, feed_server):
+    spark, tmp_path, user_project, dagster_home, feed_server
+):
     _require_browser()
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         _check_the_ui(stack, started, tmp_path, user_project, dagster_home, feed_server)
 
 
-def _check_the_ui(stack: contextlib.ExitStack, started: float, tmp_path: Path, user_project: Path, dagster_home: Path,
-                  feed_server: DemoFeedServer) -> None:
+def _check_the_ui(
+    stack: contextlib.ExitStack,
+    started: float,
+    tmp_path: Path,
+    user_project: Path,
+    dagster_home: Path,
+    feed_server: DemoFeedServer,
+) -> None:
     from dagster._core.execution.backfill import BulkActionStatus
     from dagster._core.instance.ref import InstanceRef
 
@@ -207,7 +232,12 @@ def _check_the_ui(stack: contextlib.ExitStack, started: float, tmp_path: Path, u
     with log.open("wb") as log_file:
         server = subprocess.Popen(
             [str(WEBSERVER), "-h", "127.0.0.1", "-p", str(port), "-w", str(user_project / "workspace.yaml")],
-            cwd=user_project, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+            cwd=user_project,
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     driver = None
     try:
         from selenium.common.exceptions import TimeoutException
@@ -243,31 +273,40 @@ def _check_the_ui(stack: contextlib.ExitStack, started: float, tmp_path: Path, u
             except TimeoutException:
                 driver.save_screenshot(str(screenshot))
                 body = driver.find_element(By.TAG_NAME, "body").text
-                pytest.fail(f"{path} did not show {wanted} within {PAGE_TIMEOUT} s (screenshot {screenshot}); "
-                            f"page text:\n{body[:4000]}")
+                pytest.fail(
+                    f"{path} did not show {wanted} within {PAGE_TIMEOUT} s (screenshot {screenshot}); "
+                    f"page text:\n{body[:4000]}"
+                )
             assert driver.save_screenshot(str(screenshot))
             body = driver.find_element(By.TAG_NAME, "body").text
             assert COMMUNITY_DIALOG not in body, f"a dialog covers {path}"
             return leaves, body
 
         # partitions: the discovered keys, one column in order, all materialized by the load
-        leaves, body = page("/assets/feedapi/orders?view=partitions", ["3 Partitions Selected"], "partitions",
-                            own=tuple(EXPECTED_KEYS))
-        rows = {key: min((leaf for leaf in leaves if leaf["text"] == key), key=lambda leaf: leaf["y"])
-                for key in EXPECTED_KEYS}
+        leaves, body = page(
+            "/assets/feedapi/orders?view=partitions", ["3 Partitions Selected"], "partitions", own=tuple(EXPECTED_KEYS)
+        )
+        rows = {
+            key: min((leaf for leaf in leaves if leaf["text"] == key), key=lambda leaf: leaf["y"])
+            for key in EXPECTED_KEYS
+        }
         assert rows["0"]["y"] < rows["1"]["y"] < rows["2"]["y"], rows
         assert "Materialized (3)" in body, body[:3000]
 
         # overview: the schedule and the sensor that load it, the table's standard metadata
-        _, body = page("/assets/feedapi/orders", ["Automation details", "feedapi_orders_discovery", "Every 5 minutes"],
-                       "overview")
+        _, body = page(
+            "/assets/feedapi/orders", ["Automation details", "feedapi_orders_discovery", "Every 5 minutes"], "overview"
+        )
         lines = body.splitlines()
         # Dagster's standard metadata: the row count (dagster/row_count), the columns, the table's URI
         assert lines[lines.index("Row count") + 1] == str(sum(len(feed_server.feed.published(p)) for p in range(3)))
         assert {"Columns", "partition_id", "event_id", "Storage", "feedapi_orders_load"} <= set(lines), body[:4000]
         # checks: the three checks of a FeedAPI feed's load, passed
-        _, body = page("/assets/feedapi/orders?view=checks", ["positions_contiguous", "no_duplicate_event_ids",
-                                                              "cursor_metadata_matches_delta"], "checks")
+        _, body = page(
+            "/assets/feedapi/orders?view=checks",
+            ["positions_contiguous", "no_duplicate_event_ids", "cursor_metadata_matches_delta"],
+            "checks",
+        )
         lines = body.splitlines()
         for check in ("no_duplicate_event_ids", "positions_contiguous"):  # the blocking ones, passed
             assert lines[lines.index(check) + 1] == "Succeeded", body[:3000]
@@ -282,10 +321,13 @@ def _check_the_ui(stack: contextlib.ExitStack, started: float, tmp_path: Path, u
         # the asset's last sync: the observation of every load (when, how many partitions, what it brought),
         # the newest first in its events
         (run,) = instance.get_runs(dg.RunsFilter(tags={"dagster/backfill": backfill_id}))
-        _, body = page("/assets/feedapi/orders?view=events", ["last_synced", f"Observed in run {run.run_id[:8]}"],
-                       "events")
+        _, body = page(
+            "/assets/feedapi/orders?view=events", ["last_synced", f"Observed in run {run.run_id[:8]}"], "events"
+        )
         lines = body.splitlines()
-        assert re.fullmatch(r"\w{3} \d{1,2}, \d{1,2}:\d{2}:\d{2} [AP]M UTC", lines[lines.index("last_synced") + 1]), body
+        assert re.fullmatch(r"\w{3} \d{1,2}, \d{1,2}:\d{2}:\d{2} [AP]M UTC", lines[lines.index("last_synced") + 1]), (
+            body
+        )
         assert lines[lines.index("partitions_synced") + 1] == "3", body[:3000]
         assert lines[lines.index("partitions_with_new_events") + 1] == "0", body[:3000]
         print(f"webserver up after {served - started:.1f} s, pages checked after {time.monotonic() - served:.1f} s")

@@ -1,4 +1,5 @@
 """Long chaos run: python -m tests.chaos --minutes 30 [--seed N] [--work-dir DIR] [--protocol nakadi]"""
+
 import argparse
 import random
 import tempfile
@@ -11,8 +12,12 @@ parser = argparse.ArgumentParser(prog="python -m tests.chaos")
 parser.add_argument("--minutes", type=float, default=30)
 parser.add_argument("--seed", type=int, default=None)
 parser.add_argument("--work-dir", type=Path, default=None)
-parser.add_argument("--protocol", choices=("feedapi", "nakadi"), default="feedapi",
-                    help="the feed: a FeedAPI feed, or a Nakadi event type")
+parser.add_argument(
+    "--protocol",
+    choices=("feedapi", "nakadi"),
+    default="feedapi",
+    help="the feed: a FeedAPI feed, or a Nakadi event type",
+)
 args = parser.parse_args()
 seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1_000_000)
 print(f"seed {seed} (reproduce with --seed {seed})", flush=True)

@@ -3,6 +3,7 @@ processes, some SIGKILLed) and wire faults, with the exactly-once invariant chec
 against the demo server's own log, read back with an independent Delta reader (`deltalake`). The
 feed is a FeedAPI feed (published dialect), or a Nakadi event type (`protocol="nakadi"`: appends with
 Nakadi's repeated events and repartitionings; its partitions never close, split or change tokens)."""
+
 from __future__ import annotations
 
 import json
@@ -24,17 +25,17 @@ from deltalake import DeltaTable
 import feedapi_dagster.demo
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults, NakadiDemoServer, NakadiEventType
 from feedapi_dagster.lakehouse.connect_server import ensure_embedded_server
-from tests.ports import find_free_port
-from feedapi_dagster.lakehouse.delta import FILE_MAINTENANCE
-from feedapi_dagster.lakehouse.loader import LoadSettings
-from feedapi_dagster.lakehouse.delta_maintenance import MaintenanceSettings
-from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.lakehouse.cursor_record import decode
+from feedapi_dagster.lakehouse.delta import FILE_MAINTENANCE
+from feedapi_dagster.lakehouse.delta_maintenance import MaintenanceSettings
+from feedapi_dagster.lakehouse.loader import LoadSettings
+from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, build_feedapi_definitions, feed_bindings
 from feedapi_dagster.orchestration.automation import DiscoveryCursor, evaluate_discovery, load_request
 from feedapi_dagster.orchestration.loads import latest_metadata_by_partition
 from feedapi_dagster.planning import FeedState, PartitionState
-from feedapi_dagster.protocol import feed_settings, FeedClient, RetryPolicy
+from feedapi_dagster.protocol import FeedClient, RetryPolicy, feed_settings
+from tests.ports import find_free_port
 
 from ..spark_processes import connect_server_pid, kill, python_workers
 
@@ -47,8 +48,14 @@ MAX_PARTITIONS = 10
 # Each step is one publisher action, then one consumer action. action: weight
 PUBLISHER_ACTIONS = {"append": 5, "close": 1, "split_method1": 1, "split_method2": 1, "rotate_token": 1}
 NAKADI_PUBLISHER_ACTIONS = {"append": 5, "repartition": 1}
-CONSUMER_ACTIONS = {"sensor": 3, "schedule": 4, "backfill": 1, "rebuild": 1, "same_partition_twice": 1,
-                    "maintenance": 1}
+CONSUMER_ACTIONS = {
+    "sensor": 3,
+    "schedule": 4,
+    "backfill": 1,
+    "rebuild": 1,
+    "same_partition_twice": 1,
+    "maintenance": 1,
+}
 
 
 class InvariantBroken(AssertionError):
@@ -65,8 +72,15 @@ class Tally:
 
 
 class ChaosRun:
-    def __init__(self, seed: int, work_dir: Path, fault_rate: float = 0.2, kill_rate: float = 0.3,
-                 spark_port: int | None = None, protocol: str = "feedapi"):
+    def __init__(
+        self,
+        seed: int,
+        work_dir: Path,
+        fault_rate: float = 0.2,
+        kill_rate: float = 0.3,
+        spark_port: int | None = None,
+        protocol: str = "feedapi",
+    ):
         self.seed = seed
         self.rng = random.Random(seed)
         self.work_dir = work_dir
@@ -82,8 +96,13 @@ class ChaosRun:
             self.publisher_actions = NAKADI_PUBLISHER_ACTIONS
         else:
             at_least_once = seed % 2 == 1
-            self.feed = DemoFeed(partitions=3, events=300, seed=seed, exactly_once=not at_least_once,
-                                 duplicate_ratio=0.1 if at_least_once else 0.0)
+            self.feed = DemoFeed(
+                partitions=3,
+                events=300,
+                seed=seed,
+                exactly_once=not at_least_once,
+                duplicate_ratio=0.1 if at_least_once else 0.0,
+            )
             self.server = DemoFeedServer(self.feed, dialect="published", faults=faults).start()
             self.feed_settings = {"url": self.server.url}
             self.publisher_actions = PUBLISHER_ACTIONS
@@ -94,13 +113,20 @@ class ChaosRun:
         self.config = ProjectConfig(
             lakehouse=str(work_dir / "lakehouse"),
             spark=SparkSettings(mode="embedded", port=self.spark.port),
-            feeds=[FeedConfig(name="chaos", **self.feed_settings, page_size_hint=50,
-                              retry=RetryPolicy(max_attempts=30, base_delay=0.01, max_delay=0.2),
-                              load=LoadSettings(max_events_per_partition=150),
-                              # OPTIMIZE and VACUUM often, with no time-travel window: only the
-                              # loads that may still write keep the files VACUUM would delete
-                              maintenance=MaintenanceSettings(optimize_every_commits=3, vacuum_every_commits=4,
-                                                              time_travel_hours=0))],
+            feeds=[
+                FeedConfig(
+                    name="chaos",
+                    **self.feed_settings,
+                    page_size_hint=50,
+                    retry=RetryPolicy(max_attempts=30, base_delay=0.01, max_delay=0.2),
+                    load=LoadSettings(max_events_per_partition=150),
+                    # OPTIMIZE and VACUUM often, with no time-travel window: only the
+                    # loads that may still write keep the files VACUUM would delete
+                    maintenance=MaintenanceSettings(
+                        optimize_every_commits=3, vacuum_every_commits=4, time_travel_hours=0
+                    ),
+                )
+            ],
         )
         project_path = work_dir / "project.json"
         project_path.write_text(self.config.model_dump_json())
@@ -146,20 +172,31 @@ class ChaosRun:
 
     def summary(self) -> str:
         t = self.tally
-        kind = "nakadi" if isinstance(self.feed, NakadiEventType) else \
-            "at-least-once" if not self.feed.exactly_once else "exactly-once"
-        published = self.feed.published_count() if isinstance(self.feed, NakadiEventType) else \
-            sum(len(self.feed.published(p)) for p in self._all_partitions())
-        return (f"chaos seed={self.seed} feed={kind} published_events={published} "
-                f"steps={dict(t.steps)} runs={dict(t.runs)} (under chaos: {getattr(self, 'chaos_runs', '?')}) "
-                f"kills={dict(t.kills)} maintenance_commits={self._maintenance_commits()} "
-                f"faults={dict(self.server.fault_counts)} invariant_checks={t.checks}")
+        kind = (
+            "nakadi"
+            if isinstance(self.feed, NakadiEventType)
+            else "at-least-once"
+            if not self.feed.exactly_once
+            else "exactly-once"
+        )
+        published = (
+            self.feed.published_count()
+            if isinstance(self.feed, NakadiEventType)
+            else sum(len(self.feed.published(p)) for p in self._all_partitions())
+        )
+        return (
+            f"chaos seed={self.seed} feed={kind} published_events={published} "
+            f"steps={dict(t.steps)} runs={dict(t.runs)} (under chaos: {getattr(self, 'chaos_runs', '?')}) "
+            f"kills={dict(t.kills)} maintenance_commits={self._maintenance_commits()} "
+            f"faults={dict(self.server.fault_counts)} invariant_checks={t.checks}"
+        )
 
     def _maintenance_commits(self) -> dict[str, int]:
         if self._table_version() is None:
             return {}
-        return dict(Counter(c["operation"] for c in DeltaTable(self.table).history()
-                            if c.get("operation") in FILE_MAINTENANCE))
+        return dict(
+            Counter(c["operation"] for c in DeltaTable(self.table).history() if c.get("operation") in FILE_MAINTENANCE)
+        )
 
     # ------------------------------------------------------------------ publisher actions
     def _open(self) -> list[int]:
@@ -260,8 +297,16 @@ class ChaosRun:
     def _launch(self, *specs: dict, kill: bool | None = None) -> None:
         self._check_pool()
         version = self._table_version()
-        processes = [subprocess.Popen([sys.executable, str(RUN_JOB), json.dumps(spec)], env=self.env, cwd=ROOT,
-                                      stdout=self.log, stderr=subprocess.STDOUT) for spec in specs]
+        processes = [
+            subprocess.Popen(
+                [sys.executable, str(RUN_JOB), json.dumps(spec)],
+                env=self.env,
+                cwd=ROOT,
+                stdout=self.log,
+                stderr=subprocess.STDOUT,
+            )
+            for spec in specs
+        ]
         kill = self.rng.random() < self.kill_rate if kill is None else kill
         if kill:
             how = self.rng.choice(["timer", "after_commit", "python_worker"])
@@ -307,8 +352,9 @@ class ChaosRun:
         if the instance sets `run_monitoring.free_slots_after_run_end_seconds`, free the concurrency
         slots it held (here at once, not that many seconds later)."""
         free_slots = self.instance.run_monitoring_settings.get("free_slots_after_run_end_seconds")
-        for run in self.instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED,
-                                                                  dg.DagsterRunStatus.STARTING])):
+        for run in self.instance.get_runs(
+            dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING])
+        ):
             self.instance.report_run_failed(run)
             if free_slots:
                 self.instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
@@ -318,12 +364,18 @@ class ChaosRun:
         process was killed) would keep every later load of the feed waiting forever."""
         info = self.instance.event_log_storage.get_concurrency_info(self.pool)
         holders = info.active_run_ids | info.assigned_run_ids
-        finished = sorted(run.run_id for run in self.instance.get_runs(dg.RunsFilter(run_ids=list(holders)))
-                          if run.is_finished) if holders else []
+        finished = (
+            sorted(
+                run.run_id for run in self.instance.get_runs(dg.RunsFilter(run_ids=list(holders))) if run.is_finished
+            )
+            if holders
+            else []
+        )
         if finished:
             raise InvariantBroken(
                 f"seed {self.seed}: pool {self.pool} (limit {info.limit}): slots held by finished runs {finished} "
-                "(killed); every later load of the feed would wait for them forever")
+                "(killed); every later load of the feed would wait for them forever"
+            )
 
     def catch_up(self) -> None:
         """No faults, no kills: runs until every live partition holds everything published."""
@@ -378,8 +430,9 @@ class ChaosRun:
                 start = state.get(pid) or PartitionState()
                 last = rows.get(pid, [])[-1:]
                 if last and last[0]["position"] >= start.position:
-                    resumed[pid] = PartitionState(cursor=last[0]["cursor"], position=last[0]["position"] + 1,
-                                                  inherited_from=start.inherited_from)
+                    resumed[pid] = PartitionState(
+                        cursor=last[0]["cursor"], position=last[0]["position"] + 1, inherited_from=start.inherited_from
+                    )
             return FeedState(generation=state.generation, partitions={**state.partitions, **resumed})
         return FeedState()
 
@@ -391,8 +444,9 @@ class ChaosRun:
             return
         table = DeltaTable(self.table)
         rows: dict[int, list[dict]] = {}
-        for row in table.to_pyarrow_table(columns=["partition_id", "position", "payload", "event_id", "cursor"]
-                                          ).to_pylist():
+        for row in table.to_pyarrow_table(
+            columns=["partition_id", "position", "payload", "event_id", "cursor"]
+        ).to_pylist():
             rows.setdefault(row["partition_id"], []).append(row)
         for partition_rows in rows.values():
             partition_rows.sort(key=lambda r: r["position"])
@@ -420,8 +474,10 @@ class ChaosRun:
                 expected = [e for e in expected if e not in inherited]
             complete = final and partition in live
             if (got != expected) if complete else (got != expected[: len(got)]):
-                problems.append(f"partition {partition}: {len(got)} rows are not {'all' if complete else 'a prefix'} "
-                                f"of the {len(expected)} events published for it")
+                problems.append(
+                    f"partition {partition}: {len(got)} rows are not {'all' if complete else 'a prefix'} "
+                    f"of the {len(expected)} events published for it"
+                )
         ids = Counter(r["event_id"] for part in rows.values() for r in part if r["event_id"] is not None)
         repeated = [i for i, n in ids.items() if n > 1]
         if repeated:
@@ -432,8 +488,10 @@ class ChaosRun:
             for partition, committed in state.partitions.items():
                 mirrored = latest.get(str(partition), {})
                 if partition in live and mirrored.get("cursor") != committed.cursor:
-                    problems.append(f"partition {partition}: metadata cursor {mirrored.get('cursor')!r} "
-                                    f"!= Delta {committed.cursor!r}")
+                    problems.append(
+                        f"partition {partition}: metadata cursor {mirrored.get('cursor')!r} "
+                        f"!= Delta {committed.cursor!r}"
+                    )
         if problems:
             raise InvariantBroken(f"seed {self.seed}, {where}:\n  " + "\n  ".join(problems))
 
@@ -444,8 +502,9 @@ class ChaosRun:
         # (an inferred parent - feedapi-go's omitted startsAfterPartition: 0 - is no real split here)
         for child in (p for p in live.values() if p.starts_after is not None and not p.starts_after_inferred):
             first = next((v for v, s in states if s.get(child.id) and s.get(child.id).position > 0), None)
-            drained = next((v for v, s in states if s.get(child.starts_after) and s.get(child.starts_after).drained),
-                           None)
+            drained = next(
+                (v for v, s in states if s.get(child.starts_after) and s.get(child.starts_after).drained), None
+            )
             if first is not None and (drained is None or drained >= first):
                 problems.append(f"partition {child.id} was loaded before its parent {child.starts_after} was drained")
         return problems

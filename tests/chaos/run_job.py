@@ -10,6 +10,7 @@
 Uses DAGSTER_HOME and CHAOS_PROJECT_JSON (a file holding the harness's `ProjectConfig` as JSON) from
 the environment.
 """
+
 import json
 import os
 import sys
@@ -17,8 +18,13 @@ from pathlib import Path
 
 import dagster as dg
 
-from feedapi_dagster.orchestration import (RESOURCE_KEY, FeedApiTranslator, FeedTranslatorData, ProjectConfig,
-                                          build_feedapi_definitions)
+from feedapi_dagster.orchestration import (
+    RESOURCE_KEY,
+    FeedApiTranslator,
+    FeedTranslatorData,
+    ProjectConfig,
+    build_feedapi_definitions,
+)
 
 PROJECT_ENV = "CHAOS_PROJECT_JSON"  # tests.chaos.harness.PROJECT_ENV (not imported: this runs as a script)
 
@@ -31,17 +37,26 @@ def main() -> int:
     with dg.DagsterInstance.get() as instance:
         if spec["kind"] == "load":
             result = defs.resolve_job_def(f"feedapi_{feed.name}_load").execute_in_process(
-                run_config=spec.get("run_config") or {}, instance=instance, tags=spec.get("tags") or {},
-                raise_on_error=False)
+                run_config=spec.get("run_config") or {},
+                instance=instance,
+                tags=spec.get("tags") or {},
+                raise_on_error=False,
+            )
         elif spec["kind"] == "asset":
             key = FeedApiTranslator().get_asset_spec(FeedTranslatorData(feed, project.table_path(feed))).key
             asset = defs.get_assets_def(key)
-            result = dg.materialize([asset], partition_key=spec["partition"], instance=instance,
-                                    resources={RESOURCE_KEY: defs.resources[RESOURCE_KEY]},
-                                    tags=spec.get("tags") or {}, raise_on_error=False)
+            result = dg.materialize(
+                [asset],
+                partition_key=spec["partition"],
+                instance=instance,
+                resources={RESOURCE_KEY: defs.resources[RESOURCE_KEY]},
+                tags=spec.get("tags") or {},
+                raise_on_error=False,
+            )
         elif spec["kind"] == "maintenance":
             result = defs.resolve_job_def(f"feedapi_{feed.name}_maintenance").execute_in_process(
-                instance=instance, raise_on_error=False)
+                instance=instance, raise_on_error=False
+            )
         else:
             raise ValueError(f"unknown run kind {spec['kind']!r}")
     return 0 if result.success else 3

@@ -1,5 +1,6 @@
 """The short chaos run on a Nakadi event type (CI; a file of its own, so that pytest-xdist runs it
 beside the FeedAPI one). The long form: `python -m tests.chaos --minutes 30 --seed N --protocol nakadi`."""
+
 from .harness import ChaosRun
 
 

@@ -1,4 +1,5 @@
 """The short chaos run (CI). The long form: `python -m tests.chaos --minutes 30 --seed N`."""
+
 from .harness import ChaosRun
 
 
@@ -12,4 +13,3 @@ def test_short_chaos_run_keeps_exactly_once(tmp_path, connect_server):
     # the run was not empty: runs under faults, kills, and a check after every step
     assert tally.checks == 9
     assert chaos.chaos_runs >= 3 and chaos.chaos_faults > 0 and sum(tally.kills.values()) > 0
-

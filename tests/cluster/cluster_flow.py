@@ -9,6 +9,7 @@ of the run's Spark session (`ProjectConfig.spark_settings`), its credentials are
 
 The feed server is driven through its admin API; prints one JSON line of what happened.
 """
+
 import json
 import sys
 
@@ -27,8 +28,13 @@ def main() -> None:
     url, lakehouse, remote, home = sys.argv[1:5]
     s3 = S3Storage.model_validate_json(sys.argv[5]) if len(sys.argv) > 5 else None
     admin = url.rsplit("/feed", 1)[0] + "/admin"
-    feed = FeedConfig(name="orders", url=url, page_size_hint=50, token_env="CLUSTER_FEED_TOKEN",
-                      retry=RetryPolicy(base_delay=0.01, max_delay=0.1))
+    feed = FeedConfig(
+        name="orders",
+        url=url,
+        page_size_hint=50,
+        token_env="CLUSTER_FEED_TOKEN",
+        retry=RetryPolicy(base_delay=0.01, max_delay=0.1),
+    )
     spark = SparkSettings(mode="remote", remote=remote)
     project = ProjectConfig(lakehouse=lakehouse, storage=StorageConfig(s3=s3), spark=spark, feeds=[feed])
     defs = build_feedapi_definitions(project)
@@ -51,8 +57,9 @@ def main() -> None:
         result = harness.materialize_partition(1, tags={"dagster/backfill": "cluster-bf"})
         outcome["runs"].append(["backfill", result.success])
         (event,) = result.get_asset_materialization_events()
-        outcome["backfill"] = {k: v.value for k, v in event.materialization.metadata.items()
-                               if k in ("rebuilt", "drained", "events")}
+        outcome["backfill"] = {
+            k: v.value for k, v in event.materialization.metadata.items() if k in ("rebuilt", "drained", "events")
+        }
         outcome["children"] = children
     print(json.dumps(outcome), flush=True)
 

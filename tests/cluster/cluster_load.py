@@ -9,6 +9,7 @@ Each stdin line `load` runs a load; `load-pausing` runs one that stops once its 
 PAUSE_DIR/go, so that the test can kill the executors right there. After each load, one JSON line on
 stdout: whether it committed, and its error.
 """
+
 import json
 import sys
 import time
@@ -16,10 +17,10 @@ from pathlib import Path
 
 from feedapi_dagster.lakehouse.delta import FeedTable
 from feedapi_dagster.lakehouse.loader import ROWS_COMMITTED, FeedLoader, LoadSettings
-from feedapi_dagster.lakehouse.sink import DeltaSink
 from feedapi_dagster.lakehouse.sessions import spark_session
+from feedapi_dagster.lakehouse.sink import DeltaSink
 from feedapi_dagster.lakehouse.spark_conf import SparkSettings
-from feedapi_dagster.protocol import feed_settings, RetryPolicy
+from feedapi_dagster.protocol import RetryPolicy, feed_settings
 
 
 def main() -> None:
@@ -37,8 +38,9 @@ def main() -> None:
     feed = feed_settings(url=url, page_size_hint=40, retry=RetryPolicy(base_delay=0.01, max_delay=0.1))
     for command in sys.stdin:
         pausing = command.strip() == "load-pausing"
-        loader = FeedLoader(feed, DeltaSink(FeedTable(session, table)), LoadSettings(read_tasks=2), on_moment=at,
-                            ship_package=True)  # the cluster has no feedapi-dagster installed
+        loader = FeedLoader(
+            feed, DeltaSink(FeedTable(session, table)), LoadSettings(read_tasks=2), on_moment=at, ship_package=True
+        )  # the cluster has no feedapi-dagster installed
         try:
             outcome = loader.load(p.id for p in loader.client.discover().partitions)
             print(json.dumps({"ok": True, "version": outcome.committed.delta_version}), flush=True)

@@ -6,6 +6,7 @@ both workers, every event lands once, and the feed's bearer token is in no file 
 event log or Dagster wrote, nor in any object of the lakehouse. Then the executors die in the middle of a read and
 between a load's rows commit and its state commit, and a slow read task gets a speculative copy: every
 event still lands once, and the cursors committed are those of the attempt whose rows Delta kept."""
+
 import json
 import os
 import queue
@@ -19,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Gate
-from feedapi_dagster.lakehouse.jars import pyspark_home
 from feedapi_dagster.lakehouse.connect_server import SparkConnectServer, port_open, read_token
-from tests.ports import find_free_port
-from feedapi_dagster.lakehouse.spark_conf import LOOPBACK
 from feedapi_dagster.lakehouse.cursor_record import read_committed_state
+from feedapi_dagster.lakehouse.jars import pyspark_home
+from feedapi_dagster.lakehouse.spark_conf import LOOPBACK
+from tests.ports import find_free_port
 
 from ..conftest import BUCKET
 from ..lakehouse.conftest import payloads
@@ -43,16 +44,35 @@ class StandaloneCluster:
         self.processes: list[subprocess.Popen] = []
 
     def _start(self, name: str, *args: str) -> None:
-        env = {**os.environ, **self.env, "SPARK_HOME": str(pyspark_home()), "SPARK_LOCAL_IP": LOOPBACK,
-               "SPARK_LOG_DIR": str(self.work / "logs")}
+        env = {
+            **os.environ,
+            **self.env,
+            "SPARK_HOME": str(pyspark_home()),
+            "SPARK_LOCAL_IP": LOOPBACK,
+            "SPARK_LOG_DIR": str(self.work / "logs"),
+        }
         log = open(self.work / f"{name}.log", "wb")
-        self.processes.append(subprocess.Popen(
-            [str(pyspark_home() / "bin" / "spark-class"), *args], env=env, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True))
+        self.processes.append(
+            subprocess.Popen(
+                [str(pyspark_home() / "bin" / "spark-class"), *args],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
 
     def start(self) -> "StandaloneCluster":
-        self._start("master", "org.apache.spark.deploy.master.Master", "--host", LOOPBACK, "--port", str(self.port),
-                    "--webui-port", str(find_free_port()))
+        self._start(
+            "master",
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            LOOPBACK,
+            "--port",
+            str(self.port),
+            "--webui-port",
+            str(find_free_port()),
+        )
         deadline = time.monotonic() + 120
         while not port_open(self.port):
             assert time.monotonic() < deadline, (self.work / "master.log").read_text()[-3000:]
@@ -60,12 +80,29 @@ class StandaloneCluster:
         # two host names for one machine: Spark never runs a speculative copy on the host of the original
         for n, host in ((1, LOOPBACK), (2, "localhost")):
             (self.work / f"worker-{n}").mkdir()
-            self._start(f"worker-{n}", "org.apache.spark.deploy.worker.Worker", "--host", host, "--cores", "1",
-                        "--memory", "1g", "--work-dir", str(self.work / f"worker-{n}"),
-                        "--webui-port", str(find_free_port()), self.master)
+            self._start(
+                f"worker-{n}",
+                "org.apache.spark.deploy.worker.Worker",
+                "--host",
+                host,
+                "--cores",
+                "1",
+                "--memory",
+                "1g",
+                "--work-dir",
+                str(self.work / f"worker-{n}"),
+                "--webui-port",
+                str(find_free_port()),
+                self.master,
+            )
         deadline = time.monotonic() + 120
-        while sum("Successfully registered with master" in (self.work / f"worker-{n}.log").read_text(errors="replace")
-                  for n in (1, 2)) < 2:
+        while (
+            sum(
+                "Successfully registered with master" in (self.work / f"worker-{n}.log").read_text(errors="replace")
+                for n in (1, 2)
+            )
+            < 2
+        ):
             assert time.monotonic() < deadline, "the workers did not register"
             time.sleep(0.2)
         return self
@@ -78,8 +115,9 @@ class StandaloneCluster:
         killed = 0
         for proc in Path("/proc").iterdir():
             try:
-                if (b"CoarseGrainedExecutorBackend" in (proc / "cmdline").read_bytes()
-                        and os.readlink(proc / "cwd").startswith(str(self.work))):
+                if b"CoarseGrainedExecutorBackend" in (proc / "cmdline").read_bytes() and os.readlink(
+                    proc / "cwd"
+                ).startswith(str(self.work)):
                     os.kill(int(proc.name), signal.SIGKILL)
                     killed += 1
             except (OSError, ValueError):
@@ -104,13 +142,25 @@ def cluster(tmp_path_factory, s3_storage):
     cluster = StandaloneCluster(work, credentials).start()
     events = work / "event-log"
     events.mkdir()
-    server = SparkConnectServer(find_free_port(), work_dir=work / "connect", conf={
-        "spark.master": cluster.master, "spark.executor.cores": "1", "spark.cores.max": "2",
-        "spark.executor.memory": "1g", "spark.eventLog.enabled": "true", "spark.eventLog.dir": events.as_uri(),
-        # a task running 1.5x as long as the median of its finished peers gets a copy on another host
-        "spark.speculation": "true", "spark.speculation.interval": "200ms", "spark.speculation.quantile": "0.5",
-        "spark.speculation.multiplier": "1.5", "spark.speculation.minTaskRuntime": "1s",
-    }, env=credentials)
+    server = SparkConnectServer(
+        find_free_port(),
+        work_dir=work / "connect",
+        conf={
+            "spark.master": cluster.master,
+            "spark.executor.cores": "1",
+            "spark.cores.max": "2",
+            "spark.executor.memory": "1g",
+            "spark.eventLog.enabled": "true",
+            "spark.eventLog.dir": events.as_uri(),
+            # a task running 1.5x as long as the median of its finished peers gets a copy on another host
+            "spark.speculation": "true",
+            "spark.speculation.interval": "200ms",
+            "spark.speculation.quantile": "0.5",
+            "spark.speculation.multiplier": "1.5",
+            "spark.speculation.minTaskRuntime": "1s",
+        },
+        env=credentials,
+    )
     server.start()
     yield cluster, server
     server.stop()
@@ -123,13 +173,29 @@ def test_the_project_on_a_standalone_cluster(spark, cluster, lakehouse, s3_serve
     feed = DemoFeed(partitions=3, events=900, seed=61)
     home = tmp_path / "dagster_home"
     home.mkdir()
-    env = {**os.environ, "CLUSTER_FEED_TOKEN": TOKEN, "SPARK_CONNECT_AUTHENTICATE_TOKEN": read_token(server.port),
-           "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "CLUSTER_FEED_TOKEN": TOKEN,
+        "SPARK_CONNECT_AUTHENTICATE_TOKEN": read_token(server.port),
+        "PYTHONPATH": str(ROOT),
+    }
     with DemoFeedServer(feed, dialect="published", token=TOKEN) as feed_server:
-        flow = subprocess.run([sys.executable, str(Path(__file__).with_name("cluster_flow.py")), feed_server.url,
-                               lakehouse.root, f"sc://localhost:{server.port}", str(home),
-                               lakehouse.storage.model_dump_json()],
-                              capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+        flow = subprocess.run(
+            [
+                sys.executable,
+                str(Path(__file__).with_name("cluster_flow.py")),
+                feed_server.url,
+                lakehouse.root,
+                f"sc://localhost:{server.port}",
+                str(home),
+                lakehouse.storage.model_dump_json(),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env=env,
+            cwd=ROOT,
+        )
         assert flow.returncode == 0, flow.stdout[-2000:] + flow.stderr[-5000:]
         outcome = json.loads(flow.stdout.strip().splitlines()[-1])
     assert [step for step, ok in outcome["runs"] if not ok] == [], outcome
@@ -193,14 +259,29 @@ def test_dead_executors_and_speculative_copies_load_every_event_once(spark, clus
             assert payloads(spark, table, partition) == feed.published(partition), f"partition {partition}"
             assert state.get(partition).position == len(feed.published(partition))
 
-    with DemoFeedServer(feed, dialect="published") as feed_server, subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("cluster_load.py")), feed_server.url, table,
-             f"sc://localhost:{server.port}", str(pause)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-            cwd=ROOT) as loads:
+    with (
+        DemoFeedServer(feed, dialect="published") as feed_server,
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(Path(__file__).with_name("cluster_load.py")),
+                feed_server.url,
+                table,
+                f"sc://localhost:{server.port}",
+                str(pause),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=ROOT,
+        ) as loads,
+    ):
         results: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=lambda: [results.put(line) for line in loads.stdout if line.startswith("{")],
-                         daemon=True).start()
+        threading.Thread(
+            target=lambda: [results.put(line) for line in loads.stdout if line.startswith("{")], daemon=True
+        ).start()
 
         def start_load(command: str = "load") -> None:
             loads.stdin.write(command + "\n")

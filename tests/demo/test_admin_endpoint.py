@@ -1,5 +1,6 @@
 """What both demo servers' admin endpoints share (`demo/admin.py`): the faults, set the same way on
 each, and the answers to a request that is not an action or whose body is not a JSON object."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -1,4 +1,5 @@
 """The demo server over real HTTP on 127.0.0.1: wire shapes per dialect, paging, splits, errors, faults."""
+
 from __future__ import annotations
 
 import http.client
@@ -26,7 +27,9 @@ def payload(line: bytes) -> str:
     return json.loads(text) if text.startswith('"') else text
 
 
-def fetch(server: DemoFeedServer, partition: int, cursor: str, page_size: int | None = None, **extra: str) -> requests.Response:
+def fetch(
+    server: DemoFeedServer, partition: int, cursor: str, page_size: int | None = None, **extra: str
+) -> requests.Response:
     """One fetch request in the server's dialect."""
     params: dict[str, object] = dict(extra)
     if server.dialect == "v1":
@@ -56,7 +59,9 @@ def parse_page(body: bytes) -> tuple[list[str], list[tuple[int, str]]]:
     return events, checkpoints
 
 
-def read_all(server: DemoFeedServer, partition: int, cursor: str = "_first", page_size: int = 37, **extra: str) -> tuple[list[str], str]:
+def read_all(
+    server: DemoFeedServer, partition: int, cursor: str = "_first", page_size: int = 37, **extra: str
+) -> tuple[list[str], str]:
     """Page to the end; events after the last checkpoint of a page are not committed (none should exist)."""
     events: list[str] = []
     while True:
@@ -152,7 +157,10 @@ def test_discovery_shapes() -> None:
     assert by_id[str(grandchildren[0])]["cursorFromPartitions"] == [str(children2[0]), "3"]
     assert draft["exactlyOnce"] is True and draft["filters"] == ["type"]
     assert published["token"] and "filters" not in published
-    assert [p for p in published["partitions"] if p.get("closed")] == [{"id": "0", "closed": True}, {"id": "1", "closed": True}]
+    assert [p for p in published["partitions"] if p.get("closed")] == [
+        {"id": "0", "closed": True},
+        {"id": "1", "closed": True},
+    ]
     with pytest.raises(ValueError):
         feed.split_method1(1)  # closed
     with pytest.raises(ValueError):
@@ -184,7 +192,7 @@ def test_method2_child_from_parent_cursor_returns_the_rest() -> None:
         logs = [feed.published(child) for child in children]
         assert set(history) <= set(logs[0] + logs[1]) and len(logs[0]) + len(logs[1]) == 230
         rest = [read_all(server, child, cursor)[0] for child in children]
-        for log, tail in zip(logs, rest):
+        for log, tail in zip(logs, rest, strict=True):
             assert tail == log[len(log) - len(tail) :]  # a cursor of the parent is a position in the child
         assert sorted(before + rest[0] + rest[1]) == sorted(logs[0] + logs[1])
         assert [read_all(server, child)[0] for child in children] == logs
@@ -266,8 +274,15 @@ def test_published_filters() -> None:
     feed = DemoFeed(partitions=1, events=300, seed=14)
     types = lambda texts: {json.loads(t)["type"] if t.startswith("{") else None for t in texts}  # noqa: E731
     with DemoFeedServer(feed, dialect="published") as server:
-        assert types(read_all(server, 0, **{"event-types": "order.paid;order.shipped"})[0]) == {"order.paid", "order.shipped"}
-        assert types(read_all(server, 0, **{"skip-event-types": "order.paid"})[0]) == {"order.created", "order.shipped", None}
+        assert types(read_all(server, 0, **{"event-types": "order.paid;order.shipped"})[0]) == {
+            "order.paid",
+            "order.shipped",
+        }
+        assert types(read_all(server, 0, **{"skip-event-types": "order.paid"})[0]) == {
+            "order.created",
+            "order.shipped",
+            None,
+        }
     with DemoFeedServer(feed, dialect="published", ignore_filters=True) as server:
         assert read_all(server, 0, **{"event-types": "order.paid"})[0] == feed.published(0)
 
@@ -341,8 +356,13 @@ def test_admin_endpoint() -> None:
         assert requests.post(f"{admin}/rotate-token", json={}).json()["token"] != token
         assert requests.post(f"{admin}/faults", json={"rate": 1.0, "seed": 1, "retry_after": 0, "kinds": ["503"]}).ok
         assert fetch(server, children[0], "_first").status_code == 503
-        for path, body in [("close", {"partition": 99}), ("split", {"partition": 1, "method": 1}), ("append", {"count": "x"}),
-                           ("split", {"partition": children[0], "method": 3}), ("close", {})]:
+        for path, body in [
+            ("close", {"partition": 99}),
+            ("split", {"partition": 1, "method": 1}),
+            ("append", {"count": "x"}),
+            ("split", {"partition": children[0], "method": 3}),
+            ("close", {}),
+        ]:
             response = requests.post(f"{admin}/{path}", json=body)
             assert response.status_code == 400 and response.json()["error"], (path, body)
 
@@ -358,8 +378,21 @@ def test_stop_closes_keep_alive_connections() -> None:
 
 def test_console_demo_server() -> None:
     env = {**os.environ, "DEMO_TOKEN": "t0k"}
-    command = [sys.executable, "-m", "feedapi_dagster.cli", "demo-server", "--port", "0", "--events", "50",
-               "--dialect", "published", "--token-env", "DEMO_TOKEN", "--at-least-once"]
+    command = [
+        sys.executable,
+        "-m",
+        "feedapi_dagster.cli",
+        "demo-server",
+        "--port",
+        "0",
+        "--events",
+        "50",
+        "--dialect",
+        "published",
+        "--token-env",
+        "DEMO_TOKEN",
+        "--at-least-once",
+    ]
     with subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env) as process:
         try:
             url = process.stdout.readline().strip()  # type: ignore[union-attr]

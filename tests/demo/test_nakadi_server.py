@@ -1,5 +1,6 @@
 """The Nakadi demo server over real HTTP on 127.0.0.1: partitions, streams, keep-alives, retention,
 repartitioning, duplicates, Problem errors and faults."""
+
 from __future__ import annotations
 
 import argparse
@@ -28,15 +29,14 @@ def events_url(server: NakadiDemoServer, name: str = NAME) -> str:
     return f"{server.url}/event-types/{name}/events"
 
 
-def open_stream(server: NakadiDemoServer, cursors: list[dict[str, str]], headers: dict[str, str] | None = None,
-                **params: object) -> requests.Response:
+def open_stream(
+    server: NakadiDemoServer, cursors: list[dict[str, str]], headers: dict[str, str] | None = None, **params: object
+) -> requests.Response:
     headers = {"X-Nakadi-Cursors": json.dumps(cursors), **(headers or {})}
     return requests.get(events_url(server), headers=headers, params=params, stream=True, timeout=10)
 
 
-def read_stream(
-    server: NakadiDemoServer, cursors: list[dict[str, str]], **params: object
-) -> list[tuple[dict, bytes]]:
+def read_stream(server: NakadiDemoServer, cursors: list[dict[str, str]], **params: object) -> list[tuple[dict, bytes]]:
     """(batch, raw line) of one stream, read until every streamed partition has had a keep-alive."""
     waiting = {c["partition"] for c in cursors}
     batches: list[tuple[dict, bytes]] = []
@@ -153,8 +153,11 @@ def test_resume_from_a_mid_cursor() -> None:
 def test_several_partitions_in_one_stream() -> None:
     event_type = NakadiEventType(partitions=4, events=400, seed=4)
     with NakadiDemoServer(event_type) as server:
-        cursors = [{"partition": "3", "offset": BEGIN}, {"partition": "1", "offset": format_offset(4)},
-                   {"partition": "0", "offset": BEGIN}]
+        cursors = [
+            {"partition": "3", "offset": BEGIN},
+            {"partition": "1", "offset": format_offset(4)},
+            {"partition": "0", "offset": BEGIN},
+        ]
         batches = read_stream(server, cursors, batch_limit=25)
     assert {b["cursor"]["partition"] for b, _ in batches} == {"0", "1", "3"}
     assert offsets_and_events(batches, "3") == stored(event_type, 3)
@@ -228,11 +231,15 @@ def test_expire_moves_the_oldest_offset() -> None:
         total = len(event_type.read(1, BEGIN, 1000))
         response = requests.post(f"{server.url}/admin/expire", json={"partition": 1, "keep_last": 10})
         oldest = format_offset(total - 10)
-        assert response.json() == {"partition": "1", "oldest_available_offset": oldest,
-                                   "newest_available_offset": format_offset(total - 1)}
+        assert response.json() == {
+            "partition": "1",
+            "oldest_available_offset": oldest,
+            "newest_available_offset": format_offset(total - 1),
+        }
         too_old = format_offset(3)
-        body = assert_problem(open_stream(server, [{"partition": "1", "offset": too_old}]), 422,
-                              too_old, "partition 1", oldest)
+        body = assert_problem(
+            open_stream(server, [{"partition": "1", "offset": too_old}]), 422, too_old, "partition 1", oldest
+        )
         assert body["title"] == "Unprocessable Entity"
         # just before the oldest is fine, and so is BEGIN: both read the 10 remaining events
         just_before = format_offset(total - 11)
@@ -244,8 +251,11 @@ def test_expire_moves_the_oldest_offset() -> None:
         assert event_type.expected_eids(1) == {m["eid"] for m in everything if m["partition"] == "1"}  # expired too
         # everything expired: still the same offsets, and newest stays the last event's
         event_type.expire(1, 0)
-        assert event_type.partition(1) == {"partition": "1", "oldest_available_offset": format_offset(total),
-                                           "newest_available_offset": format_offset(total - 1)}
+        assert event_type.partition(1) == {
+            "partition": "1",
+            "oldest_available_offset": format_offset(total),
+            "newest_available_offset": format_offset(total - 1),
+        }
         keep_alive = read_stream(server, [{"partition": "1", "offset": BEGIN}])
         assert [b for b, _ in keep_alive] == [{"cursor": {"partition": "1", "offset": BEGIN}}]
 
@@ -352,8 +362,9 @@ def test_gate_holds_a_partition() -> None:
     with NakadiDemoServer(event_type) as server:
         server.gate = gate = Gate(partition=1)
         result: list[list[tuple[dict, bytes]]] = []
-        reader = threading.Thread(target=lambda: result.append(read_stream(
-            server, [{"partition": "1", "offset": BEGIN}], batch_limit=100)))
+        reader = threading.Thread(
+            target=lambda: result.append(read_stream(server, [{"partition": "1", "offset": BEGIN}], batch_limit=100))
+        )
         reader.start()
         assert gate.arrived.wait(5)
         event_type.append(30)  # arrives while the stream is held

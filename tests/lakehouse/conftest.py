@@ -2,7 +2,7 @@ import pytest
 
 from feedapi_dagster.lakehouse.loader import FeedLoader
 from feedapi_dagster.lakehouse.sink import DeltaSink
-from feedapi_dagster.protocol import feed_settings, RetryPolicy, FeedSettings
+from feedapi_dagster.protocol import FeedSettings, RetryPolicy, feed_settings
 
 
 @pytest.fixture
@@ -31,6 +31,7 @@ def make_sink(spark, table_path, read_log, lakehouse):
     def make(path=None, **kwargs):
         table = lakehouse.feed_table(spark, path or table_path, read_log="spark" if read_log == "spark" else "auto")
         return DeltaSink(table, **kwargs)
+
     return make
 
 
@@ -43,6 +44,7 @@ def source(url, **options) -> FeedSettings:
 def make_loader(make_sink):
     def make(server, *, path=None, settings=None, on_moment=None, **options):
         return FeedLoader(source(server.url, **options), make_sink(path), settings, on_moment=on_moment)
+
     return make
 
 
@@ -60,12 +62,17 @@ def create_partitioned_table(spark, path):
     `position` only. Loads must go on with it as it is (it is never rewritten)."""
     from feedapi_dagster.lakehouse.delta import TABLE_DDL
 
-    spark.sql(f"CREATE TABLE delta.`{path}` ({TABLE_DDL}) USING delta PARTITIONED BY (partition_id) "
-              "TBLPROPERTIES ('delta.dataSkippingStatsColumns' = 'position')")
+    spark.sql(
+        f"CREATE TABLE delta.`{path}` ({TABLE_DDL}) USING delta PARTITIONED BY (partition_id) "
+        "TBLPROPERTIES ('delta.dataSkippingStatsColumns' = 'position')"
+    )
 
 
 def table_layout(spark, path) -> tuple[list[str], list[str], dict[str, str]]:
     """The table's partition columns, clustering columns and properties (`DESCRIBE DETAIL`)."""
-    row = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").select("partitionColumns", "clusteringColumns",
-                                                              "properties").first()
+    row = (
+        spark.sql(f"DESCRIBE DETAIL delta.`{path}`")
+        .select("partitionColumns", "clusteringColumns", "properties")
+        .first()
+    )
     return list(row[0]), list(row[1] or []), dict(row[2] or {})

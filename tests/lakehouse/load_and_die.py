@@ -11,17 +11,18 @@ next is not (read, before) or is (after). With MOMENT `none` it syncs once and e
 the lakehouse's `S3Storage` (the table is on S3), whose settings and credentials the session brings to
 the server (as a project's run does).
 """
+
 import json
 import os
 import signal
 import sys
 
-from feedapi_dagster.protocol import feed_settings
 from feedapi_dagster.lakehouse.delta import FeedTable
 from feedapi_dagster.lakehouse.loader import FeedLoader, LoadSettings
-from feedapi_dagster.lakehouse.sink import DeltaSink
 from feedapi_dagster.lakehouse.sessions import connect_session
+from feedapi_dagster.lakehouse.sink import DeltaSink
 from feedapi_dagster.lakehouse.storage import S3Storage
+from feedapi_dagster.protocol import feed_settings
 
 
 def main() -> None:
@@ -40,9 +41,12 @@ def main() -> None:
     options = storage.storage_options() if storage else None
     sink = DeltaSink(FeedTable(connect_session(connect_url, storage=storage), path, storage_options=options))
     settings = json.loads(feed) if feed.startswith("{") else {"url": feed}
-    loader = FeedLoader(feed_settings(**{**settings, "page_size_hint": 50}), sink,
-                        LoadSettings(max_events_per_partition=100, spark_unresponsive_seconds=unresponsive),
-                        on_moment=die_at)
+    loader = FeedLoader(
+        feed_settings(**{**settings, "page_size_hint": 50}),
+        sink,
+        LoadSettings(max_events_per_partition=100, spark_unresponsive_seconds=unresponsive),
+        on_moment=die_at,
+    )
     for _ in range(1 if moment == "none" else 3):
         loader.sync()
     print("survived", flush=True)

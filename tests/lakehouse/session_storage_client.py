@@ -10,6 +10,7 @@ one JSON line: ``count`` (the table's rows after the append), ``set`` (the ``fs.
 ``SET``), ``set_secret`` (``SET fs.s3a.secret.key``), ``explain`` (the extended plans of the read) or
 ``error`` (a failure's type and text, with its traceback), and ``seconds`` (the session's creation).
 """
+
 import contextlib
 import io
 import json
@@ -27,9 +28,12 @@ from feedapi_dagster.orchestration.config import StorageConfig
 def main() -> None:
     spec = json.loads(sys.argv[1])
     storage = S3Storage.model_validate_json(spec["storage"]) if spec["storage"] else None
-    project = ProjectConfig(lakehouse=spec["lakehouse"], storage=StorageConfig(s3=storage),
-                            spark=SparkSettings(mode="embedded", port=spec["port"]),
-                            feeds=[FeedConfig(name="events", url="http://127.0.0.1:9/feed")])
+    project = ProjectConfig(
+        lakehouse=spec["lakehouse"],
+        storage=StorageConfig(s3=storage),
+        spark=SparkSettings(mode="embedded", port=spec["port"]),
+        feeds=[FeedConfig(name="events", url="http://127.0.0.1:9/feed")],
+    )
     path = project.table_path(project.feeds[0])
     out: dict = {}
     try:

@@ -7,6 +7,7 @@ a classic one):
 
 prints one JSON line: each failure's type, error condition and whether `spark_errors` classifies it.
 """
+
 from __future__ import annotations
 
 import json
@@ -61,8 +62,14 @@ def lost_commit_race(spark: Any, work_dir: Path) -> BaseException:
 
     def overwrite() -> None:
         try:
-            (spark.range(1).select(F.lit(1).alias("partition_id"), hold(F.col("id")).alias("v"))
-             .write.format("delta").mode("overwrite").option("replaceWhere", "partition_id = 1").save(path))
+            (
+                spark.range(1)
+                .select(F.lit(1).alias("partition_id"), hold(F.col("id")).alias("v"))
+                .write.format("delta")
+                .mode("overwrite")
+                .option("replaceWhere", "partition_id = 1")
+                .save(path)
+            )
         except Exception as error:  # noqa: BLE001
             errors.append(error)
 
@@ -80,9 +87,15 @@ def lost_commit_race(spark: Any, work_dir: Path) -> BaseException:
 
 def classified(spark: Any, work_dir: Path, local_dirs: Path) -> dict[str, dict[str, Any]]:
     kept, raced = lost_kept_read(spark, local_dirs), lost_commit_race(spark, work_dir)
-    return {name: {"type": type(error).__name__, "condition": condition(error),
-                   "kept_read_lost": is_kept_read_lost(error), "commit_conflict": is_commit_conflict(error)}
-            for name, error in (("kept", kept), ("raced", raced))}
+    return {
+        name: {
+            "type": type(error).__name__,
+            "condition": condition(error),
+            "kept_read_lost": is_kept_read_lost(error),
+            "commit_conflict": is_commit_conflict(error),
+        }
+        for name, error in (("kept", kept), ("raced", raced))
+    }
 
 
 def main() -> None:

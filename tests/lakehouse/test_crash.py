@@ -11,6 +11,7 @@
 * the Spark Connect server SIGKILLed in the middle of a read, and SIGSTOPped (the load ends with
   `SparkUnresponsive` after its bound, instead of waiting for ever).
 """
+
 import os
 import signal
 import subprocess
@@ -22,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults, Gate, NakadiDemoServer, NakadiEventType
-from feedapi_dagster.lakehouse.loader import FeedLoader
 from feedapi_dagster.lakehouse.cursor_record import read_committed_state, read_history
-from feedapi_dagster.protocol import feed_settings, RetryPolicy, FeedSettings
+from feedapi_dagster.lakehouse.loader import FeedLoader
+from feedapi_dagster.protocol import FeedSettings, RetryPolicy, feed_settings
 
 from ..spark_processes import kill, python_workers
 from .conftest import table_rows
@@ -41,8 +42,12 @@ def load_command(server, table_path: str, moment: str, connect_url: str, lakehou
 def kill_a_load(spark, server, feed, table_path: str, moment: str, generation: int, connect_server, lakehouse) -> None:
     """Syncs in `load_and_die.py`, SIGKILLed the second time they reach `moment`: the table then holds
     the state of commit `generation` and exactly the rows its cursors cover, some of the feed's events."""
-    process = subprocess.run(load_command(server, table_path, moment, connect_server.client_url(), lakehouse),
-                             capture_output=True, text=True, timeout=300)
+    process = subprocess.run(
+        load_command(server, table_path, moment, connect_server.client_url(), lakehouse),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert process.returncode == -signal.SIGKILL, process.stdout + process.stderr[-3000:]
     # through Spark: a load killed between its rows commit and its state commit leaves the cursors in
     # the rows (`rows_committed`)
@@ -55,17 +60,27 @@ def kill_a_load(spark, server, feed, table_path: str, moment: str, generation: i
 
 
 def nakadi_feed(server: NakadiDemoServer) -> FeedSettings:
-    return feed_settings(url=server.url, protocol="nakadi", event_type=server.event_type.name,
-                retry=RetryPolicy(max_attempts=30, base_delay=0.001, max_delay=0.01))
+    return feed_settings(
+        url=server.url,
+        protocol="nakadi",
+        event_type=server.event_type.name,
+        retry=RetryPolicy(max_attempts=30, base_delay=0.001, max_delay=0.01),
+    )
 
 
-@pytest.mark.parametrize("moment, generation, lakehouse", [
-    ("before_commit", 1, "local"), ("rows_committed", 2, "local"), ("after_commit", 2, "local"),
-    ("rows_committed", 2, "s3"),
-], indirect=["lakehouse"])
-def test_sigkill_of_a_streamed_load_then_resume_loads_every_event_exactly_once(spark, connect_server, make_loader,
-                                                                               lakehouse, table_path, moment,
-                                                                               generation):
+@pytest.mark.parametrize(
+    "moment, generation, lakehouse",
+    [
+        ("before_commit", 1, "local"),
+        ("rows_committed", 2, "local"),
+        ("after_commit", 2, "local"),
+        ("rows_committed", 2, "s3"),
+    ],
+    indirect=["lakehouse"],
+)
+def test_sigkill_of_a_streamed_load_then_resume_loads_every_event_exactly_once(
+    spark, connect_server, make_loader, lakehouse, table_path, moment, generation
+):
     # An exactly-once feed: each load is one Spark job that reads and commits the rows, then the state
     # commit. Killed before the job, between the two commits, or after both, in the second of its loads.
     feed = DemoFeed(partitions=2, events=600, seed=20)
@@ -76,14 +91,21 @@ def test_sigkill_of_a_streamed_load_then_resume_loads_every_event_exactly_once(s
     assert_every_event_once(spark, table_path, feed, exactly_once=True, log=lakehouse.log(table_path))
 
 
-@pytest.mark.parametrize("moment, generation, lakehouse", [
-    # an at-least-once feed: its first wave streamed, the next ones deduplicated against the table
-    # through a kept read (`read`: killed with the read kept, before its commit)
-    ("read", 2, "local"), ("before_commit", 1, "local"), ("after_commit", 2, "local"),
-    ("after_commit", 2, "s3"),  # on S3, the moments of its own uploads are the test below
-], indirect=["lakehouse"])
-def test_sigkill_of_the_run_then_resume_loads_every_event_exactly_once(spark, connect_server, make_loader, lakehouse,
-                                                                       table_path, moment, generation):
+@pytest.mark.parametrize(
+    "moment, generation, lakehouse",
+    [
+        # an at-least-once feed: its first wave streamed, the next ones deduplicated against the table
+        # through a kept read (`read`: killed with the read kept, before its commit)
+        ("read", 2, "local"),
+        ("before_commit", 1, "local"),
+        ("after_commit", 2, "local"),
+        ("after_commit", 2, "s3"),  # on S3, the moments of its own uploads are the test below
+    ],
+    indirect=["lakehouse"],
+)
+def test_sigkill_of_the_run_then_resume_loads_every_event_exactly_once(
+    spark, connect_server, make_loader, lakehouse, table_path, moment, generation
+):
     feed = DemoFeed(partitions=2, events=600, seed=21, exactly_once=False, duplicate_ratio=0.1)
     with DemoFeedServer(feed, dialect="draft") as server:
         kill_a_load(spark, server, feed, table_path, moment, generation, connect_server, lakehouse)
@@ -94,7 +116,8 @@ def test_sigkill_of_the_run_then_resume_loads_every_event_exactly_once(spark, co
 
 @pytest.mark.parametrize("moment, generation", [("before_commit", 1), ("after_commit", 2)])
 def test_a_nakadi_load_sigkilled_at_its_commit_then_resumed_lands_every_event_once(
-        spark, connect_server, make_sink, lakehouse, table_path, moment, generation):
+    spark, connect_server, make_sink, lakehouse, table_path, moment, generation
+):
     """A Nakadi event type (at least once: repeated eids) over faults; the load is killed right before
     or right after a commit, then the feed moves on and a resume loads the rest."""
     event_type = NakadiEventType(partitions=2, events=600, seed=22, duplicate_ratio=0.1)
@@ -109,19 +132,28 @@ def test_a_nakadi_load_sigkilled_at_its_commit_then_resumed_lands_every_event_on
 @pytest.mark.parametrize("lakehouse", ["s3"], indirect=True)
 @pytest.mark.parametrize("held", ["/part-", "/_delta_log/0"], ids=["during-the-write", "before-the-commit-file"])
 def test_sigkill_of_the_run_while_its_delta_write_uploads_to_s3_lands_every_event_once(
-        spark, connect_server, s3_server, lakehouse, table_path, held):
+    spark, connect_server, s3_server, lakehouse, table_path, held
+):
     feed = DemoFeed(partitions=2, events=300, seed=24)
     connect_url = connect_server.client_url()
     with DemoFeedServer(feed, dialect="published") as server:
-        first = subprocess.run(load_command(server, table_path, "none", connect_url, lakehouse),
-                               capture_output=True, text=True, timeout=300)
+        first = subprocess.run(
+            load_command(server, table_path, "none", connect_url, lakehouse),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert first.returncode == 0, first.stderr[-3000:]
         before = read_committed_state(lakehouse.log(table_path))
         feed.append(100)
         s3_server.hold_uploads(held)  # the next write's data files, or its commit file
         try:
-            load = subprocess.Popen(load_command(server, table_path, "none", connect_url, lakehouse),
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            load = subprocess.Popen(
+                load_command(server, table_path, "none", connect_url, lakehouse),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             deadline = time.monotonic() + 240
             while s3_server.held_uploads() == 0:
                 assert load.poll() is None and time.monotonic() < deadline, "the write never uploaded"
@@ -135,8 +167,12 @@ def test_sigkill_of_the_run_while_its_delta_write_uploads_to_s3_lands_every_even
         # through the same Spark driver, goes on from whatever landed
         _wait_until_the_version_settles(lakehouse.log(table_path))
         feed.append(30)
-        again = subprocess.run(load_command(server, table_path, "none", connect_url, lakehouse),
-                               capture_output=True, text=True, timeout=300)
+        again = subprocess.run(
+            load_command(server, table_path, "none", connect_url, lakehouse),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert again.returncode == 0, again.stderr[-3000:]
         assert read_committed_state(lakehouse.log(table_path)).state.generation >= before.state.generation + 1
     assert_every_event_once(spark, table_path, feed, exactly_once=True, log=lakehouse.log(table_path))
@@ -175,8 +211,7 @@ def test_a_python_worker_killed_mid_read_is_retried_and_its_read_lands_once(spar
     assert_every_event_once(spark, table_path, feed, exactly_once=True)
 
 
-def test_the_spark_connect_server_killed_mid_read_commits_nothing_then_resume(spark, make_loader, table_path,
-                                                                              tmp_path):
+def test_the_spark_connect_server_killed_mid_read_commits_nothing_then_resume(spark, make_loader, table_path, tmp_path):
     from feedapi_dagster.lakehouse.connect_server import start_embedded_server
     from tests.ports import find_free_port
 
@@ -202,8 +237,9 @@ def test_the_spark_connect_server_killed_mid_read_commits_nothing_then_resume(sp
     assert_every_event_once(spark, table_path, feed, exactly_once=True)
 
 
-def test_a_stopped_spark_connect_server_ends_the_load_with_a_clear_error_not_a_hang(spark, make_loader, table_path,
-                                                                                   tmp_path):
+def test_a_stopped_spark_connect_server_ends_the_load_with_a_clear_error_not_a_hang(
+    spark, make_loader, table_path, tmp_path
+):
     # The server's processes SIGSTOPped while the load's read tasks wait for a page: no call of the
     # load ever returns. The load's watchdog gives up after its bound, the load fails saying why, and
     # its process ends (a Dagster run's slot is freed). Nothing was committed meanwhile; the next load
@@ -215,8 +251,9 @@ def test_a_stopped_spark_connect_server_ends_the_load_with_a_clear_error_not_a_h
     spark_server = start_embedded_server(find_free_port(), work_dir=tmp_path / "stopped-server")
     try:
         with DemoFeedServer(feed, dialect="published") as server:
-            before, gate, process = _a_load_caught_reading(server, feed, make_loader, table_path, spark_server,
-                                                           UNRESPONSIVE_SECONDS="10")
+            before, gate, process = _a_load_caught_reading(
+                server, feed, make_loader, table_path, spark_server, UNRESPONSIVE_SECONDS="10"
+            )
             os.killpg(spark_server.pid, signal.SIGSTOP)
             stopped = time.monotonic()
             try:
@@ -249,9 +286,13 @@ def _a_load_caught_reading(server, feed, make_loader, table_path, spark_server, 
     before = read_committed_state(table_path)
     feed.append(100)
     gate = server.gate = Gate()
-    process = subprocess.Popen([sys.executable, str(SCRIPT), server.url, table_path, "none",
-                                spark_server.client_url()], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env={**os.environ, **env})
+    process = subprocess.Popen(
+        [sys.executable, str(SCRIPT), server.url, table_path, "none", spark_server.client_url()],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env},
+    )
     _wait_for_fetch(gate, process)
     return before, gate, process
 
@@ -265,8 +306,10 @@ def _wait_for_fetch(gate: Gate, process: subprocess.Popen, timeout: float = 240)
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
             out, err = process.communicate()
-            pytest.fail(f"the read tasks never fetched (load process: exit code {process.returncode}):\n"
-                        f"{out[-2000:]}\n{err[-6000:]}")
+            pytest.fail(
+                f"the read tasks never fetched (load process: exit code {process.returncode}):\n"
+                f"{out[-2000:]}\n{err[-6000:]}"
+            )
 
 
 def assert_every_event_once(spark, table_path, feed, exactly_once=False, log=None):

@@ -1,4 +1,5 @@
 """`FeedDataSource`, the public PySpark data source `feedapi`, used without Dagster."""
+
 import json
 
 import pytest
@@ -7,7 +8,7 @@ from feedapi_dagster import FeedDataSource
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults, NakadiDemoServer, NakadiEventType
 from feedapi_dagster.lakehouse.datasource import FeedSourceOptions
 from feedapi_dagster.lakehouse.reads import END_COLUMN, ReadEnd
-from feedapi_dagster.protocol import EventFilter, feed_settings, RetryPolicy
+from feedapi_dagster.protocol import EventFilter, RetryPolicy, feed_settings
 
 TOKEN = "tok-datasource-7c1f-secret"
 
@@ -42,9 +43,15 @@ def test_with_only_a_url_it_reads_every_partition_from_first_to_its_end(feedapi)
 def test_a_nakadi_event_type_reads_through_the_same_source_each_eid_once(feedapi):
     event_type = NakadiEventType(partitions=2, events=200, seed=53, duplicate_ratio=0.2)
     with NakadiDemoServer(event_type, faults=Faults(0.3, seed=5, retry_after=0)) as server:
-        frame = (feedapi.read.format("feedapi").option("protocol", "nakadi").option("url", server.url)
-                 .option("eventType", event_type.name).option("pageSizeHint", "15")
-                 .option("retry", json.dumps({"base_delay": 0.001, "max_delay": 0.01, "max_attempts": 30})).load())
+        frame = (
+            feedapi.read.format("feedapi")
+            .option("protocol", "nakadi")
+            .option("url", server.url)
+            .option("eventType", event_type.name)
+            .option("pageSizeHint", "15")
+            .option("retry", json.dumps({"base_delay": 0.001, "max_delay": 0.01, "max_attempts": 30}))
+            .load()
+        )
         rows = by_partition(frame.collect())
     assert sorted(rows) == [0, 1]
     for partition, got in rows.items():  # Nakadi's repeated events dropped in the read, by metadata.eid
@@ -57,16 +64,30 @@ def test_incremental_options_resume_where_a_checkpoint_row_says(feedapi):
     feed = DemoFeed(partitions=3, events=300, seed=52)
     with DemoFeedServer(feed, dialect="draft") as server:
         feed_ = feed_settings(url=server.url, page_size_hint=20)
-        first = feedapi.read.format("feedapi").options(**FeedSourceOptions(
-            feed_, partitions=(1, 2), max_events=30, checkpoint_rows=True).spark_options()).load().collect()
+        first = (
+            feedapi.read.format("feedapi")
+            .options(**FeedSourceOptions(feed_, partitions=(1, 2), max_events=30, checkpoint_rows=True).spark_options())
+            .load()
+            .collect()
+        )
         ends = {r.partition_id: r for r in first if r[END_COLUMN] is not None}
         assert sorted(ends) == [1, 2]
         for partition, end in ends.items():
             read = ReadEnd.from_json(end[END_COLUMN])
             assert 30 <= read.events == end.position < len(feed.published(partition)) and not read.drained
-        rest = feedapi.read.format("feedapi").options(**FeedSourceOptions(
-            feed_, partitions=(1, 2), start_cursors={p: e.cursor for p, e in ends.items()},
-            start_positions={p: e.position for p, e in ends.items()}).spark_options()).load().collect()
+        rest = (
+            feedapi.read.format("feedapi")
+            .options(
+                **FeedSourceOptions(
+                    feed_,
+                    partitions=(1, 2),
+                    start_cursors={p: e.cursor for p, e in ends.items()},
+                    start_positions={p: e.position for p, e in ends.items()},
+                ).spark_options()
+            )
+            .load()
+            .collect()
+        )
     events = by_partition([r for r in first if r[END_COLUMN] is None] + rest)
     for partition in (1, 2):
         assert [r.payload for r in events[partition]] == feed.published(partition)
@@ -76,8 +97,11 @@ def test_incremental_options_resume_where_a_checkpoint_row_says(feedapi):
 def test_many_partitions_are_read_by_a_few_tasks_each_reading_several_at_once(feedapi):
     feed = DemoFeed(partitions=40, events=400, seed=55, exactly_once=False, duplicate_ratio=0.1)
     with DemoFeedServer(feed, dialect="published", faults=Faults(rate=0.1, seed=55, retry_after=0)) as server:
-        options = FeedSourceOptions(feed_settings(url=server.url, page_size_hint=3, retry=RetryPolicy(base_delay=0.001)),
-                                    tasks=3, checkpoint_rows=True)
+        options = FeedSourceOptions(
+            feed_settings(url=server.url, page_size_hint=3, retry=RetryPolicy(base_delay=0.001)),
+            tasks=3,
+            checkpoint_rows=True,
+        )
         frame = feedapi.read.format("feedapi").options(**options.spark_options()).load()
         assert frame.rdd.getNumPartitions() == 3
         rows = frame.collect()
@@ -94,8 +118,13 @@ def test_a_50_mb_event_loads(feedapi):
     big = '{"id":"huge","blob":"' + "x" * (50 * 1024 * 1024) + '"}'
     feed.add_event(big, partition=0)
     with DemoFeedServer(feed, dialect="published") as server:
-        rows = feedapi.read.format("feedapi").option("url", server.url).load() \
-            .selectExpr("position", "length(payload) AS size", "event_id").collect()
+        rows = (
+            feedapi.read.format("feedapi")
+            .option("url", server.url)
+            .load()
+            .selectExpr("position", "length(payload) AS size", "event_id")
+            .collect()
+        )
     assert sorted(rows)[-1] == (5, len(big), "huge")
 
 
@@ -103,8 +132,9 @@ def test_bad_options_fail_with_a_message_that_names_them(feedapi):
     with pytest.raises(Exception, match="needs the option `url`"):
         feedapi.read.format("feedapi").load().collect()
     with pytest.raises(Exception, match="bad option"):
-        feedapi.read.format("feedapi").option("url", "http://127.0.0.1:9/feed") \
-            .option("startCursors", "{not json").load().collect()
+        feedapi.read.format("feedapi").option("url", "http://127.0.0.1:9/feed").option(
+            "startCursors", "{not json"
+        ).load().collect()
 
 
 def test_the_bearer_token_is_not_in_the_plan(feedapi, capsys):
@@ -120,11 +150,19 @@ def test_the_bearer_token_is_not_in_the_plan(feedapi, capsys):
 
 
 def test_one_feed_model_is_the_config_the_spark_options_and_the_client():
-    feed = feed_settings(url="https://feeds.example.com/orders", dialect="published", page_size_hint=7, token=TOKEN,
-                ca_bundle="/etc/ssl/feeds.pem", event_id_field="eid", filters=EventFilter(event_types=("a", "b")),
-                retry=RetryPolicy(max_attempts=2))
-    read = FeedSourceOptions(feed, partitions=(1, 2), start_cursors={1: "c1"}, start_positions={1: 5},
-                             checkpoint_rows=True, tasks=3)
+    feed = feed_settings(
+        url="https://feeds.example.com/orders",
+        dialect="published",
+        page_size_hint=7,
+        token=TOKEN,
+        ca_bundle="/etc/ssl/feeds.pem",
+        event_id_field="eid",
+        filters=EventFilter(event_types=("a", "b")),
+        retry=RetryPolicy(max_attempts=2),
+    )
+    read = FeedSourceOptions(
+        feed, partitions=(1, 2), start_cursors={1: "c1"}, start_positions={1: 5}, checkpoint_rows=True, tasks=3
+    )
     options = read.spark_options()
     assert options["pageSizeHint"] == "7" and options["caBundle"] == "/etc/ssl/feeds.pem"
     # Spark hands a source its options with lower-cased keys
@@ -140,11 +178,22 @@ def test_the_options_are_the_protocols_settings_only():
     no field of it has is refused (another protocol's, a misspelt one)."""
     from feedapi_dagster.orchestration.config import FeedConfig
 
-    feed = FeedConfig(name="orders", protocol="nakadi", url="https://nakadi.example.com", event_type="shop.order",
-                      page_size_hint=9, schedule={"cron": "0 * * * *"}, load={"read_tasks": 2})
+    feed = FeedConfig(
+        name="orders",
+        protocol="nakadi",
+        url="https://nakadi.example.com",
+        event_type="shop.order",
+        page_size_hint=9,
+        schedule={"cron": "0 * * * *"},
+        load={"read_tasks": 2},
+    )
     options = FeedSourceOptions(feed.settings).spark_options()
-    assert options == {"url": "https://nakadi.example.com", "protocol": "nakadi", "eventType": "shop.order",
-                       "pageSizeHint": "9"}
+    assert options == {
+        "url": "https://nakadi.example.com",
+        "protocol": "nakadi",
+        "eventType": "shop.order",
+        "pageSizeHint": "9",
+    }
     parsed = FeedSourceOptions.parse({key.lower(): value for key, value in options.items()})
     assert parsed.feed == feed.settings and type(parsed.feed).__name__ == "NakadiSettings"
     with pytest.raises(ValueError, match="bad option: dialect: not a setting of protocol nakadi"):
@@ -152,6 +201,8 @@ def test_the_options_are_the_protocols_settings_only():
     with pytest.raises(ValueError, match="bad option: eventType: not a setting of protocol feedapi"):
         FeedSourceOptions.parse({"url": feed.url, "eventType": "shop.order"})
     # (a test's own protocol may be registered in this process too)
-    with pytest.raises(ValueError, match="bad option: protocol: unknown protocol 'kafka': the registered ones are "
-                                         "feedapi, (.+, )?nakadi"):
+    with pytest.raises(
+        ValueError,
+        match="bad option: protocol: unknown protocol 'kafka': the registered ones are feedapi, (.+, )?nakadi",
+    ):
         FeedSourceOptions.parse({"url": feed.url, "protocol": "kafka"})

@@ -3,22 +3,27 @@ as a user's tools would), in both layouts: partitioned by `partition_id` (a fold
 counted from the log's statistics) and not partitioned (a clustered table's case: files hold many
 partitions, counted from the `partition_id` column of the files a DELETE rewrote; delta-rs creates
 no clustered table, and the readers treat every table that is not partitioned alike)."""
+
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
+from feedapi_dagster.lakehouse.cursor_record import encode
 from feedapi_dagster.lakehouse.deletes import count_user_deletes
 from feedapi_dagster.lakehouse.delta import DeltaLog
-from feedapi_dagster.lakehouse.cursor_record import encode
 from feedapi_dagster.lakehouse.stats import PartitionStats
 from feedapi_dagster.planning import FeedState
 
 
 def rows(partition: int, positions: range) -> pa.Table:
-    return pa.table({"partition_id": pa.array([partition] * len(positions), pa.int32()),
-                     "position": pa.array(list(positions), pa.int64())})
+    return pa.table(
+        {
+            "partition_id": pa.array([partition] * len(positions), pa.int32()),
+            "position": pa.array(list(positions), pa.int64()),
+        }
+    )
 
 
 @pytest.fixture(params=["partitioned", "clustered"])
@@ -59,9 +64,15 @@ def test_a_restore_takes_the_count_back_and_a_loads_rebuild_starts_it_again(tmp_
 
     # a load rebuilds partition 0 from its start (its overwrite carries the feed state and names the
     # partitions it replaced): no row is missing
-    write_deltalake(table, rows(0, range(10)), mode="overwrite", predicate="partition_id = 0",
-                    commit_properties=CommitProperties(custom_metadata={
-                        "userMetadata": encode(FeedState(), "load-1", None, replaced=(0,))}))
+    write_deltalake(
+        table,
+        rows(0, range(10)),
+        mode="overwrite",
+        predicate="partition_id = 0",
+        commit_properties=CommitProperties(
+            custom_metadata={"userMetadata": encode(FeedState(), "load-1", None, replaced=(0,))}
+        ),
+    )
     assert dict(count_user_deletes(log).rows) == {}
     # an overwrite that is not a load's is no rebuild: the count stays
     DeltaTable(table).delete("partition_id = 1 AND position = 5")
@@ -106,9 +117,13 @@ def test_a_clustered_tables_delete_is_counted_from_the_files_it_rewrote(tmp_path
 
     # a load's overwrite that does not name the partitions it replaced (a clustered table's files hold
     # other partitions' rows too): which partitions start again is not known
-    write_deltalake(table, rows(0, range(10)), mode="overwrite", predicate="partition_id = 0",
-                    commit_properties=CommitProperties(custom_metadata={
-                        "userMetadata": encode(FeedState(), "load-1", None)}))
+    write_deltalake(
+        table,
+        rows(0, range(10)),
+        mode="overwrite",
+        predicate="partition_id = 0",
+        commit_properties=CommitProperties(custom_metadata={"userMetadata": encode(FeedState(), "load-1", None)}),
+    )
     went_on = count_user_deletes(DeltaLog(table), counted)
     assert not went_on.exact and dict(went_on.rows) == {0: 1, 1: 1}
 

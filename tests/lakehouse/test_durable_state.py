@@ -1,6 +1,7 @@
 """The cursor of record outlives what a Delta table lives through for years: log cleanup at any
 retention (classic and v2 checkpoints), OPTIMIZE, VACUUM, RESTORE and users' own commits. Real Spark,
 real Delta, real HTTP; time passes as Delta's log cleanup sees it (the log files' modification times)."""
+
 import json
 import shutil
 import subprocess
@@ -49,8 +50,9 @@ def let_time_pass(spark, lakehouse, path: str, days: float, *, until_gone: int) 
         user_commit(spark, path, n)
         n += 1
     boundary = last_checkpoint(lakehouse, path)
-    lakehouse.age(f"{path}/_delta_log", [name for name in log_files(lakehouse, path) if int(name[:20]) < boundary],
-                  days * DAY)
+    lakehouse.age(
+        f"{path}/_delta_log", [name for name in log_files(lakehouse, path) if int(name[:20]) < boundary], days * DAY
+    )
     while last_checkpoint(lakehouse, path) == boundary:
         user_commit(spark, path, n)
         n += 1
@@ -59,8 +61,12 @@ def let_time_pass(spark, lakehouse, path: str, days: float, *, until_gone: int) 
 
 
 def state_command(path: str, *options: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "feedapi_dagster.cli", "state", path, *options],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "feedapi_dagster.cli", "state", path, *options],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -74,20 +80,26 @@ def gdpr_delete(spark, path: str, partition: int) -> str:
 
 
 # the default retention with classic checkpoints, a 1-day retention with v2 checkpoints; on S3 too
-@pytest.mark.parametrize("retention_days, policy, lakehouse", [(30, "classic", "local"), (1, "v2", "local"),
-                                                               (1, "classic", "s3")], indirect=["lakehouse"])
+@pytest.mark.parametrize(
+    "retention_days, policy, lakehouse",
+    [(30, "classic", "local"), (1, "v2", "local"), (1, "classic", "s3")],
+    indirect=["lakehouse"],
+)
 def test_the_next_load_is_exactly_once_after_log_cleanup_maintenance_and_users_commits(
-        spark, make_loader, lakehouse, table_path, retention_days, policy):
+    spark, make_loader, lakehouse, table_path, retention_days, policy
+):
     feed = DemoFeed(partitions=2, events=60, seed=31)
     with DemoFeedServer(feed, dialect="published") as server:
         make_loader(server, page_size_hint=9).sync()
         table = lakehouse.feed_table(spark, table_path)
         before = read_committed_state(table)
         assert before.source == "commit"
-        spark.sql(f"ALTER TABLE delta.`{table_path}` SET TBLPROPERTIES ("
-                  f"'delta.logRetentionDuration' = 'interval {retention_days} days', "
-                  f"'delta.deletedFileRetentionDuration' = 'interval {retention_days} days', "
-                  f"'delta.checkpointPolicy' = '{policy}')").collect()
+        spark.sql(
+            f"ALTER TABLE delta.`{table_path}` SET TBLPROPERTIES ("
+            f"'delta.logRetentionDuration' = 'interval {retention_days} days', "
+            f"'delta.deletedFileRetentionDuration' = 'interval {retention_days} days', "
+            f"'delta.checkpointPolicy' = '{policy}')"
+        ).collect()
         deleted = gdpr_delete(spark, table_path, 0)
         table.optimize()
         table.vacuum(0, 4)  # the files before OPTIMIZE and the DELETE go
@@ -95,18 +107,21 @@ def test_the_next_load_is_exactly_once_after_log_cleanup_maintenance_and_users_c
 
         recovered = read_committed_state(lakehouse.feed_table(spark, table_path))
         assert recovered.source == "rows" and recovered.delta_version is None
-        assert {pid: p.position for pid, p in recovered.state.partitions.items()} == \
-            {pid: p.position for pid, p in before.state.partitions.items()}
+        assert {pid: p.position for pid, p in recovered.state.partitions.items()} == {
+            pid: p.position for pid, p in before.state.partitions.items()
+        }
         if policy == "v2":  # delta-rs cannot open it: the operator's command reads it with Spark
             shown = state_command(table_path)
             assert "recovered from the rows" in shown
             assert all(p.cursor in shown for p in recovered.state.partitions.values())
 
         feed.append(40)
+
         # the first load after the cleanup fails right before its commit: nothing is lost by that either
         def fail_before_commit(moment, updates):
             if moment == BEFORE_COMMIT:
                 raise RuntimeError("killed before the commit")
+
         with pytest.raises(RuntimeError, match="killed before the commit"):
             make_loader(server, page_size_hint=9, on_moment=fail_before_commit).sync()
         assert read_committed_state(lakehouse.feed_table(spark, table_path)).source == "rows"
@@ -122,7 +137,8 @@ def test_the_next_load_is_exactly_once_after_log_cleanup_maintenance_and_users_c
 
 
 def test_a_quiet_open_partitions_sync_carries_the_state_to_the_head_in_one_commit_without_rows(
-        spark, make_loader, table_path):
+    spark, make_loader, table_path
+):
     # An open partition is read at every sync; with nothing new, the read's own commit (no row) carries
     # the state at the head, and no state commit follows it.
     feed = DemoFeed(partitions=1, events=20, seed=31)
@@ -178,15 +194,18 @@ def test_after_a_restore_the_next_load_reloads_what_the_restore_took_out(spark, 
         assert [r.position for r in rows] == list(range(len(rows)))
 
 
-def test_a_table_whose_state_is_gone_and_rows_deleted_is_refused_with_what_to_do(spark, make_loader, lakehouse,
-                                                                                 table_path):
+def test_a_table_whose_state_is_gone_and_rows_deleted_is_refused_with_what_to_do(
+    spark, make_loader, lakehouse, table_path
+):
     feed = DemoFeed(partitions=1, events=20, seed=34)
     with DemoFeedServer(feed, dialect="draft") as server:
         make_loader(server).sync()
         state_version = read_committed_state(table_path).delta_version
-        spark.sql(f"ALTER TABLE delta.`{table_path}` SET TBLPROPERTIES ("
-                  "'delta.logRetentionDuration' = 'interval 1 days', "
-                  "'delta.deletedFileRetentionDuration' = 'interval 1 days')").collect()
+        spark.sql(
+            f"ALTER TABLE delta.`{table_path}` SET TBLPROPERTIES ("
+            "'delta.logRetentionDuration' = 'interval 1 days', "
+            "'delta.deletedFileRetentionDuration' = 'interval 1 days')"
+        ).collect()
         spark.sql(f"DELETE FROM delta.`{table_path}`").collect()
         let_time_pass(spark, lakehouse, table_path, 3, until_gone=state_version)
         with pytest.raises(StateError) as error:
@@ -220,8 +239,12 @@ def test_a_table_written_by_the_previous_release_keeps_loading(spark, make_loade
     assert old.source == "commit" and old.state.generation == 2
     shown = json.loads(state_command(path, "--json"))
     assert shown["source"] == "commit" and shown["delta_version"] == 2
-    assert shown["partitions"]["0"] == {"cursor": "c000000000029", "position": 26, "drained": False,
-                                        "inherited_from": None}
+    assert shown["partitions"]["0"] == {
+        "cursor": "c000000000029",
+        "position": 26,
+        "drained": False,
+        "inherited_from": None,
+    }
     feed.append(25)
     with DemoFeedServer(feed, dialect="published") as server:
         make_loader(server, path=path, page_size_hint=7).sync()

@@ -3,14 +3,15 @@ and a table created partitioned by it (releases up to 0.1.0) keeps its layout an
 go through the same loads: appends, a user's DELETE, an at-least-once feed's dedup against the stored
 ids, a rebuild (`replaceWhere` on `partition_id`), OPTIMIZE, and the positions check after each (the
 statistics and the count of users' DELETEs, read by delta-rs from the log or from the two columns)."""
+
 from pathlib import Path
 
 import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
+from feedapi_dagster.lakehouse.cursor_record import read_committed_state
 from feedapi_dagster.lakehouse.deletes import UserDeletes, count_user_deletes
 from feedapi_dagster.lakehouse.delta import DeltaLog
-from feedapi_dagster.lakehouse.cursor_record import read_committed_state
 from feedapi_dagster.lakehouse.stats import NO_ROWS, PartitionStats, partition_stats
 
 from .conftest import create_partitioned_table, payloads, table_layout
@@ -39,11 +40,16 @@ def positions_check(spark, table, deletes_before: UserDeletes | None) -> UserDel
     deletes = count_user_deletes(table.delta_log, deletes_before)
     for partition in loaded:
         found = stats.get(partition, NO_ROWS)
-        assert found.contiguous(state.get(partition).position, deletes.deleted(partition),
-                                deletes.exact_for(partition)), (partition, found, deletes)
-    counted = {r[0]: PartitionStats(r[1], r[2], r[3]) for r in spark.sql(
-        f"SELECT partition_id, count(*), min(position), max(position) FROM delta.`{table.path}` "
-        "GROUP BY partition_id").collect()}
+        assert found.contiguous(
+            state.get(partition).position, deletes.deleted(partition), deletes.exact_for(partition)
+        ), (partition, found, deletes)
+    counted = {
+        r[0]: PartitionStats(r[1], r[2], r[3])
+        for r in spark.sql(
+            f"SELECT partition_id, count(*), min(position), max(position) FROM delta.`{table.path}` "
+            "GROUP BY partition_id"
+        ).collect()
+    }
     assert stats == counted
     return deletes
 
@@ -71,8 +77,7 @@ def test_both_layouts_load_check_count_deletes_and_rebuild_alike(spark, make_loa
             assert payloads(spark, table_path, partition) == feed.expected_events(partition)
         state = read_committed_state(table.delta_log).state
         last = table.last_rows(None, [0, 1, 2])
-        assert {p: position for p, (position, _) in last.items()} == {
-            p: state.get(p).position - 1 for p in (0, 1, 2)}
+        assert {p: position for p, (position, _) in last.items()} == {p: state.get(p).position - 1 for p in (0, 1, 2)}
 
         # a rebuild replaces partition 1 (its erased rows come back from the feed): its count starts again
         reports = loader.rebuild([1])

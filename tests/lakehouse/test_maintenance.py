@@ -1,33 +1,45 @@
 """Delta maintenance with real Spark and Delta: OPTIMIZE and VACUUM after N commits, the time-travel
 window kept, and VACUUM at the dangerous moment of a load (after its read, before its commit)."""
+
 import datetime as dt
 from pathlib import Path
 
 import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
-from feedapi_dagster.lakehouse.delta import OPTIMIZE, FeedTable
-from feedapi_dagster.lakehouse.loader import READ
-from feedapi_dagster.lakehouse.delta_maintenance import VACUUM, MaintenanceSettings, due, maintain, vacuum_retention_hours
 from feedapi_dagster.lakehouse.cursor_record import read_committed_state
+from feedapi_dagster.lakehouse.delta import OPTIMIZE, FeedTable
+from feedapi_dagster.lakehouse.delta_maintenance import (
+    VACUUM,
+    MaintenanceSettings,
+    due,
+    maintain,
+    vacuum_retention_hours,
+)
+from feedapi_dagster.lakehouse.loader import READ
 
 from .conftest import payloads, table_rows
 
-NOW = dt.datetime(2026, 11, 25, 12, 0, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2026, 11, 25, 12, 0, tzinfo=dt.UTC)
 
 
 def data_files(table_path: str) -> set[str]:
     """Parquet files of the table on disk (the folders of `_` names beside them are not the table's)."""
-    return {str(p.relative_to(table_path)) for p in Path(table_path).rglob("*.parquet")
-            if not any(part.startswith("_") for part in p.relative_to(table_path).parts)}
+    return {
+        str(p.relative_to(table_path))
+        for p in Path(table_path).rglob("*.parquet")
+        if not any(part.startswith("_") for part in p.relative_to(table_path).parts)
+    }
 
 
 def live_files(spark, table_path: str, version: int | None = None) -> set[str]:
     frame = spark.read.format("delta")
     if version is not None:
         frame = frame.option("versionAsOf", version)
-    return {Path(f).relative_to(Path(table_path).resolve()).as_posix()
-            for f in (p.replace("file://", "").replace("file:", "") for p in frame.load(table_path).inputFiles())}
+    return {
+        Path(f).relative_to(Path(table_path).resolve()).as_posix()
+        for f in (p.replace("file://", "").replace("file:", "") for p in frame.load(table_path).inputFiles())
+    }
 
 
 def test_the_retention_covers_the_time_travel_window_and_every_running_load():
@@ -100,13 +112,14 @@ def test_vacuum_at_the_dangerous_moment_of_a_load_loses_and_duplicates_nothing(s
                 table = FeedTable(spark, table_path)
                 table.ensure_table()
                 reports.append(maintain(table, settings, running_since))
+
         return on_moment
 
     with DemoFeedServer(feed, dialect="draft") as server:
         for _ in range(2):  # two commits per partition: OPTIMIZE has files to rewrite
             make_loader(server, page_size_hint=15).sync()
             feed.append(30)
-        started = dt.datetime.now(dt.timezone.utc)
+        started = dt.datetime.now(dt.UTC)
         guarded = make_loader(server, page_size_hint=15, on_moment=maintenance_now(started)).sync()
         assert all(r.error is None for r in guarded.values()), guarded
         assert reports[-1].retention_hours >= 1 and reports[-1].files_removed == 0

@@ -2,6 +2,7 @@
 its read task is done. The figures are true: times are the job's wall time (no per-partition rate),
 a read that Spark kept is timed from its start, and a sync with nothing new says so, not that it
 committed."""
+
 import logging
 import re
 import threading
@@ -120,10 +121,13 @@ def test_read_notes_are_reported_once_each_while_tasks_keep_writing_them(tmp_pat
 
     def tasks_finish():
         for task in range(tasks):
-            ends = [ReadEnd(events=task, pages=1, duplicates=0, drained=True),
-                    ReadEnd(events=1, pages=1, duplicates=0, drained=False)]
+            ends = [
+                ReadEnd(events=task, pages=1, duplicates=0, drained=True),
+                ReadEnd(events=1, pages=1, duplicates=0, drained=False),
+            ]
             GroupRead(ReadSettings("id", True, None, 1, str(tmp_path / "notes")), None, None, [])._note(
-                [(task, ends[0]), (tasks + task, ends[1])])
+                [(task, ends[0]), (tasks + task, ends[1])]
+            )
         done.set()
 
     writer = threading.Thread(target=tasks_finish)

@@ -1,4 +1,5 @@
 """The Delta sink with real Spark, real Delta and real HTTP against the demo server."""
+
 import json
 import threading
 from pathlib import Path
@@ -19,9 +20,9 @@ ODD_PAYLOADS = [
     '{ "id" : "u3" ,  "spaced" : [ 1 , 2 ] }',
     '"a plain string with \\"escapes\\" and \\u00e9 and \\ud83d\\ude00"',
     '[1,"two",{"three":3}]',
-    '42.50',
-    'true',
-    'null',
+    "42.50",
+    "true",
+    "null",
     '{"no_id":1}',
     '{"id":7,"numeric":"id"}',
 ]
@@ -122,8 +123,13 @@ def test_rebuild_replaces_a_partition_in_one_commit(spark, make_loader, table_pa
         assert payloads(spark, table_path, 0) == feed.published(0)
         assert payloads(spark, table_path, 1) == feed.published(1)
         for version in range(before, after.delta_version + 1):  # every version readers could see is whole
-            count = spark.read.format("delta").option("versionAsOf", version).load(table_path) \
-                .where("partition_id = 0").count()
+            count = (
+                spark.read.format("delta")
+                .option("versionAsOf", version)
+                .load(table_path)
+                .where("partition_id = 0")
+                .count()
+            )
             assert count == len(feed.published(0))
         assert after.state.get(0).position == len(feed.published(0))
 
@@ -135,8 +141,8 @@ def test_a_failed_rebuild_replaces_nothing(spark, make_loader, table_path):
         before = read_committed_state(table_path)
         server.faults = Faults(rate=1.0, seed=1, retry_after=0, kinds=("500",))
         from feedapi_dagster.protocol import RetryPolicy
-        loader = make_loader(server, settings=None,
-                             retry=RetryPolicy(max_attempts=2, base_delay=0))
+
+        loader = make_loader(server, settings=None, retry=RetryPolicy(max_attempts=2, base_delay=0))
         with pytest.raises(RebuildAbandoned, match="rebuild .* abandoned, nothing replaced"):
             loader.rebuild([0])
     assert read_committed_state(table_path).delta_version == before.delta_version
@@ -145,11 +151,14 @@ def test_a_failed_rebuild_replaces_nothing(spark, make_loader, table_path):
 
 # two loads in one Spark driver racing for one feed, on local disk and on S3 (where Delta's log store
 # keeps them apart within the one driver: feedapi_dagster/lakehouse/storage.py)
-@pytest.mark.parametrize("read_log, lakehouse", [("delta-rs", "local"), ("spark", "local"), ("delta-rs", "s3")],
-                         indirect=True)
+@pytest.mark.parametrize(
+    "read_log, lakehouse", [("delta-rs", "local"), ("spark", "local"), ("delta-rs", "s3")], indirect=True
+)
 def test_concurrent_loads_of_one_partition_never_both_commit(spark, make_loader, table_path):
     feed = DemoFeed(partitions=1, events=300, seed=8)
-    with DemoFeedServer(feed, dialect="draft", faults=Faults(rate=0.3, seed=8, retry_after=0, kinds=("slow",))) as server:
+    with DemoFeedServer(
+        feed, dialect="draft", faults=Faults(rate=0.3, seed=8, retry_after=0, kinds=("slow",))
+    ) as server:
         loaders = [make_loader(server) for _ in range(2)]
         outcomes = []
 
@@ -376,7 +385,8 @@ def test_the_delta_log_is_read_with_deltalake_where_the_run_can_open_the_table(s
 
 
 def test_a_delta_commit_failing_after_the_read_commits_nothing_and_leaves_nothing(
-        spark, make_loader, table_path, monkeypatch):
+    spark, make_loader, table_path, monkeypatch
+):
     # Spark has read the feed (its read tasks left their notes beside the table); the Delta write fails
     # before its commit.
     from pyspark.sql.readwriter import DataFrameWriter

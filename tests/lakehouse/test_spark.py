@@ -2,6 +2,7 @@
 
 JVM budget: the shared local session (conftest) plus ONE embedded Connect server for this module.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from feedapi_dagster.lakehouse.connect_server import SparkConnectServer, ensure_embedded_server, port_open
 from feedapi_dagster.lakehouse.jars import (
     DELTA_SPARK_COORDINATE,
     DELTA_VERSION,
@@ -24,14 +26,15 @@ from feedapi_dagster.lakehouse.jars import (
     pyspark_jars_dir,
     read_manifest,
 )
-from feedapi_dagster.lakehouse.connect_server import SparkConnectServer, ensure_embedded_server, port_open
-from tests.ports import find_free_port
 from feedapi_dagster.lakehouse.spark_conf import SparkSettings
+from tests.ports import find_free_port
 
 # Java-level proxies that lead nowhere: any HTTP(S) download attempted by the JVM (Ivy) would fail.
 NO_NETWORK_JAVA_OPTIONS = [
-    "-Dhttp.proxyHost=10.255.255.1", "-Dhttp.proxyPort=9",
-    "-Dhttps.proxyHost=10.255.255.1", "-Dhttps.proxyPort=9",
+    "-Dhttp.proxyHost=10.255.255.1",
+    "-Dhttp.proxyPort=9",
+    "-Dhttps.proxyHost=10.255.255.1",
+    "-Dhttps.proxyPort=9",
 ]
 
 
@@ -54,7 +57,8 @@ def test_settings_validation() -> None:
     assert SparkSettings().mode == "embedded" and SparkSettings().port == 15002
     assert SparkSettings(mode="remote", remote="sc://spark:15002").remote == "sc://spark:15002"
     assert SparkSettings(mode="local", conf={"spark.sql.shuffle.partitions": 2}).conf == {
-        "spark.sql.shuffle.partitions": "2"}
+        "spark.sql.shuffle.partitions": "2"
+    }
     with pytest.raises(ValidationError, match="needs `remote`"):
         SparkSettings(mode="remote")
     with pytest.raises(ValidationError, match="must be a Spark Connect URL starting with sc://"):
@@ -120,8 +124,12 @@ CLIENT = textwrap.dedent("""
 @pytest.mark.spark
 def test_connect_client_writes_and_reads_delta(connect_server: SparkConnectServer, tmp_path: Path) -> None:
     table = tmp_path / "events"
-    proc = subprocess.run([sys.executable, "-c", CLIENT, str(connect_server.port), str(table)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", CLIENT, str(connect_server.port), str(table)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["type"].startswith("pyspark.sql.connect")
@@ -142,14 +150,14 @@ def _listening_addresses(pid: int) -> list[ipaddress._BaseAddress]:
         except OSError:
             continue
         if target.startswith("socket:["):
-            inodes.add(target[len("socket:["):-1])
+            inodes.add(target[len("socket:[") : -1])
     addresses = []
     for table in ("tcp", "tcp6"):
         for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
             fields = line.split()
             if fields[3] == "0A" and fields[9] in inodes:  # 0A = LISTEN
                 raw = bytes.fromhex(fields[1].split(":")[0])
-                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
                 addresses.append(ipaddress.ip_address(raw))
     return addresses
 
@@ -190,10 +198,14 @@ def test_a_client_without_the_servers_token_is_refused(connect_server: SparkConn
     assert token_file(port).stat().st_mode & 0o777 == 0o600
     env = {k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_AUTHENTICATE_TOKEN"}
     outcomes = {}
-    for name, url in {"no token": f"sc://127.0.0.1:{port}", "wrong token": f"sc://localhost:{port}/;token=wrong",
-                      "the server's token": connect_server.client_url()}.items():
-        proc = subprocess.run([sys.executable, "-c", REMOTE_CLIENT, url], capture_output=True, text=True,
-                              timeout=120, env=env)
+    for name, url in {
+        "no token": f"sc://127.0.0.1:{port}",
+        "wrong token": f"sc://localhost:{port}/;token=wrong",
+        "the server's token": connect_server.client_url(),
+    }.items():
+        proc = subprocess.run(
+            [sys.executable, "-c", REMOTE_CLIENT, url], capture_output=True, text=True, timeout=120, env=env
+        )
         outcomes[name] = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-500:]
     assert outcomes["no token"].startswith("refused"), outcomes
     assert outcomes["wrong token"].startswith("refused"), outcomes

@@ -1,6 +1,7 @@
 """`feedapi-dagster spark status|stop`: the embedded Spark server a run leaves running, as a user
 meets it: the run says so, the command shows it, and stops it only for the installation that
 started it (another project's virtualenv has its own), never an unrelated process by its pid."""
+
 from __future__ import annotations
 
 import os
@@ -12,10 +13,9 @@ import sysconfig
 from pathlib import Path
 
 from feedapi_dagster.lakehouse.connect_server import port_open
-
-from tests.ports import find_free_port
 from feedapi_dagster.lakehouse.jars import JARS_DIR_ENV, jars_dir
 from feedapi_dagster.lakehouse.server_record import process_group, read_record, write_record
+from tests.ports import find_free_port
 from tests.spark_processes import connect_server_pid
 
 COMMAND = Path(sys.executable).with_name("feedapi-dagster")
@@ -32,8 +32,9 @@ def other_installation(root: Path) -> Path:
 
 def run(command: list[str], temp: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     # TMPDIR: the server's token, lock, record and work dir go to this test's folder
-    return subprocess.run(command, env={**os.environ, "TMPDIR": str(temp), **(env or {})}, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        command, env={**os.environ, "TMPDIR": str(temp), **(env or {})}, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_a_run_says_its_server_stays_and_spark_stop_stops_it_for_its_installation_only(tmp_path: Path) -> None:
@@ -42,9 +43,16 @@ def test_a_run_says_its_server_stays_and_spark_stop_stops_it_for_its_installatio
     other = other_installation(tmp_path / "other-venv")
     port = find_free_port()
     # what a Dagster run of the other project does: start the server on first use, left running
-    started = run([str(other), "-c", "from feedapi_dagster.lakehouse.connect_server import ensure_embedded_server; "
-                                     f"ensure_embedded_server({port}, detach=True)"], temp,
-                  {JARS_DIR_ENV: str(jars_dir())})  # this checkout's cache of the jars
+    started = run(
+        [
+            str(other),
+            "-c",
+            "from feedapi_dagster.lakehouse.connect_server import ensure_embedded_server; "
+            f"ensure_embedded_server({port}, detach=True)",
+        ],
+        temp,
+        {JARS_DIR_ENV: str(jars_dir())},
+    )  # this checkout's cache of the jars
     try:
         assert started.returncode == 0, started.stderr[-3000:]
         assert "keeps running after this process exits: a JVM takes tens of seconds to start" in started.stderr

@@ -1,6 +1,7 @@
 """`spark_errors` classifies Spark's failures by the error condition they really carry: a kept read
 lost with its blocks, and a Delta commit that lost to another writer's, made for real in a classic
 session and in a Spark Connect session (where they arrive as different Python types)."""
+
 import json
 import os
 import subprocess
@@ -30,9 +31,14 @@ def test_a_classic_sessions_failures_are_classified_by_their_condition(spark, tm
 
 def test_a_spark_connect_sessions_failures_are_classified_by_their_condition(connect_server, tmp_path):
     env = {**os.environ, "FEEDAPI_TEST_CONNECT_URL": connect_server.client_url()}
-    done = subprocess.run([sys.executable, "-m", "tests.lakehouse.spark_failures", str(tmp_path),
-                           str(connect_server.work_dir / "tmp")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.lakehouse.spark_failures", str(tmp_path), str(connect_server.work_dir / "tmp")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found["kept"]["type"] == "SparkException", found

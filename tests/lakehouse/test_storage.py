@@ -1,10 +1,11 @@
 """A lakehouse on S3 that Spark cannot use: the error names the setting to change, with Spark's first
 line, not a stack trace from deep in Hadoop. Real Spark against the test S3 server; each case on a
 bucket of its own, so that the file system Spark caches for the tests' bucket is not the one broken."""
+
 import pytest
 
-from feedapi_dagster.lakehouse.delta import FeedTable
 from feedapi_dagster.errors import StorageError
+from feedapi_dagster.lakehouse.delta import FeedTable
 
 
 @pytest.fixture
@@ -26,8 +27,12 @@ def broken(spark, s3_server, s3_storage):
 
 def test_missing_credentials_name_the_settings(broken):
     # session credentials from the Hadoop configuration only, where there are none
-    table = broken("nocreds", **{"fs.s3a.bucket.nocreds.aws.credentials.provider":
-                                 "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"})
+    table = broken(
+        "nocreds",
+        **{
+            "fs.s3a.bucket.nocreds.aws.credentials.provider": "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
+        },
+    )
     with pytest.raises(StorageError) as caught:
         table.ensure_table()
     message = str(caught.value)
@@ -36,8 +41,12 @@ def test_missing_credentials_name_the_settings(broken):
 
 
 def test_refused_credentials_say_so(broken):
-    table = broken("anonymous", **{"fs.s3a.bucket.anonymous.aws.credentials.provider":
-                                   "org.apache.hadoop.fs.s3a.AnonymousAWSCredentialsProvider"})
+    table = broken(
+        "anonymous",
+        **{
+            "fs.s3a.bucket.anonymous.aws.credentials.provider": "org.apache.hadoop.fs.s3a.AnonymousAWSCredentialsProvider"
+        },
+    )
     with pytest.raises(StorageError, match="s3a://anonymous/feed: S3 refused the credentials"):
         table.ensure_table()
 

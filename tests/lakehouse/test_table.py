@@ -1,5 +1,6 @@
 """Columns of the feed table derived from raw payloads (`EventBatch.to_arrow`, `event_ids`), against an
 independent oracle: Python's json module."""
+
 import json
 
 import pytest
@@ -8,13 +9,15 @@ from hypothesis import strategies as st
 
 from feedapi_dagster.lakehouse.table import EVENT_SCHEMA, EventBatch, event_ids
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False),
-                    st.text())
-values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                       st.dictionaries(st.text(max_size=5), inner, max_size=3)),
-                      max_leaves=8)
-objects = st.dictionaries(st.sampled_from(["id", "name", "ID", "x"]) | st.text(max_size=4), values,
-                          max_size=4)
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.text()
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=5), inner, max_size=3)),
+    max_leaves=8,
+)
+objects = st.dictionaries(st.sampled_from(["id", "name", "ID", "x"]) | st.text(max_size=4), values, max_size=4)
 
 
 def render(value, style: int) -> bytes:
@@ -28,7 +31,8 @@ def render(value, style: int) -> bytes:
 
 def kind_of(value) -> str:
     return {dict: "object", str: "string", list: "array", bool: "boolean", type(None): "null"}.get(
-        type(value), "number")
+        type(value), "number"
+    )
 
 
 @settings(max_examples=300, deadline=None)
@@ -40,7 +44,7 @@ def test_columns_keep_the_bytes_sent_and_agree_with_json(items):
     table = batch.to_arrow()
     assert table.schema == EVENT_SCHEMA
     rows = table.to_pylist()
-    for row, raw, (value, _) in zip(rows, raws, items):
+    for row, raw, (value, _) in zip(rows, raws, items, strict=True):
         assert row["payload_type"] == kind_of(value)
         # a string payload is the string itself; anything else is the text sent, byte for byte
         assert row["payload"] == (value if isinstance(value, str) else raw.decode())
@@ -62,7 +66,11 @@ def test_pages_keep_their_own_cursor_and_positions():
     batch.add(3, 7, [b'{"key":{"k": "}"}, "x": 1}'], [0, 1], ["e", "f"])
     rows = batch.to_arrow().to_pylist()
     assert [(r["partition_id"], r["position"], r["cursor"], r["event_id"]) for r in rows] == [
-        (1, 0, "a", "k1"), (1, 1, "a", "2"), (1, 2, "c", None), (3, 7, "f", '{"k": "}"}')]
+        (1, 0, "a", "k1"),
+        (1, 1, "a", "2"),
+        (1, 2, "c", None),
+        (3, 7, "f", '{"k": "}"}'),
+    ]
     assert len(batch) == 4 and batch.size == len(b'{"key":"k1"}{"key":2}{"other":1}{"key":{"k": "}"}, "x": 1}')
 
 
@@ -71,8 +79,14 @@ def test_an_empty_batch_is_an_empty_table():
 
 
 def test_ids_are_the_first_top_level_field_whatever_comes_before_it():
-    raws = [b'{"a":{"id":1},"b":["id",{"id":2}],"c":"\\\"id\\\":3","id":"yes","id":"no"}',
-            b'{ "\\u0069d" : [1, {"x": "]"}] }', b'{"idx":1,"ID":2}', b'{}', b'[{"id":1}]', b'"id"']
+    raws = [
+        b'{"a":{"id":1},"b":["id",{"id":2}],"c":"\\"id\\":3","id":"yes","id":"no"}',
+        b'{ "\\u0069d" : [1, {"x": "]"}] }',
+        b'{"idx":1,"ID":2}',
+        b"{}",
+        b'[{"id":1}]',
+        b'"id"',
+    ]
     assert event_ids(raws, "id") == [b"yes", b'[1, {"x": "]"}]', None, None, None, None]
     with pytest.raises(TypeError):
         event_ids(["not bytes"], "id")

@@ -4,15 +4,22 @@ import dagster as dg
 import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
+from feedapi_dagster.lakehouse.delta import DeltaLog
 from feedapi_dagster.lakehouse.delta_maintenance import MaintenanceSettings
 from feedapi_dagster.lakehouse.spark_conf import SparkSettings
-from feedapi_dagster.orchestration import (RESOURCE_KEY, FeedApiResource, FeedConfig, ProjectConfig, SparkResource,
-                                          build_feedapi_definitions)
-from feedapi_dagster.lakehouse.delta import DeltaLog
+from feedapi_dagster.orchestration import (
+    RESOURCE_KEY,
+    FeedApiResource,
+    FeedConfig,
+    ProjectConfig,
+    SparkResource,
+    build_feedapi_definitions,
+)
 from feedapi_dagster.orchestration.config import ScheduleConfig, StorageConfig
 from feedapi_dagster.orchestration.loads import FeedBinding, latest_metadata_by_partition
 from feedapi_dagster.protocol import RetryPolicy
 from tests.conftest import Lakehouse, s3_lakehouse
+from tests.user_project import importable, write_user_project
 
 
 @pytest.fixture
@@ -77,15 +84,21 @@ class Harness:
     def launch(self, request: dg.RunRequest, raise_on_error: bool = True) -> dg.ExecuteInProcessResult:
         """The run the request asks for, as the daemon would launch it: a run of the asset's job."""
         job = self.defs.resolve_job_def(f"feedapi_{self.name}_load")
-        result = job.execute_in_process(run_config=request.run_config, instance=self.instance, tags=request.tags,
-                                        raise_on_error=raise_on_error)
+        result = job.execute_in_process(
+            run_config=request.run_config, instance=self.instance, tags=request.tags, raise_on_error=raise_on_error
+        )
         self.runs.append(result)
         return result
 
     def materialize_partition(self, partition: int, tags=None) -> dg.ExecuteInProcessResult:
         asset = self.defs.get_assets_def(dg.AssetKey(["feedapi", self.name]))
-        return dg.materialize([asset], partition_key=str(partition), instance=self.instance,
-                              resources={RESOURCE_KEY: self.resource}, tags=tags or {})
+        return dg.materialize(
+            [asset],
+            partition_key=str(partition),
+            instance=self.instance,
+            resources={RESOURCE_KEY: self.resource},
+            tags=tags or {},
+        )
 
     def metadata(self, partition: int) -> dict:
         return latest_metadata_by_partition(self.instance, self.binding, [str(partition)]).get(str(partition), {})
@@ -102,15 +115,38 @@ def harness(spark, instance, tmp_path, request):
     settings (rebuild_on_split, maintenance) and where its table lives (`lakehouse`: "local" or "s3")."""
     options = getattr(request, "param", {})
     lakehouse = s3_lakehouse(request) if options.get("lakehouse") == "s3" else Lakehouse(str(tmp_path / "lakehouse"))
-    feed = DemoFeed(partitions=options.get("partitions", 3), events=options.get("events", 300), seed=31,
-                    exactly_once=options.get("exactly_once", True), duplicate_ratio=options.get("duplicate_ratio", 0.0))
+    feed = DemoFeed(
+        partitions=options.get("partitions", 3),
+        events=options.get("events", 300),
+        seed=31,
+        exactly_once=options.get("exactly_once", True),
+        duplicate_ratio=options.get("duplicate_ratio", 0.0),
+    )
     with DemoFeedServer(feed, dialect=options.get("dialect", "published")) as server:
-        feed_config = FeedConfig(name="orders", url=server.url, page_size_hint=40,
-                                 retry=RetryPolicy(base_delay=0.001, max_delay=0.01),
-                                 schedule=ScheduleConfig(rebuild_on_split=options.get("rebuild_on_split", False)),
-                                 maintenance=MaintenanceSettings(**options.get("maintenance", {})))
-        project = ProjectConfig(lakehouse=lakehouse.root, storage=StorageConfig(s3=lakehouse.storage),
-                                spark=SparkSettings(mode="local", conf=SINGLE_DRIVER if lakehouse.on_s3 else {}),
-                                feeds=[feed_config])
+        feed_config = FeedConfig(
+            name="orders",
+            url=server.url,
+            page_size_hint=40,
+            retry=RetryPolicy(base_delay=0.001, max_delay=0.01),
+            schedule=ScheduleConfig(rebuild_on_split=options.get("rebuild_on_split", False)),
+            maintenance=MaintenanceSettings(**options.get("maintenance", {})),
+        )
+        project = ProjectConfig(
+            lakehouse=lakehouse.root,
+            storage=StorageConfig(s3=lakehouse.storage),
+            spark=SparkSettings(mode="local", conf=SINGLE_DRIVER if lakehouse.on_s3 else {}),
+            feeds=[feed_config],
+        )
         defs = build_feedapi_definitions(project, spark=SparkResource(settings=SparkSettings(mode="local")))
         yield Harness(feed, server, project, defs, instance)
+
+
+@pytest.fixture
+def user_project(tmp_path, monkeypatch):
+    # embedded Spark, as a scaffolded defs.yaml has it: two components with one Spark share its resource
+    root = write_user_project(
+        tmp_path / "project", "http://127.0.0.1:9/feed", {"mode": "embedded"}, lakehouse=tmp_path / "lakehouse"
+    )
+    monkeypatch.setenv("ORDERS_FEED_TOKEN", "tok-user-project-secret")
+    with importable(root):
+        yield root

@@ -1,33 +1,31 @@
 """`FeedApiComponent` in a user's own `dg` project, and the Python factory merged into a user's
 Definitions: no resource key, executor or name collides; `dg check` and `dg scaffold` work; a subclass's
 `execute` is what the feed's asset runs."""
+
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import dagster as dg
-import pytest
 
 from feedapi_dagster.lakehouse.spark_conf import SparkSettings
-from feedapi_dagster.orchestration import (RESOURCE_KEY, FeedApiResource, FeedApiTranslator, FeedConfig,
-                                          FeedTranslatorData, ProjectConfig, SparkResource, build_feedapi_definitions)
+from feedapi_dagster.orchestration import (
+    RESOURCE_KEY,
+    FeedApiResource,
+    FeedApiTranslator,
+    FeedConfig,
+    FeedTranslatorData,
+    ProjectConfig,
+    SparkResource,
+    build_feedapi_definitions,
+)
 from feedapi_dagster.orchestration.component import FeedApiComponent
 
 from ..user_project import MODULE, importable, write_user_project
 
 DG = Path(sys.executable).with_name("dg")
 KEY = dg.AssetKey(["feedapi", "orders"])
-
-
-@pytest.fixture
-def user_project(tmp_path, monkeypatch):
-    # embedded Spark, as a scaffolded defs.yaml has it: two components with one Spark share its resource
-    root = write_user_project(tmp_path / "project", "http://127.0.0.1:9/feed", {"mode": "embedded"},
-                              lakehouse=tmp_path / "lakehouse")
-    monkeypatch.setenv("ORDERS_FEED_TOKEN", "tok-user-project-secret")
-    with importable(root):
-        yield root
 
 
 def dg_command(root: Path, *args: str) -> subprocess.CompletedProcess:
@@ -61,8 +59,9 @@ def test_the_factory_merges_with_a_users_definitions_and_its_translator_decides_
     class TeamTranslator(FeedApiTranslator):
         def get_asset_spec(self, data: FeedTranslatorData) -> dg.AssetSpec:
             spec = super().get_asset_spec(data)
-            return spec.replace_attributes(key=["lake", "raw", data.feed.name], group_name="raw",
-                                           owners=["team:data"], tags={"tier": "bronze"})
+            return spec.replace_attributes(
+                key=["lake", "raw", data.feed.name], group_name="raw", owners=["team:data"], tags={"tier": "bronze"}
+            )
 
     project = ProjectConfig(lakehouse=str(tmp_path), feeds=[FeedConfig(name="orders", url="https://x.example/f")])
 
@@ -70,8 +69,11 @@ def test_the_factory_merges_with_a_users_definitions_and_its_translator_decides_
     def orders_report(spark: SparkResource) -> None:
         pass
 
-    users = dg.Definitions(assets=[orders_report], resources={"spark": SparkResource(settings=SparkSettings(mode="local"))},
-                           executor=dg.multiprocess_executor)
+    users = dg.Definitions(
+        assets=[orders_report],
+        resources={"spark": SparkResource(settings=SparkSettings(mode="local"))},
+        executor=dg.multiprocess_executor,
+    )
     merged = dg.Definitions.merge(users, build_feedapi_definitions(project, translator=TeamTranslator()))
     dg.Definitions.validate_loadable(merged)
     key = dg.AssetKey(["lake", "raw", "orders"])
@@ -86,8 +88,7 @@ def test_the_factory_merges_with_a_users_definitions_and_its_translator_decides_
 def test_yaml_translation(tmp_path, monkeypatch):
     root = write_user_project(tmp_path / "project", "https://x.example/f", {"mode": "local"}, lakehouse=tmp_path)
     path = root / MODULE / "defs" / "feeds" / "defs.yaml"
-    path.write_text(path.read_text() + "  translation:\n"
-                    "    key: \"lake/{{ feed.name }}\"\n    group_name: bronze\n")
+    path.write_text(path.read_text() + '  translation:\n    key: "lake/{{ feed.name }}"\n    group_name: bronze\n')
     monkeypatch.setenv("ORDERS_FEED_TOKEN", "x")
     with importable(root):
         defs = dg.load_from_defs_folder(path_within_project=root)
@@ -98,7 +99,8 @@ def test_yaml_translation(tmp_path, monkeypatch):
 
 
 def test_dg_check_names_a_misspelt_key_with_its_file_and_line_and_scaffold_writes_a_valid_defs_yaml(
-        user_project, monkeypatch):
+    user_project, monkeypatch
+):
     path = user_project / MODULE / "defs" / "feeds" / "defs.yaml"
     good = path.read_text()
     assert dg_command(user_project, "check", "defs").returncode == 0
@@ -112,8 +114,17 @@ def test_dg_check_names_a_misspelt_key_with_its_file_and_line_and_scaffold_write
     assert f"{path}:{at + 2}" in report and "'pagesize' was unexpected" in report, report[-3000:]
     path.write_text(good)
 
-    scaffolded = dg_command(user_project, "scaffold", "defs", "feedapi_dagster.FeedApiComponent", "audit_feed",
-                            "--name", "audit", "--url", "https://feeds.example.com/audit")
+    scaffolded = dg_command(
+        user_project,
+        "scaffold",
+        "defs",
+        "feedapi_dagster.FeedApiComponent",
+        "audit_feed",
+        "--name",
+        "audit",
+        "--url",
+        "https://feeds.example.com/audit",
+    )
     assert scaffolded.returncode == 0, scaffolded.stderr[-3000:]
     text = (user_project / MODULE / "defs" / "audit_feed" / "defs.yaml").read_text()
     assert "name: audit" in text and "{{ env.AUDIT_FEED_TOKEN }}" in text
@@ -125,25 +136,39 @@ def test_dg_check_names_a_misspelt_key_with_its_file_and_line_and_scaffold_write
 def test_a_subclass_execute_is_what_each_feed_asset_runs_with_the_components_resource(tmp_path):
     class AuditedFeeds(FeedApiComponent):
         def execute(self, context, feedapi, binding, config):
-            calls.append((type(feedapi), feedapi.spark.spark_settings, binding.name, list(context.partition_keys),
-                          config.rebuild))
+            calls.append(
+                (
+                    type(feedapi),
+                    feedapi.spark.spark_settings,
+                    binding.name,
+                    list(context.partition_keys),
+                    config.rebuild,
+                )
+            )
             # no Spark, no load: an observation, and the results its checks must have
             yield dg.AssetObservation(binding.key, metadata={"audited": True})
             for spec in context.assets_def.check_specs:
                 yield dg.AssetCheckResult(asset_key=binding.key, check_name=spec.name, passed=True)
 
     calls: list = []
-    component = AuditedFeeds(lakehouse=str(tmp_path), spark=SparkSettings(mode="local"),
-                             feeds=[FeedConfig(name="orders", url="https://x.example/f")])
+    component = AuditedFeeds(
+        lakehouse=str(tmp_path),
+        spark=SparkSettings(mode="local"),
+        feeds=[FeedConfig(name="orders", url="https://x.example/f")],
+    )
     defs = component.build_defs(dg.ComponentTree.for_test().load_context)
     assert defs.resources[RESOURCE_KEY] is component.resource
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("feedapi_orders", ["0"])
         run = defs.resolve_job_def("feedapi_orders_load").execute_in_process(
-            instance=instance, partition_key="0", run_config={"ops": {"feedapi__orders": {"config": {"rebuild": [0]}}}})
+            instance=instance, partition_key="0", run_config={"ops": {"feedapi__orders": {"config": {"rebuild": [0]}}}}
+        )
     assert run.success
     # the run's copy of the component's resource (Dagster sets up a resource per run)
     assert calls == [(FeedApiResource, SparkSettings(mode="local"), "orders", ["0"], [0])]
-    (observation,) = [e.asset_observation_data.asset_observation for e in run.all_events
-                      if e.event_type == dg.DagsterEventType.ASSET_OBSERVATION]
+    (observation,) = [
+        e.asset_observation_data.asset_observation
+        for e in run.all_events
+        if e.event_type == dg.DagsterEventType.ASSET_OBSERVATION
+    ]
     assert observation.metadata["audited"].value is True

@@ -1,17 +1,24 @@
 """A defs.yaml's attributes: clear, located errors for bad input (`dg check defs` shows them with the
 file and line: tests/orchestration/test_component.py)."""
+
 import dagster as dg
 import pytest
 import yaml
 from dagster_pyspark import LazyPySparkResource
 from pydantic import ValidationError
 
-from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.errors import StorageError
-from feedapi_dagster.orchestration import (RESOURCE_KEY, FeedApiResource, FeedConfig, ProjectConfig, SparkResource,
-                                          build_feedapi_definitions)
-from feedapi_dagster.protocol import ProtocolError
+from feedapi_dagster.lakehouse.spark_conf import SparkSettings
+from feedapi_dagster.orchestration import (
+    RESOURCE_KEY,
+    FeedApiResource,
+    FeedConfig,
+    ProjectConfig,
+    SparkResource,
+    build_feedapi_definitions,
+)
 from feedapi_dagster.orchestration.component import FeedApiAttributes, FeedApiComponent
+from feedapi_dagster.protocol import ProtocolError
 
 GOOD = """
 lakehouse: lh
@@ -36,13 +43,16 @@ def test_good_attributes_resolve_the_lakehouse_against_the_project_root(tmp_path
     assert uri.project_config(tmp_path).lakehouse == "s3a://bucket/lake"
 
 
-S3 = GOOD.replace("lakehouse: lh", """lakehouse: s3a://lake/feeds
+S3 = GOOD.replace(
+    "lakehouse: lh",
+    """lakehouse: s3a://lake/feeds
 storage:
   s3:
     endpoint: http://127.0.0.1:9000
     path_style: true
     access_key_id_env: LAKE_KEY
-    secret_access_key_env: LAKE_SECRET""").replace("mode: local", "mode: embedded")
+    secret_access_key_env: LAKE_SECRET""",
+).replace("mode: local", "mode: embedded")
 
 
 def test_one_storage_setting_becomes_spark_s3a_settings_and_delta_rs_options(tmp_path, monkeypatch):
@@ -56,24 +66,34 @@ def test_one_storage_setting_becomes_spark_s3a_settings_and_delta_rs_options(tmp
     # every session gets the s3a settings and the credentials, read when it is made; Hadoop's file
     # system cache stays on unless the storage asks for fresh file systems
     assert settings.s3.session_conf() == {
-        "fs.s3a.endpoint": "http://127.0.0.1:9000", "fs.s3a.path.style.access": "true",
-        "fs.s3a.connection.ssl.enabled": "false", "fs.s3a.endpoint.region": "us-east-1",
-        "fs.s3a.access.key": "AKIA-test-key", "fs.s3a.secret.key": "s3cr3t-lake",
-        "fs.s3a.aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"}
+        "fs.s3a.endpoint": "http://127.0.0.1:9000",
+        "fs.s3a.path.style.access": "true",
+        "fs.s3a.connection.ssl.enabled": "false",
+        "fs.s3a.endpoint.region": "us-east-1",
+        "fs.s3a.access.key": "AKIA-test-key",
+        "fs.s3a.secret.key": "s3cr3t-lake",
+        "fs.s3a.aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
+    }
     fresh_yaml = S3.replace("LAKE_SECRET", "LAKE_SECRET\n    fresh_file_systems: true")
     fresh = FeedApiComponent(**dict(validate(fresh_yaml))).project_config(tmp_path)
     assert fresh.s3.fresh_file_systems and not project.s3.fresh_file_systems
-    assert fresh.spark_settings().s3.session_conf() == {**settings.s3.session_conf(),
-                                                        "fs.s3a.impl.disable.cache": "true"}
+    assert fresh.spark_settings().s3.session_conf() == {
+        **settings.s3.session_conf(),
+        "fs.s3a.impl.disable.cache": "true",
+    }
     assert fresh.storage_options() == project.storage_options()
     monkeypatch.setenv("LAKE_TOKEN", "t0ken")
     temporary = settings.s3.model_copy(update={"session_token_env": "LAKE_TOKEN"}).session_conf()
     assert temporary["fs.s3a.session.token"] == "t0ken"
     assert temporary["fs.s3a.aws.credentials.provider"] == "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
     assert project.storage_options() == {
-        "AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_ALLOW_HTTP": "true", "AWS_REGION": "us-east-1",
-        "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false", "AWS_ACCESS_KEY_ID": "AKIA-test-key",
-        "AWS_SECRET_ACCESS_KEY": "s3cr3t-lake"}
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
+        "AWS_ALLOW_HTTP": "true",
+        "AWS_REGION": "us-east-1",
+        "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false",
+        "AWS_ACCESS_KEY_ID": "AKIA-test-key",
+        "AWS_SECRET_ACCESS_KEY": "s3cr3t-lake",
+    }
     # a cluster's sessions get the same; the resource of the runs carries the names, not the values
     remote = validate(S3.replace("mode: embedded", "mode: remote, remote: 'sc://spark:15002'"))
     remote_settings = FeedApiComponent(**dict(remote)).project_config(tmp_path).spark_settings()
@@ -90,22 +110,25 @@ def test_one_storage_setting_becomes_spark_s3a_settings_and_delta_rs_options(tmp
         settings.s3.session_conf()
 
 
-@pytest.mark.parametrize("text, location, message", [
-    (GOOD.replace("name: orders", "name: Orders-1"), "feeds.0.name", "feed name must match"),
-    (GOOD.replace("token_env", "tokn_env"), "feeds.0.tokn_env", "Extra inputs are not permitted"),
-    (GOOD.replace("https://feeds", "ftp://feeds"), "feeds.0.url", "url must be an http"),
-    (GOOD + "    dialect: v1\n", "feeds.0", "dialect v1 needs partition_count"),
-    (GOOD + "    page_size_hint: zero\n", "feeds.0.page_size_hint", "valid integer"),
-    (GOOD + "    token: '{{ env.X }}'\n", "feeds.0", "set token or token_env, not both"),
-    (GOOD.replace("mode: local", "mode: remote"), "spark", "sc://"),
-    (S3.replace("http://127.0.0.1:9000", "127.0.0.1:9000"), "storage.s3.endpoint", "endpoint must be an http"),
-    (S3.replace("    secret_access_key_env: LAKE_SECRET", ""), "storage.s3", "set access_key_id_env and secret"),
-    (S3.replace("path_style: true", "path_styl: true"), "storage.s3.path_styl", "Extra inputs"),
-    (S3.replace("s3a://lake", "s3://lake"), "Value error", "write s3a://lake/feeds"),
-    (S3.replace("s3a://lake/feeds", "lh"), "Value error", "storage.s3 is set but the lakehouse 'lh'"),
-    # two Spark drivers (a run process each) could commit one version of a table on S3
-    (S3.replace("mode: embedded", "mode: local"), "Value error", "keeps two commits of one table version apart"),
-])
+@pytest.mark.parametrize(
+    "text, location, message",
+    [
+        (GOOD.replace("name: orders", "name: Orders-1"), "feeds.0.name", "feed name must match"),
+        (GOOD.replace("token_env", "tokn_env"), "feeds.0.tokn_env", "Extra inputs are not permitted"),
+        (GOOD.replace("https://feeds", "ftp://feeds"), "feeds.0.url", "url must be an http"),
+        (GOOD + "    dialect: v1\n", "feeds.0", "dialect v1 needs partition_count"),
+        (GOOD + "    page_size_hint: zero\n", "feeds.0.page_size_hint", "valid integer"),
+        (GOOD + "    token: '{{ env.X }}'\n", "feeds.0", "set token or token_env, not both"),
+        (GOOD.replace("mode: local", "mode: remote"), "spark", "sc://"),
+        (S3.replace("http://127.0.0.1:9000", "127.0.0.1:9000"), "storage.s3.endpoint", "endpoint must be an http"),
+        (S3.replace("    secret_access_key_env: LAKE_SECRET", ""), "storage.s3", "set access_key_id_env and secret"),
+        (S3.replace("path_style: true", "path_styl: true"), "storage.s3.path_styl", "Extra inputs"),
+        (S3.replace("s3a://lake", "s3://lake"), "Value error", "write s3a://lake/feeds"),
+        (S3.replace("s3a://lake/feeds", "lh"), "Value error", "storage.s3 is set but the lakehouse 'lh'"),
+        # two Spark drivers (a run process each) could commit one version of a table on S3
+        (S3.replace("mode: embedded", "mode: local"), "Value error", "keeps two commits of one table version apart"),
+    ],
+)
 def test_bad_attributes_name_the_key(text, location, message):
     with pytest.raises(ValidationError) as caught:
         validate(text)
@@ -140,8 +163,9 @@ def test_the_resources_hold_the_spark_settings_and_take_a_users_dagster_pyspark_
     resource = build_feedapi_definitions(orders).resources[RESOURCE_KEY]
     assert resource is build_feedapi_definitions(audit).resources[RESOURCE_KEY]
     assert resource.spark.spark_settings == orders.spark_settings()
-    dg.Definitions.validate_loadable(dg.Definitions.merge(build_feedapi_definitions(orders),
-                                                          build_feedapi_definitions(audit)))
+    dg.Definitions.validate_loadable(
+        dg.Definitions.merge(build_feedapi_definitions(orders), build_feedapi_definitions(audit))
+    )
     users = LazyPySparkResource(spark_config={"spark.app.name": "user"})
     assert build_feedapi_definitions(orders, spark=users).resources[RESOURCE_KEY].spark is users
 

@@ -6,6 +6,7 @@ the run coordinator and the default launcher start it in a process of its own. T
 leave every event in the Delta table once, record a materialization per partition with Dagster's
 standard table metadata and pass the checks that run in the load. A backfill, as the UI launches one,
 goes through the daemon's backfill loop the same way."""
+
 import contextlib
 import os
 import re
@@ -43,14 +44,22 @@ def test_the_daemon_runs_the_sensors_load_of_a_users_project(tmp_path, connect_s
     dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home))).dispose()
     with DemoFeedServer(feed, dialect="published") as server:
         project = write_user_project(
-            tmp_path / "project", server.url,
+            tmp_path / "project",
+            server.url,
             {"mode": "embedded", "port": connect_server.port},  # the tests' shared server
-            lakehouse=tmp_path / "lakehouse", feed={"schedule": {"enabled": False, "discovery_enabled": True}})
+            lakehouse=tmp_path / "lakehouse",
+            feed={"schedule": {"enabled": False, "discovery_enabled": True}},
+        )
         env = {**os.environ, "DAGSTER_HOME": str(home), "ORDERS_FEED_TOKEN": "unused-by-the-demo-server"}
         log = open(tmp_path / "daemon.log", "wb")
-        daemon = subprocess.Popen([str(Path(sys.executable).with_name("dagster-daemon")), "run", "-w",
-                                   str(project / "workspace.yaml")], cwd=project, env=env, stdout=log,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
+        daemon = subprocess.Popen(
+            [str(Path(sys.executable).with_name("dagster-daemon")), "run", "-w", str(project / "workspace.yaml")],
+            cwd=project,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             run, instance_records = _wait_for_a_finished_run(home, daemon, tmp_path / "daemon.log")
         finally:
@@ -65,10 +74,16 @@ def test_the_daemon_runs_the_sensors_load_of_a_users_project(tmp_path, connect_s
         metadata = record.asset_materialization.metadata
         assert metadata["dagster/partition_row_count"].value == metadata["position"].value > 0
         assert metadata["dagster/table_name"].value.endswith("orders")
-    assert checks == {"positions_contiguous": True, "no_duplicate_event_ids": True,
-                      "cursor_metadata_matches_delta": True}
-    table = DeltaTable(str(tmp_path / "lakehouse" / "orders")).to_pyarrow_table(
-        columns=["partition_id", "position", "payload"]).to_pylist()
+    assert checks == {
+        "positions_contiguous": True,
+        "no_duplicate_event_ids": True,
+        "cursor_metadata_matches_delta": True,
+    }
+    table = (
+        DeltaTable(str(tmp_path / "lakehouse" / "orders"))
+        .to_pyarrow_table(columns=["partition_id", "position", "payload"])
+        .to_pylist()
+    )
     for partition in range(3):
         rows = sorted((r["position"], r["payload"]) for r in table if r["partition_id"] == partition)
         assert [payload for _, payload in rows] == feed.expected_events(partition)
@@ -87,39 +102,54 @@ def test_a_backfill_of_up_to_date_partitions_completes_successfully(tmp_path, mo
     shutil.copy(INSTANCE_TEMPLATE, home / "dagster.yaml")
     monkeypatch.setenv("ORDERS_FEED_TOKEN", "unused-by-the-demo-server")
     # the instance's storage is made here, before the daemon opens it too (both would create its tables)
-    with DemoFeedServer(feed, dialect="published") as server, \
-            dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home))) as instance:
+    with (
+        DemoFeedServer(feed, dialect="published") as server,
+        dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home))) as instance,
+    ):
         project = write_user_project(
-            tmp_path / "project", server.url, {"mode": "embedded", "port": port},
-            lakehouse=tmp_path / "lakehouse", feed={"schedule": {"enabled": False, "discovery_enabled": True}})
+            tmp_path / "project",
+            server.url,
+            {"mode": "embedded", "port": port},
+            lakehouse=tmp_path / "lakehouse",
+            feed={"schedule": {"enabled": False, "discovery_enabled": True}},
+        )
         with running_daemon(project, home, tmp_path / "daemon.log") as daemon, _stopped_at_the_end(port):
             first, _ = _wait_for_a_finished_run(home, daemon, tmp_path / "daemon.log")
             assert first.is_success, (tmp_path / "daemon.log").read_text()[-3000:]
             said = _messages(instance, first)
             starting = next(m for m in said if m.startswith(f"Starting Spark Connect server on sc://127.0.0.1:{port}"))
             assert f"(log: /tmp/feedapi-dagster-spark-{port}/spark-connect-server.log)" in starting, said
-            assert any(re.match(rf"Spark Connect server ready on sc://127.0.0.1:{port} after [\d.]+ s \(pid \d+\)", m)
-                       for m in said), said
-            assert f"Spark: the embedded Spark Connect server on sc://127.0.0.1:{port}; Spark UI: off " \
-                   "(spark.ui.enabled is false in the Spark settings' conf; set it to true for one)" in said
-            before = {record.partition_key: record.asset_materialization.metadata["cursor"].value
-                      for record in instance.fetch_materializations(KEY, limit=10).records}
+            assert any(
+                re.match(rf"Spark Connect server ready on sc://127.0.0.1:{port} after [\d.]+ s \(pid \d+\)", m)
+                for m in said
+            ), said
+            assert (
+                f"Spark: the embedded Spark Connect server on sc://127.0.0.1:{port}; Spark UI: off "
+                "(spark.ui.enabled is false in the Spark settings' conf; set it to true for one)" in said
+            )
+            before = {
+                record.partition_key: record.asset_materialization.metadata["cursor"].value
+                for record in instance.fetch_materializations(KEY, limit=10).records
+            }
             backfill_id = launch_backfill(instance, project, KEY, ["0", "1"])
             backfill = wait_for_backfill(instance, backfill_id, daemon, tmp_path / "daemon.log")
             assert backfill.status == BulkActionStatus.COMPLETED_SUCCESS, (tmp_path / "daemon.log").read_text()[-3000:]
             (run,) = instance.get_runs(dg.RunsFilter(tags={"dagster/backfill": backfill_id}))
             assert run.is_success
             records = instance.get_records_for_run(
-                run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION).records
+                run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
+            ).records
             metadata = {r.partition_key: r.asset_materialization.metadata for r in records}
             assert sorted(metadata) == ["0", "1"]
             for key, values in metadata.items():
                 assert values["events"].value == 0 and values["status"].value == "up to date: nothing new"
                 assert values["cursor"].value == before[key]
                 assert values["delta_version"].value >= 0
-            (seen,) = [r.asset_observation.metadata for r in instance.get_records_for_run(
-                run.run_id, of_type=dg.DagsterEventType.ASSET_OBSERVATION).records
-                if "last_synced" in r.asset_observation.metadata]  # the sync's (maintenance has its own)
+            (seen,) = [
+                r.asset_observation.metadata
+                for r in instance.get_records_for_run(run.run_id, of_type=dg.DagsterEventType.ASSET_OBSERVATION).records
+                if "last_synced" in r.asset_observation.metadata
+            ]  # the sync's (maintenance has its own)
             assert seen["partitions_synced"].value == 2 and seen["events_loaded"].value == 0
             assert abs(seen["last_synced"].value - _run_end(instance, run)) < 60
             # the backfill's run found the server running: it says which Spark, no start
@@ -168,10 +198,16 @@ def _wait_for_a_finished_run(home: Path, daemon: subprocess.Popen, log: Path, ti
             if runs:
                 materializations = instance.fetch_materializations(key, limit=100).records
                 evaluations = instance.event_log_storage.get_latest_asset_check_execution_by_key(
-                    [dg.AssetCheckKey(key, name) for name in
-                     ("positions_contiguous", "no_duplicate_event_ids", "cursor_metadata_matches_delta")])
-                checks = {check_key.name: execution.evaluation.passed
-                          for check_key, execution in evaluations.items() if execution.evaluation}
+                    [
+                        dg.AssetCheckKey(key, name)
+                        for name in ("positions_contiguous", "no_duplicate_event_ids", "cursor_metadata_matches_delta")
+                    ]
+                )
+                checks = {
+                    check_key.name: execution.evaluation.passed
+                    for check_key, execution in evaluations.items()
+                    if execution.evaluation
+                }
                 return runs[-1], (materializations, checks)
             time.sleep(0.5)
     raise AssertionError(f"no run finished within {timeout:.0f} s: {log.read_text()[-3000:]}")

@@ -3,6 +3,7 @@ are a contract.
 
 Regenerate after an intended change with: UPDATE_SNAPSHOTS=1 make test
 """
+
 import json
 import os
 from pathlib import Path
@@ -28,13 +29,21 @@ def describe(defs: dg.Definitions) -> dict:
         }
     return {
         "assets": assets,
-        "jobs": {j.name: {"executor": j.executor_def.name, "assets": sorted("/".join(k.path) for k in
-                                                                               j.asset_layer.selected_asset_keys)}
-                 for j in repo.get_all_jobs() if not j.name.startswith("__")},
-        "sensors": {s.name: {"default_status": s.default_status.value, "jobs": sorted(j.name for j in s.jobs)}
-                    for s in repo.sensor_defs},
-        "schedules": {s.name: {"cron": s.cron_schedule, "default_status": s.default_status.value}
-                      for s in repo.schedule_defs},
+        "jobs": {
+            j.name: {
+                "executor": j.executor_def.name,
+                "assets": sorted("/".join(k.path) for k in j.asset_layer.selected_asset_keys),
+            }
+            for j in repo.get_all_jobs()
+            if not j.name.startswith("__")
+        },
+        "sensors": {
+            s.name: {"default_status": s.default_status.value, "jobs": sorted(j.name for j in s.jobs)}
+            for s in repo.sensor_defs
+        },
+        "schedules": {
+            s.name: {"cron": s.cron_schedule, "default_status": s.default_status.value} for s in repo.schedule_defs
+        },
         "resources": sorted(defs.resources),
     }
 

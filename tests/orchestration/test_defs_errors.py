@@ -2,6 +2,7 @@
 written (a feed's name, the lakehouse's scheme) in one line with its file and line, as a misspelt key;
 a token whose variable is not set, and a value a template rendered wrong, at its file and line without
 pydantic's wrapping; exit code 1 for each."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,7 +11,7 @@ from pydantic import ValidationError
 from feedapi_dagster.protocol import feed_settings
 
 from ..user_project import MODULE
-from .test_component import dg_command, user_project  # noqa: F401 - the fixture, shared
+from .test_component import dg_command
 
 
 def defs_yaml(root):
@@ -27,7 +28,8 @@ def dagsters_own_warnings(report: str) -> bool:
 
 @pytest.mark.parametrize("value", [None, ""], ids=["unset", "empty"])
 def test_a_token_whose_variable_is_not_set_is_an_error_naming_the_feed_the_field_and_the_variable(
-        user_project, monkeypatch, value):
+    user_project, monkeypatch, value
+):
     if value is None:
         monkeypatch.delenv("ORDERS_FEED_TOKEN")
     else:
@@ -36,10 +38,12 @@ def test_a_token_whose_variable_is_not_set_is_an_error_naming_the_feed_the_field
     checked = dg_command(user_project, "check", "defs")
     report = checked.stdout + checked.stderr
     assert checked.returncode == 1, report[-3000:]
-    assert (f"{path}:{line_of(path, 'token:')} - attributes.feeds.0.token: feed 'orders': token "
-            "'{{ env.ORDERS_FEED_TOKEN }}' is empty: the environment variable ORDERS_FEED_TOKEN is not set (or empty) "
-            "where the definitions load. Set it, or write `token_env: ORDERS_FEED_TOKEN` to read it in the runs; "
-            "a feed that needs no authentication leaves `token` out") in report, report[-3000:]
+    assert (
+        f"{path}:{line_of(path, 'token:')} - attributes.feeds.0.token: feed 'orders': token "
+        "'{{ env.ORDERS_FEED_TOKEN }}' is empty: the environment variable ORDERS_FEED_TOKEN is not set (or empty) "
+        "where the definitions load. Set it, or write `token_env: ORDERS_FEED_TOKEN` to read it in the runs; "
+        "a feed that needs no authentication leaves `token` out"
+    ) in report, report[-3000:]
 
 
 def test_a_feed_without_authentication_leaves_the_token_out(user_project, monkeypatch):
@@ -54,29 +58,38 @@ def test_a_feed_without_authentication_leaves_the_token_out(user_project, monkey
 
 def test_values_dg_check_can_check_as_written_are_one_line_each_with_file_and_line(user_project):
     path = defs_yaml(user_project)
-    path.write_text(path.read_text().replace("name: orders", "name: Orders")
-                    .replace(f"lakehouse: {user_project.parent / 'lakehouse'}", "lakehouse: s3://bucket/lake"))
+    path.write_text(
+        path.read_text()
+        .replace("name: orders", "name: Orders")
+        .replace(f"lakehouse: {user_project.parent / 'lakehouse'}", "lakehouse: s3://bucket/lake")
+    )
     checked = dg_command(user_project, "check", "defs")
     report = checked.stdout + checked.stderr
     assert checked.returncode == 1
     component = "feedapi_dagster.FeedApiComponent"
-    assert (f"{path}:{line_of(path, 'name: Orders')} - {component} attributes.feeds.0.name "
-            "'Orders' does not match '^[a-z][a-z0-9_]*$'\n") in report, report
-    assert (f"{path}:{line_of(path, 'lakehouse:')} - {component} attributes.lakehouse "
-            "'s3://bucket/lake' does not match '^s3a://[^/]'\n") in report, report
+    assert (
+        f"{path}:{line_of(path, 'name: Orders')} - {component} attributes.feeds.0.name "
+        "'Orders' does not match '^[a-z][a-z0-9_]*$'\n"
+    ) in report, report
+    assert (
+        f"{path}:{line_of(path, 'lakehouse:')} - {component} attributes.lakehouse "
+        "'s3://bucket/lake' does not match '^s3a://[^/]'\n"
+    ) in report, report
     ours = [line for line in report.splitlines() if not dagsters_own_warnings(line)]
     assert len(ours) <= 2 * 12, report  # two errors, each its line and a snippet of the YAML around it
     assert "Stack Trace" not in report and "Traceback" not in report and "pydantic" not in report
 
 
 def test_a_value_a_template_rendered_wrong_is_reported_at_its_line_without_pydantics_wrapping(
-        user_project, monkeypatch):
+    user_project, monkeypatch
+):
     monkeypatch.setenv("ORDERS_FEED_URL", "ftp://feeds.example.com/orders")
     path = defs_yaml(user_project)
     path.write_text(path.read_text().replace("url: http://127.0.0.1:9/feed", "url: '{{ env.ORDERS_FEED_URL }}'"))
     checked = dg_command(user_project, "check", "defs")
     report = checked.stdout + checked.stderr
     assert checked.returncode == 1
-    assert (f"{path}:{line_of(path, 'url:')} - attributes.feeds.0.url: url must be an http:// or https:// URL\n"
-            in report), report[-3000:]
+    assert (
+        f"{path}:{line_of(path, 'url:')} - attributes.feeds.0.url: url must be an http:// or https:// URL\n" in report
+    ), report[-3000:]
     assert "errors.pydantic.dev" not in report and "input_value" not in report

@@ -1,6 +1,7 @@
 """`feedapi-dagster dev` from an empty directory: the demo feed, Spark and `dagster dev` come up, the
 daemon's sensor loads the feed in a run of its own, and a SIGTERM (a supervisor's stop) leaves no
 process and no port behind."""
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from feedapi_dagster.lakehouse.connect_server import port_open
-
 from tests.ports import find_free_port
 
 START_TIMEOUT = 300.0
@@ -25,8 +25,11 @@ MATERIALIZED = """{ assetOrError(assetKey: {path: ["feedapi", "demo"]}) {
 
 
 def _graphql(port: int, query: str) -> dict | None:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", data=json.dumps({"query": query}).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/graphql",
+        data=json.dumps({"query": query}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return json.load(response)["data"]
@@ -63,8 +66,21 @@ def test_dev_serves_the_demo_loads_it_and_stops_everything_on_sigterm(tmp_path: 
     feed_port, spark_port, web_port = _ports(3)
     env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "SPARK_REMOTE")}
     env["TMPDIR"] = str(tmp_path)  # the Spark server's files, and a place to look for what is left running
-    command = [str(Path(sys.executable).with_name("feedapi-dagster")), "dev", "--events", "200", "--partitions", "2",
-               "--feed-port", str(feed_port), "--spark-port", str(spark_port), "--", "--port", str(web_port)]
+    command = [
+        str(Path(sys.executable).with_name("feedapi-dagster")),
+        "dev",
+        "--events",
+        "200",
+        "--partitions",
+        "2",
+        "--feed-port",
+        str(feed_port),
+        "--spark-port",
+        str(spark_port),
+        "--",
+        "--port",
+        str(web_port),
+    ]
     log = (tmp_path / "dev.log").open("wb")
     dev = subprocess.Popen(command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -80,7 +96,8 @@ def test_dev_serves_the_demo_loads_it_and_stops_everything_on_sigterm(tmp_path: 
         assert dev.poll() is None, f"`feedapi-dagster dev` ended early:\n{_tail(tmp_path / 'dev.log')}"
         assert {m["partition"] for m in materialized} >= {"0", "1"}, (
             f"the daemon's runs did not materialize both partitions of feedapi/demo in {START_TIMEOUT:.0f} s: "
-            f"{materialized}\n{_tail(tmp_path / 'dev.log')}")
+            f"{materialized}\n{_tail(tmp_path / 'dev.log')}"
+        )
         assert (workdir / "lakehouse" / "demo" / "_delta_log").is_dir()
         assert (workdir / ".dagster_home" / "dagster.yaml").is_file()
 

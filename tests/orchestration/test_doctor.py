@@ -1,5 +1,6 @@
 """`feedapi-dagster doctor` on real Dagster instances (a DAGSTER_HOME folder each), run as a user runs
 it: the console command, its output and its exit code."""
+
 import os
 import subprocess
 import sys
@@ -31,8 +32,11 @@ def test_an_instance_without_the_settings_is_told_what_it_lacks_and_why(tmp_path
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")  # a user's own, without the settings
     result = doctor(home)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert missing(result.stdout) == ["concurrency.pools.default_limit:", "concurrency.runs.tag_concurrency_limits:",
-                                      "run_monitoring:"], result.stdout
+    assert missing(result.stdout) == [
+        "concurrency.pools.default_limit:",
+        "concurrency.runs.tag_concurrency_limits:",
+        "run_monitoring:",
+    ], result.stdout
     assert "every later load of the feed waits in the queue for good" in result.stdout
     assert "3 setting(s) missing" in result.stdout and INSTANCE_TEMPLATE.read_text() in result.stdout
     # --write-config leaves a user's own dagster.yaml as it is
@@ -41,9 +45,15 @@ def test_an_instance_without_the_settings_is_told_what_it_lacks_and_why(tmp_path
 
     # the settings added by hand, from the shipped file: nothing missing
     shipped = yaml.safe_load(INSTANCE_TEMPLATE.read_text())
-    (home / "dagster.yaml").write_text(yaml.safe_dump({"telemetry": {"enabled": False},
-                                                       "concurrency": shipped["concurrency"],
-                                                       "run_monitoring": shipped["run_monitoring"]}))
+    (home / "dagster.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "telemetry": {"enabled": False},
+                "concurrency": shipped["concurrency"],
+                "run_monitoring": shipped["run_monitoring"],
+            }
+        )
+    )
     result = doctor(home)
     assert result.returncode == 0 and missing(result.stdout) == [], result.stdout
     assert result.stdout.rstrip().endswith("the instance has what feed loads need")

@@ -1,6 +1,7 @@
 """Sensor ticks and the runs they request, against the demo server, a real Dagster instance in a
 temporary DAGSTER_HOME, real Spark and Delta. After each step the table must hold every published
 event exactly once, in order within each partition."""
+
 import dagster as dg
 import pytest
 
@@ -32,7 +33,8 @@ def test_discovery_appends_close_and_schedule(spark, harness):
     materialized = {e.partition for e in run.get_asset_materialization_events()}
     assert materialized == {"0", "1", "2"}  # one materialization per partition the run loaded
     planned = harness.instance.get_records_for_run(
-        run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED).records
+        run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED
+    ).records
     assert {r.event_log_entry.dagster_event.asset_key for r in planned} == {dg.AssetKey(["feedapi", "orders"])}
     metadata = harness.metadata(0)
     assert metadata["dagster/partition_row_count"] == metadata["position"] > 0
@@ -63,14 +65,24 @@ def test_discovery_appends_close_and_schedule(spark, harness):
     run = harness.launch(request)
     assert run.success
     assert {e.partition for e in run.get_asset_materialization_events()} == {"2"}
-    checked = [e.metadata["partitions_checked"].value
-               for e in run.get_asset_check_evaluations() if "partitions_checked" in e.metadata]
+    checked = [
+        e.metadata["partitions_checked"].value
+        for e in run.get_asset_check_evaluations()
+        if "partitions_checked" in e.metadata
+    ]
     assert checked and set(checked) == {1}
     assert_exactly_once(spark, harness, [0, 1, 2])
 
 
-ON_S3 = {"lakehouse": "s3", "maintenance": {"optimize_every_commits": 2, "vacuum_every_commits": 2,
-                                            "time_travel_hours": 0, "cron": "0 3 * * *"}}
+ON_S3 = {
+    "lakehouse": "s3",
+    "maintenance": {
+        "optimize_every_commits": 2,
+        "vacuum_every_commits": 2,
+        "time_travel_hours": 0,
+        "cron": "0 3 * * *",
+    },
+}
 
 
 @pytest.mark.parametrize("harness", [ON_S3], indirect=True)
@@ -96,7 +108,8 @@ def test_the_flow_with_the_lakehouse_on_s3(spark, spark_work_dir, harness, tmp_p
     run = harness.launch(harness.tick_schedule().run_requests[0])
     assert run.success and all(check.passed for check in run.get_asset_check_evaluations())
     maintenance = harness.defs.resolve_job_def("feedapi_orders_maintenance").execute_in_process(
-        instance=harness.instance, resources={})
+        instance=harness.instance, resources={}
+    )
     assert maintenance.success
     (seen,) = harness.instance.fetch_observations(dg.AssetKey(["feedapi", "orders"]), limit=1).records
     seen = {k: v.value for k, v in seen.asset_observation.metadata.items()}
@@ -109,8 +122,9 @@ def test_the_flow_with_the_lakehouse_on_s3(spark, spark_work_dir, harness, tmp_p
     assert_exactly_once(spark, harness, [0, 1])
     assert payloads(spark, harness.table, 2) == parent_rows
     for child in children:  # the children went on from the parent's cursor
-        assert payloads(spark, harness.table, child) == [e for e in harness.feed.published(child)
-                                                         if e not in set(parent_rows)]
+        assert payloads(spark, harness.table, child) == [
+            e for e in harness.feed.published(child) if e not in set(parent_rows)
+        ]
     secret = TEST_CREDENTIALS["FEEDAPI_TEST_S3_SECRET"].encode()  # in no run record, event or Spark file
     assert files_containing(tmp_path, secret) == [] and files_containing(spark_work_dir, secret) == []
 
@@ -139,7 +153,8 @@ def test_method2_split_children_continue_from_the_parent_cursor(spark, harness):
     harness.feed.append(60)
     result = harness.tick_sensor()
     assert sorted(harness.instance.get_dynamic_partitions("feedapi_orders")) == sorted(
-        ["0", "1", "2", *map(str, children)])  # the vanished parent stays visible
+        ["0", "1", "2", *map(str, children)]
+    )  # the vanished parent stays visible
     (request,) = result.run_requests
     assert harness.launch(request).success
     assert payloads(spark, harness.table, 2) == parent_rows  # history stays where it was loaded
@@ -182,7 +197,7 @@ def test_token_change_triggers_rediscovery_and_loading_goes_on(spark, harness):
     harness.server.rotate_token()
     harness.feed.append(50)
     result = harness.tick_sensor()
-    assert '"token":"%s"' % harness.server.discovery_token in result.cursor and old_token not in result.cursor
+    assert f'"token":"{harness.server.discovery_token}"' in result.cursor and old_token not in result.cursor
     (request,) = harness.tick_schedule().run_requests
     assert harness.launch(request).success
     assert_exactly_once(spark, harness, [0, 1, 2])
@@ -192,8 +207,9 @@ def test_a_second_load_of_a_busy_partition_refuses_to_start(spark, harness, inst
     harness.launch(harness.tick_sensor().run_requests[0])
     job = harness.defs.resolve_job_def("feedapi_orders_load")
     # a run of the asset in progress that loads partition 0
-    busy = instance.create_run_for_job(job, tags={"feedapi/feed": "orders", "feedapi/partitions": "0"},
-                                       status=dg.DagsterRunStatus.STARTED)
+    busy = instance.create_run_for_job(
+        job, tags={"feedapi/feed": "orders", "feedapi/partitions": "0"}, status=dg.DagsterRunStatus.STARTED
+    )
     with pytest.raises(dg.Failure, match="another run is loading it"):
         harness.materialize_partition(0)
     assert harness.tick_schedule().run_requests[0].tags["feedapi/partitions"] == "1,2"
@@ -207,8 +223,11 @@ def check_results(run: dg.ExecuteInProcessResult) -> dict[str, bool]:
 def test_every_load_runs_the_checks_and_they_catch_a_stale_mirror(spark, harness):
     run = harness.launch(harness.tick_sensor().run_requests[0])
     # a FeedAPI server deletes no events on its own: no check of events expired unread (Nakadi's has one)
-    assert check_results(run) == {"no_duplicate_event_ids": True, "positions_contiguous": True,
-                                  "cursor_metadata_matches_delta": True}
+    assert check_results(run) == {
+        "no_duplicate_event_ids": True,
+        "positions_contiguous": True,
+        "cursor_metadata_matches_delta": True,
+    }
     asset = harness.defs.get_assets_def(dg.AssetKey(["feedapi", "orders"]))
     assert {key.name for key in asset.check_keys} == set(check_results(run))
     # a load committed to Delta but the run died before recording its materialization
@@ -216,6 +235,7 @@ def test_every_load_runs_the_checks_and_they_catch_a_stale_mirror(spark, harness
     from feedapi_dagster.lakehouse.delta import FeedTable
     from feedapi_dagster.lakehouse.loader import FeedLoader
     from feedapi_dagster.lakehouse.sink import DeltaSink
+
     FeedLoader(harness.feed_config.settings, DeltaSink(FeedTable(spark, harness.table))).sync([0])
     harness.feed.append(10, partition=1)
     # a load of partition 1 sees the stale mirror of partition 0 and records its cursor of record
@@ -227,8 +247,9 @@ def test_every_load_runs_the_checks_and_they_catch_a_stale_mirror(spark, harness
 def test_a_violated_check_blocks_the_run(spark, harness):
     harness.launch(harness.tick_sensor().run_requests[0])
     # a row written behind the loader's back: partition 1 holds one event (and its position) twice
-    spark.read.format("delta").load(harness.table).where("partition_id = 1 AND event_id IS NOT NULL").limit(1) \
-        .write.format("delta").mode("append").save(harness.table)
+    spark.read.format("delta").load(harness.table).where("partition_id = 1 AND event_id IS NOT NULL").limit(
+        1
+    ).write.format("delta").mode("append").save(harness.table)
     harness.feed.append(10, partition=1)
     run = harness.launch(harness.tick_schedule().run_requests[0], raise_on_error=False)
     results = check_results(run)
@@ -288,11 +309,16 @@ def test_a_users_delete_is_no_loss_but_rows_removed_otherwise_are(spark, harness
     # partition 2's rows rewritten outside the loader, one of them left out: a loss, not a DELETE
     if layout == "partitioned":
         kept = DeltaTable(harness.table).to_pyarrow_table(filters=[("partition_id", "=", 2)])
-        write_deltalake(harness.table, kept.filter(pc.not_equal(kept["position"], 3)), mode="overwrite",
-                        predicate="partition_id = 2")
+        write_deltalake(
+            harness.table,
+            kept.filter(pc.not_equal(kept["position"], 3)),
+            mode="overwrite",
+            predicate="partition_id = 2",
+        )
     else:
-        kept = spark.read.format("delta").load(harness.table).where("partition_id = 2 AND position != 3") \
-            .localCheckpoint()
+        kept = (
+            spark.read.format("delta").load(harness.table).where("partition_id = 2 AND position != 3").localCheckpoint()
+        )
         kept.write.format("delta").mode("overwrite").option("replaceWhere", "partition_id = 2").save(harness.table)
     harness.feed.append(5, partition=2)
     run = harness.launch(harness.tick_schedule().run_requests[0], raise_on_error=False)
@@ -300,6 +326,7 @@ def test_a_users_delete_is_no_loss_but_rows_removed_otherwise_are(spark, harness
     assert not contiguous.passed and not run.success  # blocking
     position = harness.metadata(2)["position"]
     assert contiguous.metadata["problems"].value == [
-        f"partition 2: {position - 1} rows at positions 0..{position - 1}, committed position {position}"]
+        f"partition 2: {position - 1} rows at positions 0..{position - 1}, committed position {position}"
+    ]
     partitions, clustering, _ = table_layout(spark, harness.table)
     assert (partitions, clustering) == ((["partition_id"], []) if layout == "partitioned" else ([], ["partition_id"]))

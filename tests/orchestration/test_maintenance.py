@@ -1,6 +1,7 @@
 """Delta maintenance through Dagster: loads run OPTIMIZE and VACUUM when their commits made them due
 and say so on the asset; the maintenance job keeps the files a load that just failed may still write
 (its Spark job can commit after the run died)."""
+
 import dagster as dg
 import pytest
 
@@ -8,8 +9,9 @@ from feedapi_dagster.orchestration.loads import FEED_TAG, oldest_running_load
 
 from .test_flow import assert_exactly_once
 
-EVERY_TWO_NO_WINDOW = {"maintenance": {"optimize_every_commits": 2, "vacuum_every_commits": 2,
-                                       "time_travel_hours": 0, "cron": "0 3 * * *"}}
+EVERY_TWO_NO_WINDOW = {
+    "maintenance": {"optimize_every_commits": 2, "vacuum_every_commits": 2, "time_travel_hours": 0, "cron": "0 3 * * *"}
+}
 
 
 def observations(harness) -> list[dict]:
@@ -39,7 +41,8 @@ def test_loads_maintain_the_table_when_due_and_the_job_spares_a_failed_loads_fil
     harness.instance.report_run_failed(failed)
     assert oldest_running_load(harness.instance, harness.binding) is not None
     maintenance = harness.defs.resolve_job_def("feedapi_orders_maintenance").execute_in_process(
-        instance=harness.instance, resources={})
+        instance=harness.instance, resources={}
+    )
     assert maintenance.success
     latest = observations(harness)[0]
     assert latest["maintenance"] == "OPTIMIZE, VACUUM" and latest["vacuum_retention_hours"] >= 1

@@ -3,6 +3,7 @@ dynamic partitions), the schedule, a backfill run, over a wire with faults and N
 duplicates, against the bundled Nakadi server with a bearer token, a real Dagster instance, real
 Spark and Delta, the feed configured in a defs.yaml. After each step every event is in the table exactly once, in offset order. And
 what the load does when Nakadi's retention drops events before they were read."""
+
 from pathlib import Path
 
 import dagster as dg
@@ -10,8 +11,8 @@ import pytest
 
 from feedapi_dagster.demo import Faults
 from feedapi_dagster.demo.nakadi import NakadiDemoServer, NakadiEventType, parse_offset
-from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.lakehouse.cursor_record import read_committed_state
+from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.orchestration import FeedConfig, ProjectConfig
 from feedapi_dagster.orchestration.automation import load_request
 from feedapi_dagster.orchestration.checks import NO_DUPLICATES, NO_RETENTION_GAP
@@ -19,8 +20,8 @@ from feedapi_dagster.orchestration.checks import NO_DUPLICATES, NO_RETENTION_GAP
 from ..lakehouse.conftest import payloads
 from ..user_project import importable, write_user_project
 from .conftest import Harness
-from .test_sync_status import sync_observations
 from .test_secrets import files_containing
+from .test_sync_status import sync_observations
 
 TOKEN_ENV, TOKEN = "NAKADI_FLOW_TOKEN", "nakadi-flow-secret-7f3a"
 
@@ -38,15 +39,29 @@ def build(parts, load: dict) -> Harness:
     """The feed as a user configures it: a defs.yaml of their `dg` project (`protocol: nakadi`), its
     Definitions loaded as their code location loads them."""
     event_type, server, instance, root = parts
-    feed = {"protocol": "nakadi", "url": server.url, "event_type": event_type.name, "dialect": None,
-            "page_size_hint": 30, "token": f"{{{{ env.{TOKEN_ENV} }}}}", "load": load,
-            "retry": {"max_attempts": 30, "base_delay": 0.001, "max_delay": 0.01}}
+    feed = {
+        "protocol": "nakadi",
+        "url": server.url,
+        "event_type": event_type.name,
+        "dialect": None,
+        "page_size_hint": 30,
+        "token": f"{{{{ env.{TOKEN_ENV} }}}}",
+        "load": load,
+        "retry": {"max_attempts": 30, "base_delay": 0.001, "max_delay": 0.01},
+    }
     write_user_project(root / "project", server.url, {"mode": "local"}, lakehouse=root / "lakehouse", feed=feed)
     with importable(root / "project"):
         defs = dg.load_from_defs_folder(path_within_project=root / "project")
     # the same feed, for the harness's paths and the table's log
-    project = ProjectConfig(lakehouse=str(root / "lakehouse"), spark=SparkSettings(mode="local"), feeds=[
-        FeedConfig(name="orders", protocol="nakadi", url=server.url, event_type=event_type.name, token_env=TOKEN_ENV)])
+    project = ProjectConfig(
+        lakehouse=str(root / "lakehouse"),
+        spark=SparkSettings(mode="local"),
+        feeds=[
+            FeedConfig(
+                name="orders", protocol="nakadi", url=server.url, event_type=event_type.name, token_env=TOKEN_ENV
+            )
+        ],
+    )
     return Harness(event_type, server, project, defs, instance)
 
 
@@ -144,6 +159,7 @@ def test_events_expired_unread_stop_the_partition_until_the_loss_is_accepted(spa
     rebuild = load_request(harness.binding, [0], "rebuild", ["0", "1", "2"], rebuild=[0])
     run = harness.launch(rebuild, raise_on_error=False)
     assert not run.success
-    assert "the server no longer holds every event the table has" in str(run.get_step_failure_events()[0]
-                                                                       .step_failure_data.error)
+    assert "the server no longer holds every event the table has" in str(
+        run.get_step_failure_events()[0].step_failure_data.error
+    )
     assert payloads(spark, harness.table, 0) == held

@@ -1,9 +1,16 @@
 """The partition ids a run is tagged with stay short enough for every run storage (PostgreSQL refused
 a run tagged with 2,000 ids one by one: its tag index takes at most 8191 bytes a row)."""
+
 import dagster as dg
 
-from feedapi_dagster.orchestration.loads import (MAX_PARTITIONS_TAG_CHARS, PARTITIONS_TAG, listed_partitions,
-                                                 partition_run_tags, partitions_tag, run_partitions)
+from feedapi_dagster.orchestration.loads import (
+    MAX_PARTITIONS_TAG_CHARS,
+    PARTITIONS_TAG,
+    listed_partitions,
+    partition_run_tags,
+    partitions_tag,
+    run_partitions,
+)
 
 
 class _Binding:

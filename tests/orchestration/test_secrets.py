@@ -1,4 +1,5 @@
 """A feed that needs a bearer token: the token must appear nowhere the product writes."""
+
 import os
 from pathlib import Path
 
@@ -31,8 +32,9 @@ def test_the_token_never_leaks(spark, spark_work_dir, instance, tmp_path, monkey
     feed = DemoFeed(partitions=2, events=100, seed=41)
     with DemoFeedServer(feed, dialect="published", token=TOKEN) as server:
         config = FeedConfig(name="orders", url=server.url, token_env="ORDERS_TOKEN")
-        project = ProjectConfig(lakehouse=str(tmp_path / "lakehouse"), spark=SparkSettings(mode="local"),
-                                feeds=[config])
+        project = ProjectConfig(
+            lakehouse=str(tmp_path / "lakehouse"), spark=SparkSettings(mode="local"), feeds=[config]
+        )
         defs = build_feedapi_definitions(project, spark=SparkResource(settings=SparkSettings(mode="local")))
         binding = FeedBinding(project, config, dg.AssetKey(["feedapi", "orders"]))
         job = defs.resolve_job_def("feedapi_orders_load")
@@ -41,14 +43,16 @@ def test_the_token_never_leaks(spark, spark_work_dir, instance, tmp_path, monkey
         for request in result.dynamic_partitions_requests:
             instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
         run = job.execute_in_process(
-            run_config=result.run_requests[0].run_config, instance=instance, tags=result.run_requests[0].tags)
+            run_config=result.run_requests[0].run_config, instance=instance, tags=result.run_requests[0].tags
+        )
         assert run.success
         # a refused token: the failure is visible, the token is not
         monkeypatch.setenv("ORDERS_TOKEN", TOKEN + "-wrong")
         order = instance.get_dynamic_partitions(binding.partitions_name)
         again = load_request(binding, [0, 1], "wrong-token", order)
-        failed = job.execute_in_process(run_config=again.run_config, instance=instance, tags=again.tags,
-                                        raise_on_error=False)
+        failed = job.execute_in_process(
+            run_config=again.run_config, instance=instance, tags=again.tags, raise_on_error=False
+        )
         assert not failed.success
         errors = [e for e in failed.all_events if e.is_failure]
         assert errors and "not authorized (HTTP 401)" in str(errors[0].event_specific_data)

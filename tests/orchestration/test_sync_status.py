@@ -2,6 +2,7 @@
 "Materialize", a backfill) is materialized with what it is, a scheduled sync of every open partition
 is one observation of the asset (when it was synced, what it brought), and the run's log says which
 Spark ran it and where its UI is. Real runs in a Dagster instance, real Spark and Delta."""
+
 import dagster as dg
 
 from feedapi_dagster.lakehouse.cursor_record import read_committed_state
@@ -12,8 +13,11 @@ KEY = dg.AssetKey(["feedapi", "orders"])
 def sync_observations(harness, run) -> list[dict]:
     """The observations of the asset that the run logged for its sync, their metadata."""
     records = harness.instance.get_records_for_run(run.run_id, of_type=dg.DagsterEventType.ASSET_OBSERVATION).records
-    return [{k: v.value for k, v in r.asset_observation.metadata.items()} for r in records
-            if "last_synced" in r.asset_observation.metadata]
+    return [
+        {k: v.value for k, v in r.asset_observation.metadata.items()}
+        for r in records
+        if "last_synced" in r.asset_observation.metadata
+    ]
 
 
 def messages(harness, run) -> list[str]:
@@ -27,8 +31,10 @@ def test_a_quiet_sync_is_one_observation_and_a_partition_asked_for_is_materializ
     assert seen["partitions_synced"] == 3 and seen["partitions_with_new_events"] == 3
     assert seen["events_loaded"] == sum(len(harness.feed.published(p)) for p in range(3))
     assert "events_behind" not in seen  # a FeedAPI discovery does not say where a partition ends
-    assert "Spark: a local session in this process; Spark UI: off (spark.ui.enabled is false in the Spark " \
-           "settings' conf; set it to true for one)" in messages(harness, first)
+    assert (
+        "Spark: a local session in this process; Spark UI: off (spark.ui.enabled is false in the Spark "
+        "settings' conf; set it to true for one)" in messages(harness, first)
+    )
     metadata = harness.metadata(0)
     assert "events_per_second" not in metadata  # a partition's rate said nothing true of the load
     assert 0 < metadata["read_seconds"] <= metadata["load_seconds"]

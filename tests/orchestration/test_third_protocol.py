@@ -3,11 +3,12 @@ imports their protocol module (`tests/protocol/third_protocol.py`, which registe
 defs.yaml names `protocol: jsonlines` with its own setting (`stream`), and a run of the feed's asset
 reads it through the `feedapi` data source (in Spark's Python workers, which import the module
 themselves: `protocolModule`) into the Delta table with the cursor of record."""
+
 import importlib
 import json
 
-from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.lakehouse.cursor_record import read_committed_state
+from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.orchestration import FeedConfig, ProjectConfig
 
 from ..lakehouse.conftest import payloads
@@ -19,17 +20,28 @@ from .conftest import Harness
 def test_a_protocol_registered_by_the_users_package_loads_through_a_defs_yaml(spark, instance, tmp_path):
     stream = events(partitions=3, count=45)
     with JsonLinesServer({"orders": stream, "other": events(1, 5)}) as server:
-        feed = {"protocol": "jsonlines", "url": server.url, "stream": "orders", "page_size_hint": 10,
-                "dialect": None, "token": None}  # FeedAPI's dialect and the token: not this feed's
-        root = write_user_project(tmp_path / "project", server.url, {"mode": "local"},
-                                  lakehouse=tmp_path / "lakehouse", feed=feed)
+        feed = {
+            "protocol": "jsonlines",
+            "url": server.url,
+            "stream": "orders",
+            "page_size_hint": 10,
+            "dialect": None,
+            "token": None,
+        }  # FeedAPI's dialect and the token: not this feed's
+        root = write_user_project(
+            tmp_path / "project", server.url, {"mode": "local"}, lakehouse=tmp_path / "lakehouse", feed=feed
+        )
         definitions = root / MODULE / "definitions.py"
-        definitions.write_text("import tests.protocol.third_protocol  # registers the jsonlines protocol\n"
-                               + definitions.read_text())
+        definitions.write_text(
+            "import tests.protocol.third_protocol  # registers the jsonlines protocol\n" + definitions.read_text()
+        )
         with importable(root):
             defs = importlib.import_module(f"{MODULE}.definitions").defs()
-        project = ProjectConfig(lakehouse=str(tmp_path / "lakehouse"), spark=SparkSettings(mode="local"), feeds=[
-            FeedConfig(name="orders", protocol="jsonlines", url=server.url, stream="orders")])
+        project = ProjectConfig(
+            lakehouse=str(tmp_path / "lakehouse"),
+            spark=SparkSettings(mode="local"),
+            feeds=[FeedConfig(name="orders", protocol="jsonlines", url=server.url, stream="orders")],
+        )
         harness = Harness(None, server, project, defs, instance)
 
         (request,) = harness.tick_sensor().run_requests
@@ -49,4 +61,3 @@ def test_a_protocol_registered_by_the_users_package_loads_through_a_defs_yaml(sp
         assert harness.launch(request).success
         assert len(payloads(spark, harness.table, 1)) == 60
         assert read_committed_state(harness.log).state.get(1).cursor == "59"
-

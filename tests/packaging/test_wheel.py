@@ -13,6 +13,7 @@ distribution only; it builds into a pure-Python wheel. The install first tries u
 does whenever PyPI's responses reach it without cache headers), then PyPI. The Delta jars come from
 the cache `make setup` made: nothing is resolved from Maven.
 """
+
 from __future__ import annotations
 
 import ast
@@ -31,9 +32,8 @@ from pathlib import Path
 import pytest
 
 from feedapi_dagster.lakehouse.connect_server import port_open
-
-from tests.ports import find_free_port
 from feedapi_dagster.lakehouse.jars import MANIFEST_NAME, jars_dir
+from tests.ports import find_free_port
 
 from ..spark_processes import connect_server_pid
 
@@ -45,16 +45,21 @@ EVENTS = 600
 DEMO_TIMEOUT = 600.0
 
 
-def _run(command: list[str], *, cwd: Path, timeout: float, env: dict[str, str] | None = None,
-         what: str) -> subprocess.CompletedProcess:
+def _run(
+    command: list[str], *, cwd: Path, timeout: float, env: dict[str, str] | None = None, what: str
+) -> subprocess.CompletedProcess:
     try:
         result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{what} did not finish in {timeout:.0f} s: {' '.join(command)}\n"
-                    f"--- stdout ---\n{_text(exc.stdout)[-4000:]}\n--- stderr ---\n{_text(exc.stderr)[-4000:]}")
+        pytest.fail(
+            f"{what} did not finish in {timeout:.0f} s: {' '.join(command)}\n"
+            f"--- stdout ---\n{_text(exc.stdout)[-4000:]}\n--- stderr ---\n{_text(exc.stderr)[-4000:]}"
+        )
     if result.returncode != 0:
-        pytest.fail(f"{what} failed (exit code {result.returncode}): {' '.join(command)}\n"
-                    f"--- stdout ---\n{result.stdout[-4000:]}\n--- stderr ---\n{result.stderr[-6000:]}")
+        pytest.fail(
+            f"{what} failed (exit code {result.returncode}): {' '.join(command)}\n"
+            f"--- stdout ---\n{result.stdout[-4000:]}\n--- stderr ---\n{result.stderr[-6000:]}"
+        )
     return result
 
 
@@ -69,8 +74,12 @@ def _normalise(name: str) -> str:
 
 def _copy_source(destination: Path) -> Path:
     """The working tree without what git ignores (.venv, caches, egg-info, build output)."""
-    listing = _run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                   timeout=60, what="listing the repository's files")
+    listing = _run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        timeout=60,
+        what="listing the repository's files",
+    )
     for name in filter(None, listing.stdout.split("\0")):
         source = REPO / name
         if source.is_file():  # a tracked file deleted in the working tree is left out
@@ -85,8 +94,12 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("wheel-build")
     source = _copy_source(root / "source")
     dist = root / "dist"
-    _run([str(UV), "build", "--out-dir", str(dist), str(source)], cwd=root, timeout=300,
-         what="`uv build` (sdist, then the wheel from it)")
+    _run(
+        [str(UV), "build", "--out-dir", str(dist), str(source)],
+        cwd=root,
+        timeout=300,
+        what="`uv build` (sdist, then the wheel from it)",
+    )
     wheels = sorted(dist.glob("*.whl"))
     assert len(wheels) == 1, f"expected one wheel in {dist}, found {[w.name for w in wheels]}"
     return wheels[0]
@@ -139,12 +152,15 @@ def test_wheel_holds_the_package_its_data_and_declares_what_it_imports(wheel: Pa
         dist_info, metadata = _wheel_metadata(archive)
         top_level = {name.split("/", 1)[0] for name in archive.namelist()}
         assert top_level == {PACKAGE, dist_info}, (
-            f"the wheel's top level must be only {PACKAGE}/ and {dist_info}/, found {sorted(top_level)}")
+            f"the wheel's top level must be only {PACKAGE}/ and {dist_info}/, found {sorted(top_level)}"
+        )
         assert f"{PACKAGE}/demo/dagster.yaml" in archive.namelist(), (
-            f"{PACKAGE}/demo/dagster.yaml (package data for `feedapi-dagster demo`/`dev`) is not in the wheel")
+            f"{PACKAGE}/demo/dagster.yaml (package data for `feedapi-dagster demo`/`dev`) is not in the wheel"
+        )
         entry_points = archive.read(f"{dist_info}/entry_points.txt").decode()
         assert re.search(rf"^{SCRIPT}\s*=\s*{PACKAGE}\.cli:main\s*$", entry_points, re.M), (
-            f"no `{SCRIPT}` console script in the wheel's entry_points.txt:\n{entry_points}")
+            f"no `{SCRIPT}` console script in the wheel's entry_points.txt:\n{entry_points}"
+        )
         required = _required_distributions(metadata)
         imported = _imported_modules(archive)
 
@@ -160,10 +176,12 @@ def test_wheel_holds_the_package_its_data_and_declares_what_it_imports(wheel: Pa
             undeclared.append(f"{module} from {'/'.join(sorted(distributions))} (imported in {where})")
     assert not not_installed, (
         "modules the package imports that no distribution of the test environment provides, so they "
-        "cannot be checked against Requires-Dist: " + "; ".join(not_installed))
+        "cannot be checked against Requires-Dist: " + "; ".join(not_installed)
+    )
     assert not undeclared, (
         "modules the package imports whose distribution is not a declared dependency (Requires-Dist "
-        f"without extras: {sorted(required)}); declare them in pyproject.toml: " + "; ".join(undeclared))
+        f"without extras: {sorted(required)}); declare them in pyproject.toml: " + "; ".join(undeclared)
+    )
 
 
 def _install(python: Path, wheel: Path, *, cwd: Path) -> None:
@@ -174,8 +192,13 @@ def _install(python: Path, wheel: Path, *, cwd: Path) -> None:
     command = [str(UV), "pip", "install", "--python", str(python), str(wheel)]
     cached = subprocess.run([*command, "--offline"], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     if cached.returncode != 0:  # something not in uv's cache yet: from PyPI
-        _run(command, cwd=cwd, env=env, timeout=900,
-             what="installing the wheel into a new virtualenv (PyPI; no compiler on PATH)")
+        _run(
+            command,
+            cwd=cwd,
+            env=env,
+            timeout=900,
+            what="installing the wheel into a new virtualenv (PyPI; no compiler on PATH)",
+        )
 
 
 @pytest.mark.spark
@@ -187,8 +210,9 @@ def test_installed_wheel_runs_the_demo_from_an_empty_directory(wheel: Path, tmp_
 
     # a fresh virtualenv with the wheel and its dependencies, wheels only (nothing compiled)
     venv = tmp_path / "venv"
-    _run([str(UV), "venv", "--quiet", "--python", sys.executable, str(venv)], cwd=tmp_path, timeout=120,
-         what="`uv venv`")
+    _run(
+        [str(UV), "venv", "--quiet", "--python", sys.executable, str(venv)], cwd=tmp_path, timeout=120, what="`uv venv`"
+    )
     python = venv / "bin" / "python"
     _install(python, wheel, cwd=tmp_path)
     script = venv / "bin" / SCRIPT
@@ -198,23 +222,52 @@ def test_installed_wheel_runs_the_demo_from_an_empty_directory(wheel: Path, tmp_
     workdir.mkdir()
     scratch = tmp_path / "scratch"  # TMPDIR: the Spark server's work dir, token and lock files
     scratch.mkdir()
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("DAGSTER_HOME", "PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME", "SPARK_HOME", "SPARK_REMOTE",
-                        "SPARK_CONNECT_MODE_ENABLED", "PYSPARK_SUBMIT_ARGS", "PYSPARK_PYTHON")
-           and not k.startswith("FEEDAPI_DAGSTER_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "DAGSTER_HOME",
+            "PYTHONPATH",
+            "VIRTUAL_ENV",
+            "PYTHONHOME",
+            "SPARK_HOME",
+            "SPARK_REMOTE",
+            "SPARK_CONNECT_MODE_ENABLED",
+            "PYSPARK_SUBMIT_ARGS",
+            "PYSPARK_PYTHON",
+        )
+        and not k.startswith("FEEDAPI_DAGSTER_")
+    }
     env.update(FEEDAPI_DAGSTER_JARS_DIR=str(jars), TMPDIR=str(scratch))
 
     # the installed copy is the one that runs, not this repository's
-    located = _run([str(python), "-c", f"import {PACKAGE}; print({PACKAGE}.__file__)"], cwd=workdir, env=env,
-                   timeout=120, what=f"importing {PACKAGE} in the new virtualenv")
+    located = _run(
+        [str(python), "-c", f"import {PACKAGE}; print({PACKAGE}.__file__)"],
+        cwd=workdir,
+        env=env,
+        timeout=120,
+        what=f"importing {PACKAGE} in the new virtualenv",
+    )
     assert Path(located.stdout.strip()).is_relative_to(venv), (
-        f"the new virtualenv imports {PACKAGE} from {located.stdout.strip()}, not from its site-packages")
+        f"the new virtualenv imports {PACKAGE} from {located.stdout.strip()}, not from its site-packages"
+    )
 
     feed_port, spark_port = find_free_port(), find_free_port()
     while spark_port == feed_port:
         spark_port = find_free_port()
-    command = [str(script), "demo", "--events", str(EVENTS), "--partitions", "2",
-               "--feed-port", str(feed_port), "--spark-port", str(spark_port)]
+    command = [
+        str(script),
+        "demo",
+        "--events",
+        str(EVENTS),
+        "--partitions",
+        "2",
+        "--feed-port",
+        str(feed_port),
+        "--spark-port",
+        str(spark_port),
+    ]
     try:
         result = _run(command, cwd=workdir, env=env, timeout=DEMO_TIMEOUT, what=f"`{SCRIPT} demo`")
         left_running = port_open(spark_port)
@@ -237,7 +290,8 @@ def test_installed_wheel_runs_the_demo_from_an_empty_directory(wheel: Path, tmp_
     assert (workdir / "lakehouse" / "demo" / "_delta_log").is_dir(), "no Delta table at ./lakehouse/demo"
     assert (workdir / ".dagster_home" / "dagster.yaml").is_file(), "no ./.dagster_home/dagster.yaml"
     assert {p.name for p in workdir.iterdir()} == {"lakehouse", ".dagster_home"}, (
-        f"the demo left other files in its directory: {sorted(p.name for p in workdir.iterdir())}")
+        f"the demo left other files in its directory: {sorted(p.name for p in workdir.iterdir())}"
+    )
     # the cached jars were used as they are: nothing resolved again, nothing cached in the new virtualenv
     assert manifest.stat().st_mtime_ns == manifest_stamp, f"the Delta jar cache {jars} was rewritten"
     assert not (venv / "share" / "feedapi-dagster").exists(), "the demo set up a jar cache in the new virtualenv"

@@ -3,7 +3,12 @@ from feedapi_dagster.protocol import FeedInfo, Partition
 
 
 def info(*partitions, dialect="draft"):
-    return FeedInfo(protocol="feedapi", dialect=dialect, exactly_once=True, partitions=[Partition.model_validate(p) for p in partitions])
+    return FeedInfo(
+        protocol="feedapi",
+        dialect=dialect,
+        exactly_once=True,
+        partitions=[Partition.model_validate(p) for p in partitions],
+    )
 
 
 def by_id(plans):
@@ -18,15 +23,21 @@ def test_new_partitions_start_from_first_and_known_ones_continue():
 
 
 def test_drained_partitions_need_nothing_but_closed_undrained_ones_are_due():
-    state = FeedState(partitions={0: PartitionState(cursor="c9", position=9, drained=True),
-                                  1: PartitionState(cursor="c3", position=3)})
+    state = FeedState(
+        partitions={
+            0: PartitionState(cursor="c9", position=9, drained=True),
+            1: PartitionState(cursor="c3", position=3),
+        }
+    )
     plans = by_id(plan_feed(info({"id": 0, "closed": True}, {"id": 1, "closed": True}), state))
     assert plans[0].status is PlanStatus.DRAINED
     assert plans[1].status is PlanStatus.DUE and plans[1].closed and plans[1].cursor == "c3"
 
 
 def test_method1_children_wait_for_the_parent_to_drain():
-    discovery = info({"id": 0, "closed": True}, {"id": 1, "startsAfterPartition": 0}, {"id": 2, "startsAfterPartition": 0})
+    discovery = info(
+        {"id": 0, "closed": True}, {"id": 1, "startsAfterPartition": 0}, {"id": 2, "startsAfterPartition": 0}
+    )
     plans = by_id(plan_feed(discovery, FeedState(partitions={0: PartitionState(cursor="c5", position=5)})))
     assert plans[0].status is PlanStatus.DUE
     assert plans[1].status is PlanStatus.WAITING and "partition 0" in plans[1].reason
@@ -36,8 +47,11 @@ def test_method1_children_wait_for_the_parent_to_drain():
 
 
 def test_method1_parent_open_or_unknown_is_invalid_for_the_child_only():
-    plans = by_id(plan_feed(info({"id": 0}, {"id": 1, "startsAfterPartition": 0}, {"id": 2, "startsAfterPartition": 7}),
-                            FeedState()))
+    plans = by_id(
+        plan_feed(
+            info({"id": 0}, {"id": 1, "startsAfterPartition": 0}, {"id": 2, "startsAfterPartition": 7}), FeedState()
+        )
+    )
     assert plans[0].status is PlanStatus.DUE
     assert plans[1].status is PlanStatus.INVALID and "still open" in plans[1].reason
     assert plans[2].status is PlanStatus.INVALID and "does not list" in plans[2].reason
@@ -64,8 +78,13 @@ def test_a_rebuild_of_a_method2_child_starts_where_its_kept_ancestors_end():
     from feedapi_dagster.planning import plan_rebuild
 
     child = Partition.model_validate({"id": 7, "cursorFromPartitions": [3, 1]})
-    state = FeedState(partitions={3: PartitionState(cursor="c40"), 1: PartitionState(cursor="c10"),
-                                  7: PartitionState(cursor="c90", position=12, inherited_from=3)})
+    state = FeedState(
+        partitions={
+            3: PartitionState(cursor="c40"),
+            1: PartitionState(cursor="c10"),
+            7: PartitionState(cursor="c90", position=12, inherited_from=3),
+        }
+    )
     assert (plan_rebuild(child, state, {7}).cursor, plan_rebuild(child, state, {7}).inherited_from) == ("c40", 3)
     assert plan_rebuild(child, state, {7, 3}).cursor == "c10"  # the parent's rows go too: from the grandparent
     assert plan_rebuild(child, state, {7, 3, 1}).cursor == "_first"
@@ -75,11 +94,13 @@ def test_a_rebuild_of_a_method2_child_starts_where_its_kept_ancestors_end():
 def test_a_rebuild_does_not_start_a_method1_child_before_its_parent_is_drained():
     from feedapi_dagster.planning import plan_rebuilds
 
-    discovery = info({"id": 0, "closed": True}, {"id": 1, "startsAfterPartition": 0},
-                     {"id": 2, "cursorFromPartitions": [1]})
+    discovery = info(
+        {"id": 0, "closed": True}, {"id": 1, "startsAfterPartition": 0}, {"id": 2, "cursorFromPartitions": [1]}
+    )
     parent, child, grandchild = discovery.partitions
-    undrained = FeedState(partitions={0: PartitionState(cursor="c5", position=5),
-                                      1: PartitionState(cursor="c2", position=2)})
+    undrained = FeedState(
+        partitions={0: PartitionState(cursor="c5", position=5), 1: PartitionState(cursor="c2", position=2)}
+    )
     plans = by_id(plan_rebuilds(discovery, undrained, [parent, child, grandchild], []))
     assert plans[0].status is PlanStatus.DUE and plans[0].cursor == "_first"
     assert plans[1].status is PlanStatus.WAITING and "partition 0" in plans[1].reason

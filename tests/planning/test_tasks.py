@@ -1,4 +1,5 @@
 """How a load's feed partitions are spread over Spark read tasks: by expected size, not one each."""
+
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -1,11 +1,12 @@
 """Bad input on the wire: clear errors naming the feed and partition, bounded memory, timeouts."""
+
 import json
 import time
 
 import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
-from feedapi_dagster.protocol import feed_settings, ProtocolError, FeedClient, RetryPolicy
+from feedapi_dagster.protocol import FeedClient, ProtocolError, RetryPolicy, feed_settings
 
 from .conftest import LocalServer, pages_of
 
@@ -64,10 +65,13 @@ def test_a_server_that_hangs_times_out(streaming):
     assert time.monotonic() - started < 3
 
 
-@pytest.mark.parametrize("body, reason", [
-    (b'{"event":1}\n\xc3\x28 not utf-8\n{"cursor":"c1"}\n', "not valid UTF-8"),
-    (b'{"event":1}\nthis is not json\n{"cursor":"c1"}\n', "not a FeedAPI JSON object"),
-])
+@pytest.mark.parametrize(
+    "body, reason",
+    [
+        (b'{"event":1}\n\xc3\x28 not utf-8\n{"cursor":"c1"}\n', "not valid UTF-8"),
+        (b'{"event":1}\nthis is not json\n{"cursor":"c1"}\n', "not a FeedAPI JSON object"),
+    ],
+)
 def test_bad_lines_fail_clearly_after_retries(streaming, body, reason):
     def send(handler):
         handler.send_response(200)
@@ -76,7 +80,9 @@ def test_bad_lines_fail_clearly_after_retries(streaming, body, reason):
         handler.wfile.write(body)
 
     server = streaming(send)
-    with pytest.raises(ProtocolError, match=f"feed http://127.0.0.1:.*partition 0: giving up after 2 attempts: .*{reason}"):
+    with pytest.raises(
+        ProtocolError, match=f"feed http://127.0.0.1:.*partition 0: giving up after 2 attempts: .*{reason}"
+    ):
         pages_of(FeedClient(feed_settings(url=server.url, retry=NO_WAIT)), 0)
 
 

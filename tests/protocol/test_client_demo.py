@@ -1,11 +1,18 @@
 """FeedClient against the bundled demo server over real HTTP, in every dialect, with faults on."""
+
 import time
 
 import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults
-from feedapi_dagster.protocol import (EventFilter, feed_settings, ProtocolError, FeedClient, RediscoveryNeeded,
-                                      RetryPolicy)
+from feedapi_dagster.protocol import (
+    EventFilter,
+    FeedClient,
+    ProtocolError,
+    RediscoveryNeeded,
+    RetryPolicy,
+    feed_settings,
+)
 
 from .conftest import json_reply, pages_of, payloads, texts
 
@@ -118,13 +125,16 @@ def test_bearer_token_is_sent_and_never_shown():
 def test_published_type_filters_are_reapplied_when_the_server_ignores_them():
     feed = DemoFeed(partitions=1, events=300, seed=7, string_ratio=0)
     with DemoFeedServer(feed, dialect="published", ignore_filters=True) as server:
-        for event_filter, keep in [(EventFilter(event_types=("order.paid",)), {"order.paid"}),
-                                   (EventFilter(skip_event_types=("order.paid",)), {"order.created", "order.shipped"})]:
+        for event_filter, keep in [
+            (EventFilter(event_types=("order.paid",)), {"order.paid"}),
+            (EventFilter(skip_event_types=("order.paid",)), {"order.created", "order.shipped"}),
+        ]:
             client = client_for(server, feed, filters=event_filter)
             events = [e for p in pages_of(client, 0) for e in payloads(p)]
             assert events and {e["type"] for e in events} == keep
-            assert [e["id"] for e in events] == [e["id"] for e in map(__import__("json").loads, feed.published(0))
-                                                 if e["type"] in keep]
+            assert [e["id"] for e in events] == [
+                e["id"] for e in map(__import__("json").loads, feed.published(0)) if e["type"] in keep
+            ]
     with pytest.raises(ValueError, match="cannot both"):
         EventFilter(event_types=("a",), skip_event_types=("b",))
 
@@ -160,8 +170,11 @@ def test_bad_cursor_fails_fast_with_the_servers_message():
 
 def test_retries_give_up_with_a_clear_error():
     feed = DemoFeed(partitions=1, events=5, seed=12)
-    with DemoFeedServer(feed, dialect="draft", faults=Faults(rate=1.0, seed=1, retry_after=0,
-                                                                      kinds=("500", "reset", "truncated", "junk"))) as server:
+    with DemoFeedServer(
+        feed,
+        dialect="draft",
+        faults=Faults(rate=1.0, seed=1, retry_after=0, kinds=("500", "reset", "truncated", "junk")),
+    ) as server:
         client = client_for(server, feed, retry=RetryPolicy(max_attempts=4, base_delay=0.001))
         with pytest.raises(ProtocolError, match="partition 0: giving up after 4 attempts"):
             pages_of(client, 0)

@@ -1,7 +1,8 @@
 """Discovery negotiation and tolerant parsing, over real HTTP against scripted replies."""
+
 import pytest
 
-from feedapi_dagster.protocol import feed_settings, ProtocolError, FeedClient
+from feedapi_dagster.protocol import FeedClient, ProtocolError, feed_settings
 
 from .conftest import json_reply
 
@@ -17,7 +18,9 @@ def test_tolerant_document_ids_aliases_unknown_fields(canned):
             {"id": "40000"},
             {"id": "x"},
         ],
-        "stream": True, "filters": ["subject"], "somethingNew": {"a": 1},
+        "stream": True,
+        "filters": ["subject"],
+        "somethingNew": {"a": 1},
     }
     server = canned(lambda path, query, headers: json_reply(document))
     info = FeedClient(feed_settings(url=server.url)).discover()
@@ -32,8 +35,11 @@ def test_tolerant_document_ids_aliases_unknown_fields(canned):
 
 
 def test_published_dialect_and_go_parent_zero_quirk(canned):
-    document = {"token": "t1", "exactlyOnce": True, "partitions": [
-        {"id": "0", "closed": True}, {"id": "1"}, {"id": "2", "startsAfterPartition": "0"}]}
+    document = {
+        "token": "t1",
+        "exactlyOnce": True,
+        "partitions": [{"id": "0", "closed": True}, {"id": "1"}, {"id": "2", "startsAfterPartition": "0"}],
+    }
     server = canned(lambda path, query, headers: json_reply(document))
     info = FeedClient(feed_settings(url=server.url)).discover()
     assert (info.dialect, info.token, info.exactly_once) == ("published", "t1", True)
@@ -60,6 +66,7 @@ def test_errors_never_fall_back_to_v1(canned, status):
 def test_5xx_is_retried_then_fails_clearly(canned):
     server = canned(lambda path, query, headers: (503, {"Retry-After": "0"}, b"busy"))
     from feedapi_dagster.protocol import RetryPolicy
+
     client = FeedClient(feed_settings(url=server.url, retry=RetryPolicy(max_attempts=3, base_delay=0)))
     with pytest.raises(ProtocolError, match="giving up after 3 attempts: discovery: HTTP 503"):
         client.discover()

@@ -1,6 +1,7 @@
 """Nakadi through `FeedClient`, over real HTTP against the bundled Nakadi server: partitions, the
 low-level event stream in batches from a cursor, where a read stops, faults retried from the last
 batch, Problem bodies, retention gaps, and the settings a Nakadi feed takes."""
+
 import time
 
 import msgspec
@@ -10,7 +11,7 @@ from feedapi_dagster.demo import Faults
 from feedapi_dagster.demo.faults import KINDS
 from feedapi_dagster.demo.nakadi import NakadiDemoServer, NakadiEventType
 from feedapi_dagster.lakehouse.table import event_ids
-from feedapi_dagster.protocol import feed_settings, ProtocolError, FeedClient, RetryPolicy, FeedSettings
+from feedapi_dagster.protocol import FeedClient, FeedSettings, ProtocolError, RetryPolicy, feed_settings
 from feedapi_dagster.protocol.nakadi.protocol import BATCH_FLUSH_TIMEOUT
 from feedapi_dagster.protocol.registry import registered_protocols
 
@@ -45,7 +46,9 @@ def event_type():
 def test_partitions_and_a_whole_read_in_batches(event_type):
     with NakadiDemoServer(event_type) as server, FeedClient(nakadi_feed(server, page_size_hint=25)) as client:
         info = client.discover()
-        assert info.protocol == "nakadi" and info.dialect is None and not info.exactly_once  # Nakadi delivers at least once
+        assert (
+            info.protocol == "nakadi" and info.dialect is None and not info.exactly_once
+        )  # Nakadi delivers at least once
         assert [p.id for p in info.partitions] == [0, 1, 2]
         for partition in info.partitions:
             eids, cursor, runs = read(client, partition.id)
@@ -78,15 +81,20 @@ def test_a_read_stops_at_the_listed_newest_offset_or_at_a_keep_alive_batch(event
         assert read(client, 0, cursor) == ([], cursor, 0)
         fresh = client.discover()
         eids, end, _ = read(client, 0, cursor)
-        assert eids == in_order(event_type, 0)[-len(eids):] and end == fresh.partition(0).last_cursor
+        assert eids == in_order(event_type, 0)[-len(eids) :] and end == fresh.partition(0).last_cursor
         # a listed end that no batch reaches (a compacted event type drops the newest offsets' events):
         # the keep-alive batch after the last events ends the read, within Nakadi's batch flush timeout
-        beyond = listed.model_copy(update={"partitions": [
-            p.model_copy(update={"last_cursor": "001-0001-000000000099999999"}) for p in listed.partitions]})
+        beyond = listed.model_copy(
+            update={
+                "partitions": [
+                    p.model_copy(update={"last_cursor": "001-0001-000000000099999999"}) for p in listed.partitions
+                ]
+            }
+        )
         client = FeedClient(client.feed, info=beyond)
         started = time.monotonic()
         eids, _, runs = read(client, 0, cursor)
-        assert eids == in_order(event_type, 0)[-len(eids):] and len(eids) >= 1 and runs == 1
+        assert eids == in_order(event_type, 0)[-len(eids) :] and len(eids) >= 1 and runs == 1
         assert time.monotonic() - started < BATCH_FLUSH_TIMEOUT + 1
 
 
@@ -111,10 +119,13 @@ def test_a_repartitioning_adds_partitions_that_start_from_begin(event_type):
         assert eids and eids == in_order(event_type, 4)
 
 
-@pytest.mark.parametrize("sent, status, said", [
-    (None, 401, "Unauthorized"),
-    ("wrong-token-value", 403, "Forbidden"),
-])
+@pytest.mark.parametrize(
+    "sent, status, said",
+    [
+        (None, 401, "Unauthorized"),
+        ("wrong-token-value", 403, "Forbidden"),
+    ],
+)
 def test_refused_tokens_quote_the_problem_and_never_the_token(event_type, sent, status, said, monkeypatch):
     with NakadiDemoServer(event_type, token="the-right-token") as server:
         options = {}
@@ -169,20 +180,31 @@ def test_events_behind_a_cursor_are_counted_from_the_listings_newest_offset(even
 
 
 def test_the_event_id_is_metadata_eid():
-    raws = [b'{"metadata":{"eid":"e-1","occurred_at":"x"},"a":1}', b'{"a":1,"metadata":{"occurred_at":"x","eid":"e-2"}}',
-            b'{"metadata":"not an object"}', b'{"metadata":{"eid":"e-3","eid":"e-4"}}']
+    raws = [
+        b'{"metadata":{"eid":"e-1","occurred_at":"x"},"a":1}',
+        b'{"a":1,"metadata":{"occurred_at":"x","eid":"e-2"}}',
+        b'{"metadata":"not an object"}',
+        b'{"metadata":{"eid":"e-3","eid":"e-4"}}',
+    ]
     assert event_ids(raws, feed_settings(url="http://x", protocol="nakadi", event_type="t").event_id_field) == [
-        b"e-1", b"e-2", None, b"e-3"]  # the first of duplicate keys, as for top-level ids
+        b"e-1",
+        b"e-2",
+        None,
+        b"e-3",
+    ]  # the first of duplicate keys, as for top-level ids
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"protocol": "nakadi"}, r"NakadiSettings\nevent_type\n  Field required"),
-    # each protocol's settings model forbids what it does not have: FeedAPI's settings, Nakadi's
-    ({"protocol": "nakadi", "event_type": "t", "dialect": "draft"}, r"\ndialect\n  Extra inputs are not permitted"),
-    ({"protocol": "nakadi", "event_type": "t", "filters": {"fields": {"a": "b"}}}, r"\nfilters\n  Extra inputs"),
-    ({"event_type": "t"}, r"FeedApiSettings\nevent_type\n  Extra inputs are not permitted"),
-    ({"protocol": "kafka"}, "unknown protocol 'kafka': the registered ones are feedapi, (.+, )?nakadi"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"protocol": "nakadi"}, r"NakadiSettings\nevent_type\n  Field required"),
+        # each protocol's settings model forbids what it does not have: FeedAPI's settings, Nakadi's
+        ({"protocol": "nakadi", "event_type": "t", "dialect": "draft"}, r"\ndialect\n  Extra inputs are not permitted"),
+        ({"protocol": "nakadi", "event_type": "t", "filters": {"fields": {"a": "b"}}}, r"\nfilters\n  Extra inputs"),
+        ({"event_type": "t"}, r"FeedApiSettings\nevent_type\n  Extra inputs are not permitted"),
+        ({"protocol": "kafka"}, "unknown protocol 'kafka': the registered ones are feedapi, (.+, )?nakadi"),
+    ],
+)
 def test_settings_that_make_no_sense_for_the_protocol_are_refused(options, message):
     with pytest.raises(ValueError, match=message):
         feed_settings(url="http://127.0.0.1:1", **options)

@@ -2,6 +2,7 @@
 registry accepts its name with its settings, refuses an unknown name listing the registered ones, and
 `FeedClient` reads it over real HTTP. Its load through a defs.yaml, the data source and Delta:
 tests/orchestration/test_third_protocol.py."""
+
 from __future__ import annotations
 
 import json
@@ -25,7 +26,7 @@ class JsonLinesServer:
         self._server = LocalServer(self._handle)
         self.url = self._server.url.removesuffix("/feed") + "/jsonlines"
 
-    def __enter__(self) -> "JsonLinesServer":
+    def __enter__(self) -> JsonLinesServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -39,11 +40,15 @@ class JsonLinesServer:
         if stream is None:
             status, body = 404, b"no such stream"
         elif not path:
-            status, body = 200, json.dumps({"partitions": [{"id": p, "end": len(e)} for p, e in stream.items()]}).encode()
+            status, body = (
+                200,
+                json.dumps({"partitions": [{"id": p, "end": len(e)} for p, e in stream.items()]}).encode(),
+            )
         else:
             after, limit = int(query["after"]), int(query["limit"])
-            lines = [{"offset": offset, "event": event}
-                     for offset, event in enumerate(stream[int(path)]) if offset > after][:limit]
+            lines = [
+                {"offset": offset, "event": event} for offset, event in enumerate(stream[int(path)]) if offset > after
+            ][:limit]
             status, body = 200, b"".join(json.dumps(line).encode() + b"\n" for line in lines)
         handler.send_response(status)
         handler.send_header("Content-Length", str(len(body)))
@@ -63,16 +68,18 @@ def test_the_registry_accepts_a_registered_protocol_and_names_the_registered_one
         feed_settings(url="http://127.0.0.1:1/x", protocol="jsonlines")
     with pytest.raises(ValidationError, match=r"\nevent_type\n  Extra inputs are not permitted"):
         feed_settings(url="http://127.0.0.1:1/x", protocol="jsonlines", stream="s", event_type="t")
-    with pytest.raises(ValidationError, match="unknown protocol 'kafka': the registered ones are feedapi, "
-                                              "jsonlines, nakadi"):
+    with pytest.raises(
+        ValidationError, match="unknown protocol 'kafka': the registered ones are feedapi, jsonlines, nakadi"
+    ):
         feed_settings(url="http://127.0.0.1:1/x", protocol="kafka")
     register_protocol(JsonLines())  # its module imported again: the same protocol, registered again
 
     class Impostor(JsonLines):
         pass
 
-    with pytest.raises(ProtocolError, match="protocol 'jsonlines' is already registered by "
-                                            "tests.protocol.third_protocol.JsonLines"):
+    with pytest.raises(
+        ProtocolError, match="protocol 'jsonlines' is already registered by tests.protocol.third_protocol.JsonLines"
+    ):
         register_protocol(Impostor())
 
 

@@ -3,6 +3,7 @@
 zeroeventhub pins old fastapi/starlette, so it lives in its own virtualenv under .cache, created with
 uv on first use (seconds once uv's cache is warm).
 """
+
 import json
 import socket
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from feedapi_dagster.protocol import feed_settings, FeedClient
+from feedapi_dagster.protocol import FeedClient, feed_settings
 
 from .conftest import pages_of, payloads, texts
 
@@ -32,15 +33,18 @@ def zeroeventhub_feed(tmp_path_factory):
     python = VENV / "bin" / "python"
     if not python.exists():
         subprocess.run([_uv(), "venv", "--quiet", "--python", sys.executable, str(VENV)], check=True)
-        subprocess.run([_uv(), "pip", "install", "--quiet", "--python", str(python),
-                        "zeroeventhub==0.2.3", "uvicorn>=0.29,<0.31"], check=True)
+        subprocess.run(
+            [_uv(), "pip", "install", "--quiet", "--python", str(python), "zeroeventhub==0.2.3", "uvicorn>=0.29,<0.31"],
+            check=True,
+        )
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     log = tmp_path_factory.mktemp("zeh") / "server.log"
     with log.open("wb") as out:
-        process = subprocess.Popen([str(python), str(SERVER), str(port), str(PARTITIONS), str(EVENTS)],
-                                   stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [str(python), str(SERVER), str(port), str(PARTITIONS), str(EVENTS)], stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -60,7 +64,7 @@ def zeroeventhub_feed(tmp_path_factory):
 def test_v1_reads_every_partition_of_a_zeroeventhub_server(zeroeventhub_feed):
     client = FeedClient(feed_settings(url=zeroeventhub_feed, partition_count=PARTITIONS, page_size_hint=40))
     assert client.discover().dialect == "v1"  # negotiated: the handler answers 400 to a bare GET
-    text = "Grüße \"zeh\" \\ 日本"
+    text = 'Grüße "zeh" \\ 日本'
     for partition in range(PARTITIONS):
         pages = pages_of(client, partition)
         events = [event for page in pages for event in payloads(page)]

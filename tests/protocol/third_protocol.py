@@ -7,6 +7,7 @@ a read stops at the last event discovery listed. `stream` is this protocol's own
 
 Importing this module registers the protocol; nothing in `feedapi_dagster/` knows about it.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,18 @@ from typing import Literal
 from pydantic import Field
 
 from feedapi_dagster.errors import MalformedResponse, ProtocolError
-from feedapi_dagster.protocol import (BodyReader, FeedInfo, FeedProtocol, FeedSettings, PageRun, Partition, Request,
-                                      Response, register_protocol)
-from feedapi_dagster.protocol import discovery
+from feedapi_dagster.protocol import (
+    BodyReader,
+    FeedInfo,
+    FeedProtocol,
+    FeedSettings,
+    PageRun,
+    Partition,
+    Request,
+    Response,
+    discovery,
+    register_protocol,
+)
 from feedapi_dagster.protocol.models import FIRST
 
 
@@ -42,11 +52,14 @@ class JsonLines(FeedProtocol[JsonLinesSettings]):
 
     def fetch(self, feed: JsonLinesSettings, info: FeedInfo, partition_id: int, cursor: str) -> Request:
         after = "-1" if cursor == FIRST else cursor
-        return Request(f"{feed.url}/partitions/{partition_id}",
-                       {"stream": feed.stream, "after": after, "limit": str(feed.page_size_hint)})
+        return Request(
+            f"{feed.url}/partitions/{partition_id}",
+            {"stream": feed.stream, "after": after, "limit": str(feed.page_size_hint)},
+        )
 
-    def reader(self, feed: JsonLinesSettings, info: FeedInfo, partition_id: int,
-               max_page_bytes: int | None) -> BodyReader:
+    def reader(
+        self, feed: JsonLinesSettings, info: FeedInfo, partition_id: int, max_page_bytes: int | None
+    ) -> BodyReader:
         return _Lines(partition_id)
 
     def read_end(self, info: FeedInfo, partition_id: int) -> str | None:
@@ -78,8 +91,9 @@ class _Lines(BodyReader):
                 raws.append(json.dumps(item["event"], separators=(",", ":")).encode())
                 cursors.append(str(int(item["offset"])))
             except (ValueError, KeyError, TypeError) as error:
-                raise MalformedResponse(f"partition {self.partition_id}: a bad line ({error})",
-                                        partition=self.partition_id) from None
+                raise MalformedResponse(
+                    f"partition {self.partition_id}: a bad line ({error})", partition=self.partition_id
+                ) from None
         if cursors:
             yield PageRun(self.partition_id, raws, list(range(1, len(raws) + 1)), cursors, sum(map(len, raws)))
 

@@ -4,6 +4,7 @@ Runs in a separate virtualenv (zeroeventhub pins old fastapi/starlette), started
     python zeroeventhub_server.py PORT PARTITIONS EVENTS_PER_PARTITION
 Partition p holds events {"id": "p-i", "n": i, "text": ...}; the cursor after event i is str(i + 1).
 """
+
 import sys
 
 import uvicorn
@@ -14,7 +15,7 @@ PORT, PARTITIONS, EVENTS = (int(a) for a in sys.argv[1:4])
 
 
 def payload(partition, i):
-    return {"id": f"{partition}-{i}", "n": i, "text": "Grüße \"zeh\" \\ 日本"}
+    return {"id": f"{partition}-{i}", "n": i, "text": 'Grüße "zeh" \\ 日本'}
 
 
 class Reader:

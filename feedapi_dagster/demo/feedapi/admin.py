@@ -1,5 +1,6 @@
 """The FeedAPI demo server's admin actions on its feed (see `demo/admin.py` for the endpoint):
 GET /admin/published?partition=, POST /admin/append, /admin/close, /admin/split, /admin/rotate-token."""
+
 from __future__ import annotations
 
 from collections.abc import Callable

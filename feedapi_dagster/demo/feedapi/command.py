@@ -1,4 +1,5 @@
 """`feedapi-dagster demo-server`: serve a generated FeedAPI feed until SIGINT/SIGTERM."""
+
 from __future__ import annotations
 
 import argparse
@@ -38,5 +39,13 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         duplicate_ratio=AT_LEAST_ONCE_DUPLICATE_RATIO if args.at_least_once else 0.0,
     )
-    return serve_until_signalled(DemoFeedServer(feed, dialect=args.dialect, host=args.host, port=args.port,
-                                                token=token_from(args.token_env), faults=faults_from(args)))
+    return serve_until_signalled(
+        DemoFeedServer(
+            feed,
+            dialect=args.dialect,
+            host=args.host,
+            port=args.port,
+            token=token_from(args.token_env),
+            faults=faults_from(args),
+        )
+    )

@@ -5,6 +5,7 @@ across the whole feed, so one number ("read after seq N") is a valid position on
 is what makes an ancestor's cursor valid on a method-2 child, whose log is a subset of the ancestor's.
 The feed knows nothing about HTTP or dialects; `server.py` frames it.
 """
+
 from __future__ import annotations
 
 import base64
@@ -36,7 +37,7 @@ _DATA_TEMPLATES = (
 # a single bytes % per event, with no str to encode afterwards
 _OBJECT_TEMPLATES = tuple(
     ('{"id":"e-%09d","type":"' + event_type + '","aggregate":"%s","seq":%d,"data":' + data + "}").encode()
-    for event_type, data in zip(EVENT_TYPES, _DATA_TEMPLATES)
+    for event_type, data in zip(EVENT_TYPES, _DATA_TEMPLATES, strict=True)
 )
 _ESCAPED_STRING = rb'"line one\nline two \"quoted\" \u00e9 \/ end #%d"'
 
@@ -190,7 +191,7 @@ class DemoFeed:
             ids = self._add_children(parent, children, cursor_from=(parent.id, *parent.cursor_from))
             for child in ids:
                 self._partitions[child].closed = parent.closed
-            for seq, event in zip(parent.seqs, parent.events):
+            for seq, event in zip(parent.seqs, parent.events, strict=True):
                 child = self._partitions[self._child_for(parent, event.aggregate)]
                 child.seqs.append(seq)  # parent seqs ascend, so each child's stay sorted
                 child.events.append(event)
@@ -220,7 +221,7 @@ class DemoFeed:
         with self._lock:
             p = self._visible(partition)
             start = bisect.bisect_right(p.seqs, after_seq)
-            return list(zip(p.seqs[start : start + limit], p.events[start : start + limit]))
+            return list(zip(p.seqs[start : start + limit], p.events[start : start + limit], strict=True))
 
     def last_seq(self, partition: int) -> int:
         with self._lock:

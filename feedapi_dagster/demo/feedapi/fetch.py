@@ -1,5 +1,6 @@
 """A fetch of the FeedAPI demo server: its query, parsed and checked as each dialect asks for it (a
 `FetchError` is the 400, 404 or 409 to answer), and the cursors it carries."""
+
 from __future__ import annotations
 
 import hmac

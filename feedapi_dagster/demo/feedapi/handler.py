@@ -1,5 +1,6 @@
 """The HTTP handler of the FeedAPI demo server: a request's route per dialect (discovery or fetch), its
 bearer token, and the fault or the held read a server may be given."""
+
 from __future__ import annotations
 
 from urllib.parse import SplitResult

@@ -4,6 +4,7 @@ answers (the discovery document, the pages) per dialect; `handler.py` routes its
 Built for throughput as much as for fidelity: payload bytes are encoded once by the feed, a page is a
 join of byte strings, and connections are HTTP/1.1 keep-alive with Content-Length and TCP_NODELAY.
 """
+
 from __future__ import annotations
 
 import secrets

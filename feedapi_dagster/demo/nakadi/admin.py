@@ -1,5 +1,6 @@
 """The demo Nakadi server's admin actions on its event type (see `demo/admin.py` for the endpoint):
 POST /admin/append, /admin/repartition, /admin/expire, and GET /admin/stats."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -33,7 +34,9 @@ def event_type_admin_actions(event_type: NakadiEventType, fault_counts: Callable
 
     return {
         ("POST", "/admin/append"): append,
-        ("POST", "/admin/repartition"): lambda args, url: {"new_partitions": event_type.repartition(int(args["partitions"]))},
+        ("POST", "/admin/repartition"): lambda args, url: {
+            "new_partitions": event_type.repartition(int(args["partitions"]))
+        },
         ("POST", "/admin/expire"): expire,
         ("GET", "/admin/stats"): stats,
     }

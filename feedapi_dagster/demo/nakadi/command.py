@@ -1,4 +1,5 @@
 """`feedapi-dagster nakadi-server`: serve a generated Nakadi event type until SIGINT/SIGTERM."""
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,14 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     event_type = NakadiEventType(
-        args.event_type, partitions=args.partitions, events=args.events, seed=args.seed,
+        args.event_type,
+        partitions=args.partitions,
+        events=args.events,
+        seed=args.seed,
         duplicate_ratio=args.duplicate_ratio,
     )
-    return serve_until_signalled(NakadiDemoServer(event_type, host=args.host, port=args.port,
-                                                  token=token_from(args.token_env), faults=faults_from(args)))
+    return serve_until_signalled(
+        NakadiDemoServer(
+            event_type, host=args.host, port=args.port, token=token_from(args.token_env), faults=faults_from(args)
+        )
+    )

@@ -2,6 +2,7 @@
 and repartitioning. Event bytes are encoded once at publication; the server splices them into batches
 as stored. The spec is `spec/nakadi-event-bus-api.yaml`.
 """
+
 from __future__ import annotations
 
 import json
@@ -162,8 +163,7 @@ class NakadiEventType:
             if n >= p.next:
                 newest = format_offset(p.next - 1) if p.next else BEGIN
                 raise UnavailableOffsetError(
-                    f"offset {offset} for partition {partition} is unavailable: "
-                    f"the newest available offset is {newest}"
+                    f"offset {offset} for partition {partition} is unavailable: the newest available offset is {newest}"
                 )
             return n
 
@@ -199,7 +199,7 @@ class NakadiEventType:
             p = self._partition(partition)
             seen = {json.loads(event)["metadata"]["eid"] for event in held}
             events = list(held)
-            for eid, data in zip(p.eids[p.first:], p.events):
+            for eid, data in zip(p.eids[p.first :], p.events, strict=False):
                 if eid not in seen:
                     seen.add(eid)
                     events.append(data.decode())

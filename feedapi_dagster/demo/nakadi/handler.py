@@ -1,6 +1,7 @@
 """The HTTP handler of the demo Nakadi server: `GET /event-types/{name}/partitions[/{p}]` and the
 streaming `GET /event-types/{name}/events`, its bearer token, its faults, and `application/problem+json`
 errors."""
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """Nakadi's offsets as the demo event type writes them: BEGIN, or `001-0001-` and 18 digits (zero-padded,
 so that string order is numeric order)."""
+
 from __future__ import annotations
 
 import re

@@ -1,4 +1,5 @@
 """The demo Nakadi server's errors: the spec's `Problem` (`application/problem+json`)."""
+
 from __future__ import annotations
 
 from http import HTTPStatus

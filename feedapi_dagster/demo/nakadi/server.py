@@ -1,6 +1,7 @@
 """A bundled Nakadi event bus for the demo and the tests: one `NakadiEventType` served over HTTP as
 Nakadi serves it, through the low-level stream API (`handler.py`). The spec is
 `spec/nakadi-event-bus-api.yaml`."""
+
 from __future__ import annotations
 
 from feedapi_dagster.demo.admin import AdminActions

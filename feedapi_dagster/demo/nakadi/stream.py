@@ -1,5 +1,6 @@
 """The event stream of the demo Nakadi server: one `EventStreamBatch` per line in a chunked response,
 keep-alive batches when a partition is caught up, and the mid-stream faults (a cut, junk, a slow line)."""
+
 from __future__ import annotations
 
 import time

@@ -1,5 +1,6 @@
 """What a stream request of the demo Nakadi server asks for, parsed and checked: its parameters and its
 cursors (also the partitions endpoint's), a `Problem` when they are wrong."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,9 @@ class StreamRequest:
     keep_alive_limit: int  # 0: unlimited
 
 
-def parse_stream_request(params: dict[str, str], cursors_header: str | None,
-                         event_type: NakadiEventType) -> StreamRequest:
+def parse_stream_request(
+    params: dict[str, str], cursors_header: str | None, event_type: NakadiEventType
+) -> StreamRequest:
     """The stream a GET /event-types/{name}/events asks for: its query `params` and its X-Nakadi-Cursors."""
     batch_limit = int(_number(params, "batch_limit", 1, integer=True))
     stream_limit = int(_number(params, "stream_limit", 0, integer=True))
@@ -36,9 +38,7 @@ def parse_stream_request(params: dict[str, str], cursors_header: str | None,
     if batch_limit < 1:
         raise Problem(422, "batch_limit can't be lower than 1")
     if min(stream_limit, flush, stream_timeout, keep_alive_limit) < 0:
-        raise Problem(
-            422, "stream_limit, batch_flush_timeout, stream_timeout and stream_keep_alive_limit must be >= 0"
-        )
+        raise Problem(422, "stream_limit, batch_flush_timeout, stream_timeout and stream_keep_alive_limit must be >= 0")
     if stream_limit and stream_limit < batch_limit:
         raise Problem(422, "stream_limit can't be lower than batch_limit")
     if stream_timeout and stream_timeout < flush:
@@ -76,7 +76,7 @@ def partition_id(value: object, status: int) -> int:
         return value
     if isinstance(value, str) and value.isascii() and value.isdigit():
         return int(value)
-    raise Problem(status, f"malformed partition {value!r}: expected a partition id such as \"0\"")
+    raise Problem(status, f'malformed partition {value!r}: expected a partition id such as "0"')
 
 
 def parse_cursors(text: str, where: str) -> list[tuple[int, str]]:

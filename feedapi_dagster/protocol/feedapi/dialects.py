@@ -4,6 +4,7 @@ A dialect knows how to turn (partition, cursor, page size, filters) into a fetch
 key holds an event on the wire; everything else (discovery, paging, parsing) is FeedAPI's
 (`protocol.py`), and retries are every protocol's (`FeedClient`).
 """
+
 from __future__ import annotations
 
 from typing import ClassVar
@@ -27,8 +28,11 @@ class V1(DialectSpec):
     event_key = "data"
 
     def fetch(self, feed, partition_id, cursor, discovery_token):
-        params = {"n": str(feed.partition_count), f"cursor{partition_id}": cursor,
-                  "pagesizehint": str(feed.page_size_hint)}
+        params = {
+            "n": str(feed.partition_count),
+            f"cursor{partition_id}": cursor,
+            "pagesizehint": str(feed.page_size_hint),
+        }
         return Request(feed.url, params)
 
 
@@ -48,8 +52,12 @@ class Published(DialectSpec):
     event_key = "data"
 
     def fetch(self, feed, partition_id, cursor, discovery_token):
-        params = {"token": discovery_token or "", "partition": str(partition_id), "cursor": cursor,
-                  "pagesizehint": str(feed.page_size_hint)}
+        params = {
+            "token": discovery_token or "",
+            "partition": str(partition_id),
+            "cursor": cursor,
+            "pagesizehint": str(feed.page_size_hint),
+        }
         if feed.filters and feed.filters.event_types:
             params["event-types"] = ";".join(feed.filters.event_types)
         if feed.filters and feed.filters.skip_event_types:

@@ -1,10 +1,12 @@
 """FeedAPI's discovery document as a `FeedInfo`: the dialect (detected unless configured), the
 partitions, the published dialect's token, and feedapi-go's omitted parent 0."""
+
 from __future__ import annotations
 
 from typing import Any
 
 from feedapi_dagster.errors import ProtocolError
+
 from ..discovery import partitions as accepted_partitions
 from ..models import FeedInfo, Partition
 from .settings import FeedApiSettings
@@ -13,8 +15,12 @@ from .settings import FeedApiSettings
 def v1_info(feed: FeedApiSettings) -> FeedInfo:
     assert feed.partition_count is not None
     # v1 promises nothing about duplicates, so it is treated as at-least-once.
-    return FeedInfo(protocol=feed.protocol, dialect="v1", exactly_once=False,
-                    partitions=[Partition(id=i) for i in range(feed.partition_count)])
+    return FeedInfo(
+        protocol=feed.protocol,
+        dialect="v1",
+        exactly_once=False,
+        partitions=[Partition(id=i) for i in range(feed.partition_count)],
+    )
 
 
 def parse_discovery(feed: FeedApiSettings, document: Any) -> FeedInfo:
@@ -30,8 +36,14 @@ def parse_discovery(feed: FeedApiSettings, document: Any) -> FeedInfo:
     partitions, rejected = accepted_partitions(feed, document["partitions"], Partition.model_validate)
     if dialect == "published":
         partitions = _infer_go_parent_zero(partitions)
-    return FeedInfo(protocol=feed.protocol, dialect=dialect, exactly_once=document.get("exactlyOnce") is True,
-                    partitions=partitions, token=token, rejected=rejected)
+    return FeedInfo(
+        protocol=feed.protocol,
+        dialect=dialect,
+        exactly_once=document.get("exactlyOnce") is True,
+        partitions=partitions,
+        token=token,
+        rejected=rejected,
+    )
 
 
 def _infer_go_parent_zero(partitions: list[Partition]) -> list[Partition]:
@@ -46,6 +58,7 @@ def _infer_go_parent_zero(partitions: list[Partition]) -> list[Partition]:
         return partitions
     return [
         p.model_copy(update={"starts_after": 0, "starts_after_inferred": True})
-        if p.id != 0 and p.starts_after is None and not p.cursor_from else p
+        if p.id != 0 and p.starts_after is None and not p.cursor_from
+        else p
         for p in partitions
     ]

@@ -1,5 +1,6 @@
 """`EventFilter`: FeedAPI's event filters, sent to the server and, for the published dialect, applied
 again by the client."""
+
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -17,7 +18,7 @@ class EventFilter(BaseModel):
     event_type_field: str = "type"
 
     @model_validator(mode="after")
-    def _one_type_filter(self) -> "EventFilter":
+    def _one_type_filter(self) -> EventFilter:
         if self.event_types and self.skip_event_types:
             raise ValueError("event_types and skip_event_types cannot both be set")
         return self

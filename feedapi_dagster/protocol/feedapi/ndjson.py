@@ -15,6 +15,7 @@ passes of builtins (`map`, `filter`, `compress`) over the lines: no Python code 
 that this bulk decode refuses (blank lines, damage) is decoded again without its blank lines, then,
 if still refused, line by line, to locate and describe the damage.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,6 +28,7 @@ from operator import add, attrgetter, is_not, not_, sub
 import msgspec
 
 from feedapi_dagster.errors import MalformedResponse
+
 from ..models import DONE_CURSORS, PageRun
 
 
@@ -56,7 +58,7 @@ class PageReader:
                 self._check_bound(self._page_bytes + pending_bytes)
                 continue
             complete = b"".join((*pending, chunk[: cut + 1])) if pending else chunk[: cut + 1]
-            rest = chunk[cut + 1:]
+            rest = chunk[cut + 1 :]
             pending, pending_bytes = ([rest], len(rest)) if rest else ([], 0)
             for run in self._lines(complete, terminated=True):
                 yield run
@@ -86,8 +88,14 @@ class PageReader:
                 self._events = [] if done else events[taken:]
                 self._page_bytes = size - taken_bytes
                 raws = events if taken == len(events) else events[:taken]
-                yield PageRun(self.partition_id, carried + raws if carried else raws, ends, cursors,
-                              carried_bytes + taken_bytes, done)
+                yield PageRun(
+                    self.partition_id,
+                    carried + raws if carried else raws,
+                    ends,
+                    cursors,
+                    carried_bytes + taken_bytes,
+                    done,
+                )
                 if done:
                     return
             if over is not None:
@@ -264,8 +272,9 @@ def _bulk_without_blanks(block: bytes, event_key: str) -> list | None:
     return rows if len(rows) == len(lines) else None
 
 
-def _sort(lines: list, payload=_ROW_PAYLOAD, line_cursor=_ROW_CURSOR) -> tuple[list[bytes], list[int], list[int],
-                                                                              list[str], int]:
+def _sort(
+    lines: list, payload=_ROW_PAYLOAD, line_cursor=_ROW_CURSOR
+) -> tuple[list[bytes], list[int], list[int], list[str], int]:
     """Events and checkpoints of decoded lines (rows, or lines with the getters of lines), by passes of
     builtins over the lines: no Python code runs per event, nor per checkpoint."""
     payloads = list(map(payload, lines))  # an empty Raw for a line without event
@@ -382,19 +391,19 @@ def json_fields(raw: bytes) -> Iterator[tuple[bytes, int, int]]:
     """The top-level fields of the JSON object `raw` (valid JSON), in order: each key as sent, quotes
     and escapes included, and where its value starts and ends in `raw`. Nothing is decoded."""
     at = _SPACE.match(raw, raw.index(b"{") + 1).end()
-    while raw[at:at + 1] == b'"':
+    while raw[at : at + 1] == b'"':
         key_end = _STRING.match(raw, at).end()
         value = _SPACE.match(raw, _SPACE.match(raw, key_end).end() + 1).end()  # past the colon
         value_end = _value_end(raw, value)
         yield raw[at:key_end], value, value_end
         at = _SPACE.match(raw, value_end).end()
-        if raw[at:at + 1] != b",":
+        if raw[at : at + 1] != b",":
             return
         at = _SPACE.match(raw, at + 1).end()
 
 
 def _value_end(raw: bytes, at: int) -> int:
-    first = raw[at:at + 1]
+    first = raw[at : at + 1]
     if first == b'"':
         return _STRING.match(raw, at).end()
     if first not in (b"{", b"["):

@@ -4,6 +4,7 @@ Discovery (`discovery.py`; the dialect is detected unless configured), the diale
 (`dialects.py`), NDJSON bodies of events and checkpoints (`ndjson.py`), the published dialect's
 client-side event-type filter (`filters.py`) and its 409 (the discovery token changed).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
@@ -13,6 +14,7 @@ from itertools import accumulate
 import msgspec
 
 from feedapi_dagster.errors import ProtocolError, RediscoveryNeeded
+
 from .. import discovery
 from ..interface import BodyReader, FeedProtocol, Request, Response
 from ..models import FeedInfo, PageRun
@@ -46,11 +48,14 @@ class FeedApi(FeedProtocol[FeedApiSettings]):
     def fetch(self, feed: FeedApiSettings, info: FeedInfo, partition_id: int, cursor: str) -> Request:
         return DIALECTS[_dialect(info)].fetch(feed, partition_id, cursor, info.token)
 
-    def reader(self, feed: FeedApiSettings, info: FeedInfo, partition_id: int,
-               max_page_bytes: int | None) -> BodyReader:
+    def reader(
+        self, feed: FeedApiSettings, info: FeedInfo, partition_id: int, max_page_bytes: int | None
+    ) -> BodyReader:
         dialect = _dialect(info)
-        return _Body(PageReader(partition_id, DIALECTS[dialect].event_key, max_page_bytes),
-                     feed.filters if dialect == "published" else None)
+        return _Body(
+            PageReader(partition_id, DIALECTS[dialect].event_key, max_page_bytes),
+            feed.filters if dialect == "published" else None,
+        )
 
     def read_end(self, info: FeedInfo, partition_id: int) -> str | None:
         partition = info.partition(partition_id)
@@ -61,8 +66,10 @@ class FeedApi(FeedProtocol[FeedApiSettings]):
     def refusal(self, feed: FeedApiSettings, response: Response, partition: int | None, what: str) -> ProtocolError:
         if response.status == 409 and partition is not None:
             return RediscoveryNeeded(
-                f"feed {feed.safe_url}: partition {partition}: the discovery token changed (409); "
-                "run discovery again", status=409, partition=partition)
+                f"feed {feed.safe_url}: partition {partition}: the discovery token changed (409); run discovery again",
+                status=409,
+                partition=partition,
+            )
         return super().refusal(feed, response, partition, what)
 
 

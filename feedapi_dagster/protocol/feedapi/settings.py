@@ -1,4 +1,5 @@
 """`FeedApiSettings`: a FeedAPI feed's settings, the common ones and FeedAPI's own."""
+
 from __future__ import annotations
 
 from typing import Literal
@@ -18,7 +19,7 @@ class FeedApiSettings(FeedSettings):
     filters: EventFilter | None = None
 
     @model_validator(mode="after")
-    def _v1_partitions(self) -> "FeedApiSettings":
+    def _v1_partitions(self) -> FeedApiSettings:
         if self.dialect == "v1" and self.partition_count is None:
             raise ValueError("dialect v1 needs partition_count (v1 has no discovery)")
         return self

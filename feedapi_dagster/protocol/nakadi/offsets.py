@@ -1,5 +1,6 @@
 """Nakadi's offsets (`001-0001-000000000000000042`: version, timeline, offset; or a bare number) and
 their order."""
+
 from __future__ import annotations
 
 from ..models import FIRST

@@ -18,6 +18,7 @@ subscription to have no open stream) and the server's offsets would be a second 
 disagree with Delta's after a crash. Should the low-level API be removed, the subscription API fits
 behind this same interface, with that reset as part of `fetch`.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,6 +26,7 @@ from typing import Any
 from urllib.parse import quote
 
 from feedapi_dagster.errors import ProtocolError
+
 from .. import discovery
 from ..interface import BodyReader, FeedProtocol, Request, Response, refusal_error
 from ..models import FIRST, FeedInfo, Partition
@@ -59,13 +61,15 @@ class Nakadi(FeedProtocol[NakadiSettings]):
         offset = BEGIN if cursor == FIRST else cursor
         return Request(
             f"{_event_type_url(feed)}/events",
-            {"batch_limit": str(feed.page_size_hint), "batch_flush_timeout": str(BATCH_FLUSH_TIMEOUT),
-             "stream_timeout": str(STREAM_TIMEOUT)},
+            {
+                "batch_limit": str(feed.page_size_hint),
+                "batch_flush_timeout": str(BATCH_FLUSH_TIMEOUT),
+                "stream_timeout": str(STREAM_TIMEOUT),
+            },
             {"X-Nakadi-Cursors": json.dumps([{"partition": str(partition_id), "offset": offset}])},
         )
 
-    def reader(self, feed: NakadiSettings, info: FeedInfo, partition_id: int,
-               max_page_bytes: int | None) -> BodyReader:
+    def reader(self, feed: NakadiSettings, info: FeedInfo, partition_id: int, max_page_bytes: int | None) -> BodyReader:
         return EventStream(partition_id, self.read_end(info, partition_id), max_page_bytes)
 
     def read_end(self, info: FeedInfo, partition_id: int) -> str | None:
@@ -106,8 +110,10 @@ class Nakadi(FeedProtocol[NakadiSettings]):
         lost = after[:-1] < first[:-1] or (after[:-1] == first[:-1] and after[-1] + 1 < first[-1])
         if not lost:
             return None
-        return (f"partition {partition.id}: the events after offset {cursor} and before offset {oldest} "
-                f"expired unread (retention): the oldest available offset is {oldest}")
+        return (
+            f"partition {partition.id}: the events after offset {cursor} and before offset {oldest} "
+            f"expired unread (retention): the oldest available offset is {oldest}"
+        )
 
 
 def _event_type_url(feed: NakadiSettings) -> str:
@@ -120,5 +126,4 @@ def _partition(entry: Any) -> Partition:
     newest, oldest = entry["newest_available_offset"], entry["oldest_available_offset"]
     if not isinstance(newest, str) or not isinstance(oldest, str):
         raise ValueError("offsets must be strings")
-    return Partition(id=entry["partition"], last_cursor=None if newest == BEGIN else newest,
-                     oldest_available=oldest)
+    return Partition(id=entry["partition"], last_cursor=None if newest == BEGIN else newest, oldest_available=oldest)

@@ -1,4 +1,5 @@
 """`NakadiSettings`: a Nakadi event type's settings, the common ones and Nakadi's own."""
+
 from __future__ import annotations
 
 from typing import Literal
@@ -13,8 +14,9 @@ class NakadiSettings(FeedSettings):
 
     protocol: Literal["nakadi"] = "nakadi"
     event_type: str = Field(min_length=1, description="the Nakadi event type to load")
-    event_id_field: str = Field(default="metadata.eid",
-                                description="the payload field stored as event_id, dotted when nested")
+    event_id_field: str = Field(
+        default="metadata.eid", description="the payload field stored as event_id, dotted when nested"
+    )
 
     def location(self) -> str:
         return f"{self.safe_url}, event type {self.event_type}"

@@ -1,4 +1,5 @@
 """Nakadi's event stream of one partition (NDJSON `EventStreamBatch`es) as `PageRun`s."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
@@ -6,6 +7,7 @@ from collections.abc import Iterable, Iterator
 import msgspec
 
 from feedapi_dagster.errors import MalformedResponse
+
 from ..interface import BodyReader
 from ..models import PageRun
 from .offsets import reached
@@ -43,7 +45,7 @@ class EventStream(BodyReader):
             if cut < 0:
                 self._check_bound(len(pending))
                 continue
-            block, pending = pending[:cut + 1], pending[cut + 1:]
+            block, pending = pending[: cut + 1], pending[cut + 1 :]
             run, damage = self._run(block)
             if run is not None:
                 yield run
