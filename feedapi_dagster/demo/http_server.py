@@ -33,12 +33,12 @@ class DemoHTTPServer(ThreadingHTTPServer):
         self._connections_lock = threading.Lock()
         super().__init__(address, handler)
 
-    def process_request(self, request, client_address):  # type: ignore[no-untyped-def]
+    def process_request(self, request, client_address):
         with self._connections_lock:
             self._connections.add(request)
         super().process_request(request, client_address)
 
-    def shutdown_request(self, request):  # type: ignore[no-untyped-def]
+    def shutdown_request(self, request):
         with self._connections_lock:
             self._connections.discard(request)
         super().shutdown_request(request)
@@ -117,7 +117,7 @@ class DemoServer:
 
     @property
     def url(self) -> str:
-        host, port = self._httpd.server_address[:2]
+        host, port = self._httpd.socket.getsockname()[:2]  # an IPv4 address: (host, port)
         return f"http://{host}:{port}"
 
     def admin_actions(self) -> AdminActions:

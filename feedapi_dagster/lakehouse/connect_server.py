@@ -204,14 +204,20 @@ class SparkConnectServer:
 
     # -- life cycle -------------------------------------------------------------------------
 
-    def command(self) -> list[str]:
-        """The spark-submit command line (configuration included)."""
+    def _prepared_work_dir(self) -> Path:
         if self._work_dir is None:
             raise SparkError("work dir not prepared")
+        return self._work_dir
+
+    def command(self) -> list[str]:
+        """The spark-submit command line (configuration included)."""
         # The server lives long and does the loads' heavy lifting (JSON functions, Parquet encoding),
         # where C1-only code is slow (the benchmark's JVM time per commit): full JIT (C2) back.
         conf = build_conf(
-            self._work_dir, self._conf, jars=self._jars, java_options=(FULL_JIT_JAVA_OPTION, *self._java_options)
+            self._prepared_work_dir(),
+            self._conf,
+            jars=self._jars,
+            java_options=(FULL_JIT_JAVA_OPTION, *self._java_options),
         )
         conf.update(
             {
@@ -245,7 +251,7 @@ class SparkConnectServer:
         env.update(
             SPARK_HOME=str(home),
             SPARK_LOCAL_IP=LOOPBACK,
-            SPARK_LOCAL_DIRS=str(self._work_dir / "tmp"),
+            SPARK_LOCAL_DIRS=str(self._prepared_work_dir() / "tmp"),
             # Python UDFs sent by clients run in workers of this interpreter (same version as the client)
             PYSPARK_PYTHON=sys.executable,
         )

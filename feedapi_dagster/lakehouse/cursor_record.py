@@ -201,7 +201,7 @@ def read_history(table: FeedTable | DeltaLog | str, limit: int | None = RECENT_H
     entries = log.history(limit)
     table_version = entries[0].version if entries else None
     states = committed_states(entries, table_version)
-    truncated = bool(limit) and len(entries) >= limit
+    truncated = limit is not None and limit > 0 and len(entries) >= limit
     if not states and truncated:
         return read_history(log, None)
     complete = not truncated and (not entries or entries[-1].version == 0)

@@ -119,7 +119,7 @@ class FeedSourceOptions:
                 start_positions={int(k): int(v) for k, v in json.loads(get("startpositions", "{}")).items()},
                 max_events=_int(get("maxevents")),
                 checkpoint_rows=get("checkpointrows", "false").lower() == "true",
-                discovery=FeedInfo.model_validate_json(get("discovery")) if get("discovery") else None,
+                discovery=FeedInfo.model_validate_json(discovery) if (discovery := get("discovery")) else None,
                 tasks=_int(get("tasks")),
                 threads_per_task=_int(get("threadspertask")) or 8,
                 progress_folder=get("progressfolder"),
@@ -268,7 +268,8 @@ class FeedReader(DataSourceReader):
             for index, group in enumerate(groups)
         ] or [FeedPartitionGroup(0, info.only([]), [])]
 
-    def read(self, partition: FeedPartitionGroup) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, FeedPartitionGroup)  # what `partitions` made
         yield from GroupRead(
             self.options.read_settings(), self.options.client, partition.info, partition.starts
         ).batches()

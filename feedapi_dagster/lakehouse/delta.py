@@ -396,17 +396,17 @@ class FeedTable:
         the retention), listing them with `listing_parallelism` Spark tasks. Logged in the Delta log
         as VACUUM START and VACUUM END."""
         settings = {_RETENTION_CHECK: "false", _VACUUM_LOGGING: "true", _LISTING_PARALLELISM: str(listing_parallelism)}
-        previous = {key: self.spark.conf.get(key, None) for key in settings}
+        previous: dict[str, str | None] = {key: self.spark.conf.get(key, None) for key in settings}
         for key, value in settings.items():
             self.spark.conf.set(key, value)
         try:
             self.spark.sql(f"VACUUM delta.`{self.path}` RETAIN {retention_hours:g} HOURS").collect()
         finally:  # the embedded server's session is shared by every client: leave it as it was
-            for key, value in previous.items():
-                if value is None:
+            for key, was in previous.items():
+                if was is None:
                     self.spark.conf.unset(key)
                 else:
-                    self.spark.conf.set(key, value)
+                    self.spark.conf.set(key, was)
 
     # ------------------------------------------------------------------ progress notes
     def progress_folder(self, load_id: str) -> str | None:

@@ -127,8 +127,8 @@ def _aware(moment: dt.datetime) -> dt.datetime:
 def due(table: FeedTable, settings: MaintenanceSettings) -> tuple[str, ...]:
     """What the loads' commits made due: OPTIMIZE after `optimize_every_commits` commits since the
     last OPTIMIZE, VACUUM after `vacuum_every_commits` since the last VACUUM."""
-    wanted = {OPTIMIZE: settings.optimize_every_commits, VACUUM: settings.vacuum_every_commits}
-    wanted = {operation: every for operation, every in wanted.items() if every is not None}
+    thresholds = {OPTIMIZE: settings.optimize_every_commits, VACUUM: settings.vacuum_every_commits}
+    wanted = {operation: every for operation, every in thresholds.items() if every is not None}
     if not wanted:
         return ()
     # maintenance's own commits and the loads' state commits are not counted: twice the largest

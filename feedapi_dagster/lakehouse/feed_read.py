@@ -142,7 +142,7 @@ def release_kept(frame: DataFrame) -> None:
     plan = getattr(frame, "_plan", None)
     relation_id = getattr(plan, "_relation_id", None)
     session = getattr(plan, "_spark_session", None)
-    if relation_id is None or session is None:
+    if plan is None or relation_id is None or session is None:
         return
     plan._relation_id = None  # __del__ now sends nothing
     client = session.client

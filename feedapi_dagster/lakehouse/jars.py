@@ -442,7 +442,7 @@ def _stage(resolved: list[ResolvedJar], coordinates: list[str], resolver: str, s
             continue
         file_name = f"{jar.artifact}-{jar.version}.jar"
         shutil.copy2(jar.path, staging / file_name)
-        entry = {
+        entry: dict[str, str | int] = {
             "group": jar.group,
             "artifact": jar.artifact,
             "version": jar.version,

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -293,7 +293,7 @@ class FeedLoader:
 
     # ------------------------------------------------------------------ one load
     def _load(
-        self, info: FeedInfo, plans: list[PartitionPlan], *, rebuild: bool, drop: list[int] = ()
+        self, info: FeedInfo, plans: list[PartitionPlan], *, rebuild: bool, drop: Sequence[int] = ()
     ) -> dict[int, PartitionReport]:
         base = self.sink.committed_state()
         starts = {plan.partition_id: plan.start_state() for plan in plans}
@@ -390,6 +390,7 @@ class FeedLoader:
             self.log,
         )
         version = rows_commit.delta_version
+        assert version is not None  # `DeltaSink.commit` returns the state of the commit it landed
         self.on_moment(ROWS_COMMITTED, starts)
         ends = read.ends()
         if missing := sorted(set(starts) - set(ends)):  # cannot happen: a task that ended reports every partition
@@ -442,7 +443,7 @@ class FeedLoader:
         base: CommittedState,
         groups: dict[int, list[int]] | None,
         rebuild: bool,
-        drop: list[int],
+        drop: Sequence[int],
         started: float,
     ) -> dict[int, PartitionReport]:
         """The kept read's ends first, then its rows (deduplicated against the table where `groups`)

@@ -59,6 +59,7 @@ class DeltaSink:
     def committed_state(self, refresh: bool = False) -> committed.CommittedState:
         if refresh or self._committed is None:
             self._read_history()
+        assert self._committed is not None  # `_read_history` sets it
         return self._committed
 
     @property

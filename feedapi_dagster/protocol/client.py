@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import closing
 from dataclasses import replace
 from urllib.parse import urlsplit
@@ -115,8 +115,8 @@ class FeedClient:
             advanced = False
             body = self.protocol.reader(self.feed, info, partition_id, self.max_page_bytes)
             with closing(self._fetch(body, info, partition_id, cursor)) as runs:
-                for run in runs:
-                    run = self._progress(run, cursor)
+                for fetched in runs:
+                    run = self._progress(fetched, cursor)
                     if run is None:
                         continue
                     yield run
@@ -148,7 +148,9 @@ class FeedClient:
             run = replace(run, ends=[run.ends[index] for index in kept], cursors=[run.cursors[index] for index in kept])
         return run
 
-    def _fetch(self, body: BodyReader, info: FeedInfo, partition_id: int, cursor: str) -> Iterator[PageRun]:
+    def _fetch(
+        self, body: BodyReader, info: FeedInfo, partition_id: int, cursor: str
+    ) -> Generator[PageRun, None, None]:
         """One logical fetch from `cursor`, retried (from the last good cursor) until it completes."""
         attempt = 0
         while True:

@@ -27,7 +27,7 @@ def feed_admin_actions(feed: DemoFeed, rotate_token: Callable[[], str]) -> Admin
         return {"closed": int(args["partition"])}
 
     def split(args: dict[str, Any], url: SplitResult) -> object:
-        split_method = {1: feed.split_method1, 2: feed.split_method2}.get(args.get("method"))
+        split_method = {1: feed.split_method1, 2: feed.split_method2}.get(int(args.get("method") or 0))
         if split_method is None:
             raise ValueError("method must be 1 or 2")
         return {"children": split_method(int(args["partition"]), int(args.get("children", 2)))}

@@ -189,8 +189,8 @@ class DemoFeed:
             if parent.children:
                 raise ValueError(f"partition {partition} was already split")
             ids = self._add_children(parent, children, cursor_from=(parent.id, *parent.cursor_from))
-            for child in ids:
-                self._partitions[child].closed = parent.closed
+            for child_id in ids:
+                self._partitions[child_id].closed = parent.closed
             for seq, event in zip(parent.seqs, parent.events, strict=True):
                 child = self._partitions[self._child_for(parent, event.aggregate)]
                 child.seqs.append(seq)  # parent seqs ascend, so each child's stay sorted

@@ -174,7 +174,10 @@ class _DataRow(msgspec.Struct, array_like=True, forbid_unknown_fields=True, gc=F
 
 
 _LINES = {"event": _EventLine, "data": _DataLine}
-_ROWS = {"event": msgspec.json.Decoder(list[_EventRow]), "data": msgspec.json.Decoder(list[_DataRow])}
+_ROWS: dict[str, msgspec.json.Decoder[list[_EventRow] | list[_DataRow]]] = {
+    "event": msgspec.json.Decoder(list[_EventRow]),
+    "data": msgspec.json.Decoder(list[_DataRow]),
+}
 _LINE = {key: msgspec.json.Decoder(line) for key, line in _LINES.items()}
 _PAYLOAD, _CURSOR = attrgetter("event"), attrgetter("cursor")
 _ROW_PAYLOAD, _ROW_CURSOR = attrgetter("line.event"), attrgetter("line.cursor")
@@ -390,24 +393,24 @@ _NESTING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
 def json_fields(raw: bytes) -> Iterator[tuple[bytes, int, int]]:
     """The top-level fields of the JSON object `raw` (valid JSON), in order: each key as sent, quotes
     and escapes included, and where its value starts and ends in `raw`. Nothing is decoded."""
-    at = _SPACE.match(raw, raw.index(b"{") + 1).end()
+    at = _past(_SPACE, raw, raw.index(b"{") + 1)
     while raw[at : at + 1] == b'"':
-        key_end = _STRING.match(raw, at).end()
-        value = _SPACE.match(raw, _SPACE.match(raw, key_end).end() + 1).end()  # past the colon
+        key_end = _past(_STRING, raw, at)
+        value = _past(_SPACE, raw, _past(_SPACE, raw, key_end) + 1)  # past the colon
         value_end = _value_end(raw, value)
         yield raw[at:key_end], value, value_end
-        at = _SPACE.match(raw, value_end).end()
+        at = _past(_SPACE, raw, value_end)
         if raw[at : at + 1] != b",":
             return
-        at = _SPACE.match(raw, at + 1).end()
+        at = _past(_SPACE, raw, at + 1)
 
 
 def _value_end(raw: bytes, at: int) -> int:
     first = raw[at : at + 1]
     if first == b'"':
-        return _STRING.match(raw, at).end()
+        return _past(_STRING, raw, at)
     if first not in (b"{", b"["):
-        return _SCALAR.match(raw, at).end()
+        return _past(_SCALAR, raw, at)
     depth = 0
     for token in _NESTING.finditer(raw, at):
         if token.end() - token.start() == 1:  # a bracket
@@ -415,6 +418,14 @@ def _value_end(raw: bytes, at: int) -> int:
             if depth == 0:
                 return token.end()
     return len(raw)
+
+
+def _past(pattern: re.Pattern[bytes], raw: bytes, at: int) -> int:
+    """Where `pattern`, matched at `at`, ends: in valid JSON each of these patterns matches there (the
+    spaces and scalars ones match the empty string too)."""
+    match = pattern.match(raw, at)
+    assert match is not None, "json_fields reads valid JSON only"
+    return match.end()
 
 
 _EXPECTED = re.compile(r"Expected `[^`]*`, got `([^`]*)`(?: - at `\$(.*)`)?$")
@@ -437,6 +448,7 @@ def _invalid(message: str) -> str:
 def _malformed(message: str) -> str:
     """msgspec's decode error of a line, with where in the line: `trailing characters at line 1 column 13`."""
     found = _AT_BYTE.match(message)
+    assert found is not None  # its groups are optional: it matches every message
     what, at = found.groups()
     what = what[:1].lower() + what[1:]
     return what if at is None else f"{what} at line 1 column {int(at) + 1}"
