@@ -117,7 +117,8 @@ class DemoServer:
 
     @property
     def url(self) -> str:
-        host, port = self._httpd.socket.getsockname()[:2]  # an IPv4 address: (host, port)
+        host, port = self._httpd.server_address[:2]
+        assert isinstance(host, str)  # an IPv4 address: (host, port)
         return f"http://{host}:{port}"
 
     def admin_actions(self) -> AdminActions:
