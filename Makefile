@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 JARS_STAMP := $(VENV)/share/feedapi-dagster/delta-jars/manifest.json
 
-.PHONY: setup demo dev test clean browser
+.PHONY: setup demo dev test lint clean browser
 
 setup: $(STAMP) $(JARS_STAMP)
 
@@ -34,7 +34,13 @@ browser:
 # Two pytest workers (pytest-xdist), a test file each at a time: much of the suite waits on other
 # processes (Spark servers, the cluster, Dagster runs), and a file's module-scoped servers stay in one
 # worker: the suite takes three quarters of the time of one worker (benchmarks/README.md).
-test: setup browser
+# ruff (lint, and the formatter's check) and mypy, configured in pyproject.toml: no findings allowed.
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: setup browser lint
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 clean:
