@@ -1,9 +1,13 @@
 """The discovery sensor and the sync schedule of a feed."""
 
 import hashlib
+import logging
 from collections.abc import Sequence
 
 import dagster as dg
+
+# what `dg.define_asset_job` returns; dagster does not export its class
+from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 from pydantic import BaseModel, Field
 
 from feedapi_dagster.protocol import FeedInfo, ProtocolError
@@ -63,7 +67,7 @@ def evaluate_discovery(
     info: FeedInfo,
     previous: DiscoveryCursor,
     known: Sequence[str],
-    log: dg.DagsterLogManager | None = None,
+    log: logging.Logger | None = None,
 ) -> dg.SensorResult:
     """`known`: the feed's dynamic partition keys in the instance, in its order."""
     current = DiscoveryCursor.of(info)
@@ -89,9 +93,7 @@ def evaluate_discovery(
         new = [pid for pid in new if pid not in split_children]
     # new partitions (method-2 children start from their ancestor's cursor, method-1 children wait
     # for their parent inside the run) and a final run for partitions that just closed
-    due = sorted(
-        {*new, *newly_closed, *(by_id[pid].starts_after for pid in new if by_id[pid].starts_after is not None)}
-    )
+    due = sorted({*new, *newly_closed, *(parent for pid in new if (parent := by_id[pid].starts_after) is not None)})
     due = [pid for pid in due if pid in by_id]
     if due:
         requests.append(load_request(binding, due, f"discovery-{info.token}", order))
@@ -108,7 +110,7 @@ def evaluate_discovery(
     )
 
 
-def build_discovery_sensor(binding: FeedBinding, job: dg.JobDefinition) -> dg.SensorDefinition:
+def build_discovery_sensor(binding: FeedBinding, job: UnresolvedAssetJobDefinition) -> dg.SensorDefinition:
     feed = binding.feed
 
     @dg.sensor(
@@ -135,7 +137,7 @@ def build_discovery_sensor(binding: FeedBinding, job: dg.JobDefinition) -> dg.Se
     return discovery
 
 
-def register_discovered_partitions(instance: dg.DagsterInstance, binding: FeedBinding) -> list[str]:
+def register_discovered_partitions(instance: dg.DagsterInstance, binding: FeedBinding) -> Sequence[str]:
     """Discovery over HTTP, its partitions added to `instance` as the discovery sensor adds them (for
     the demo, benchmarks and tests that run without the daemon); the feed's partition keys."""
     client = binding.feed.client()
@@ -144,12 +146,13 @@ def register_discovered_partitions(instance: dg.DagsterInstance, binding: FeedBi
         result = evaluate_discovery(binding, client.discover(), DiscoveryCursor(), known)
     finally:
         client.close()
+    assert result.dynamic_partitions_requests is not None  # `evaluate_discovery` gives a list, maybe empty
     for request in result.dynamic_partitions_requests:
         instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
     return instance.get_dynamic_partitions(binding.partitions_name)
 
 
-def drained_partitions(instance: dg.DagsterInstance, binding: FeedBinding, keys: list[str]) -> set[str]:
+def drained_partitions(instance: dg.DagsterInstance, binding: FeedBinding, keys: Sequence[str]) -> set[str]:
     """Partitions whose latest materialization says they are closed and read to their end."""
     return {
         key
@@ -158,7 +161,7 @@ def drained_partitions(instance: dg.DagsterInstance, binding: FeedBinding, keys:
     }
 
 
-def build_load_schedule(binding: FeedBinding, job: dg.JobDefinition) -> dg.ScheduleDefinition:
+def build_load_schedule(binding: FeedBinding, job: UnresolvedAssetJobDefinition) -> dg.ScheduleDefinition:
     feed = binding.feed
 
     @dg.schedule(

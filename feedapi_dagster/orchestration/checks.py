@@ -17,9 +17,10 @@ The first two block: a violation means wrong rows.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import dagster as dg
+from dagster._core.definitions.metadata import RawMetadataValue  # not exported by dagster (see loads.py)
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 from feedapi_dagster.lakehouse.deletes import UserDeletes, count_user_deletes
@@ -80,14 +81,23 @@ def recorded_user_deletes(instance: dg.DagsterInstance, key: dg.AssetKey) -> Use
         dg.AssetCheckKey(key, CONTIGUOUS), limit=1, status=evaluated
     )
     event = records[0].event.dagster_event if records and records[0].event else None
-    metadata = event.event_specific_data.metadata if event else {}
+    # a SUCCEEDED or FAILED record's event is the check's evaluation (the record's constructor asserts it)
+    metadata = event.asset_check_evaluation_data.metadata if event else {}
     if _DELETES_VERSION not in metadata:
         return None
+    deleted = metadata[_DELETED]
+    rewritten = metadata.get(_DELETES_REWRITTEN, dg.MetadataValue.json([]))
+    version = metadata[_DELETES_VERSION].value
+    exact = metadata[_DELETES_EXACT].value
+    # as `_contiguous` records them: rows by partition and the rebuilt partitions as JSON, an int, a bool
+    assert isinstance(deleted, dg.JsonMetadataValue) and isinstance(deleted.value, Mapping)
+    assert isinstance(rewritten, dg.JsonMetadataValue) and isinstance(rewritten.value, Sequence)
+    assert isinstance(version, int) and isinstance(exact, bool)
     return UserDeletes(
-        {int(p): rows for p, rows in metadata[_DELETED].value.items()},
-        metadata[_DELETES_VERSION].value,
-        metadata[_DELETES_EXACT].value,
-        frozenset(metadata[_DELETES_REWRITTEN].value if _DELETES_REWRITTEN in metadata else ()),
+        {int(p): rows for p, rows in deleted.value.items()},
+        version,
+        exact,
+        frozenset(rewritten.value),
     )
 
 
@@ -122,7 +132,7 @@ def _contiguous(outcome: LoadOutcome, loaded: Sequence[int], deletes_before: Use
                 f"{found.min_position}..{found.max_position}, committed position {position}"
                 + (f", {deleted} row(s) removed by DELETE commits" if deleted else "")
             )
-    metadata: dict[str, object] = {"partitions_checked": len(loaded), "problems": broken[:_SHOWN]}
+    metadata: dict[str, RawMetadataValue] = {"partitions_checked": len(loaded), "problems": broken[:_SHOWN]}
     if deletes is not None:
         metadata.update(
             {

@@ -20,7 +20,7 @@ asset runs the component's `execute`, which a subclass may override (as
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -48,12 +48,12 @@ class _ComponentTranslator(FeedApiTranslator):
         return self._translation(spec, data) if self._translation else spec
 
 
-def _rendered(context: dg.ResolutionContext, model: BaseModel) -> dict[str, Any]:
+def _rendered(context: dg.ResolutionContext, model: BaseModel) -> Mapping[str, Any]:
     """A validated model's values with their `{{ ... }}` templates rendered (the raw YAML was
     validated as written, so that `dg check defs` points at a bad key's line)."""
     values = model.model_dump(exclude_unset=True)
-    if isinstance(getattr(model, "token", None), SecretStr):
-        values["token"] = model.token.get_secret_value()
+    if isinstance(token := getattr(model, "token", None), SecretStr):
+        values["token"] = token.get_secret_value()
     return context.resolve_value(values)
 
 
@@ -86,7 +86,7 @@ def _resolve_feed(context: dg.ResolutionContext, feed: FeedConfig) -> FeedConfig
 _Model = TypeVar("_Model", bound=BaseModel)
 
 
-def _validated(context: dg.ResolutionContext, model: type[_Model], rendered: dict[str, Any]) -> _Model:
+def _validated(context: dg.ResolutionContext, model: type[_Model], rendered: Mapping[str, Any]) -> _Model:
     """The model of the rendered values; a value a template rendered wrong is reported at its line
     without pydantic's wrapping (input values, links)."""
     try:
@@ -128,7 +128,9 @@ class FeedApiAttributes(ProjectConfig):
     key deep in a feed into "not valid under any of the given schemas" at `feeds`), so `dg check defs`
     names the key and its line; and `translation`."""
 
-    translation: str | dg.AssetAttributesModel | None = None
+    # dagster builds AssetAttributesModel at import (`AssetSpecUpdateKwargs.model()`): a class that its
+    # typing declares as a variable, which mypy refuses in a type
+    translation: str | dg.AssetAttributesModel | None = None  # type: ignore[valid-type]
 
 
 class FeedApiScaffoldParams(BaseModel):

@@ -48,7 +48,7 @@ def _literal_rule(pattern: str) -> dict[str, Any]:
 FEED_NAME_RULE = _literal_rule(f"^{_FEED_NAME.pattern}$")
 URL_RULE = _literal_rule("^https?://[^/]")
 # s3:// and s3n:// are not the file systems Spark has (`check_lakehouse_uri`); s3a:// needs a bucket
-LAKEHOUSE_URI_RULE = {"if": {"pattern": "^[sS]3[aAnN]?:"}, "then": {"pattern": "^s3a://[^/]"}}
+LAKEHOUSE_URI_RULE: dict[str, Any] = {"if": {"pattern": "^[sS]3[aAnN]?:"}, "then": {"pattern": "^s3a://[^/]"}}
 
 
 class _Strict(BaseModel):

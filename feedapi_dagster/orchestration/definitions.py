@@ -12,6 +12,9 @@ from collections.abc import Iterator
 
 import dagster as dg
 
+# what `dg.define_asset_job` returns; dagster does not export its class
+from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
+
 from .assets import Execute, build_feed_asset, load_feed
 from .automation import build_discovery_sensor, build_load_schedule
 from .config import ProjectConfig
@@ -52,7 +55,10 @@ def feed_definitions(
 ) -> dg.Definitions:
     """The definitions of `project`'s feeds, `resource` bound to `RESOURCE_KEY`; `execute`: what each
     feed's asset runs (a component's `execute`)."""
-    assets, jobs, sensors, schedules = [], [], [], []
+    assets: list[dg.AssetsDefinition] = []
+    jobs: list[dg.JobDefinition | UnresolvedAssetJobDefinition] = []
+    sensors: list[dg.SensorDefinition] = []
+    schedules: list[dg.ScheduleDefinition] = []
     for binding, spec in feed_bindings(project, translator):
         asset = build_feed_asset(binding, spec, execute)
         job = dg.define_asset_job(

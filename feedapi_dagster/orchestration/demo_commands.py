@@ -58,12 +58,17 @@ def demo_project(
 ) -> ProjectConfig:
     """The demo: one feed `demo` on the bundled server of `protocol`, the embedded Spark, the lakehouse
     in `root` (the same settings as this repository's `dagster_project/defs/demo_feed/defs.yaml`)."""
-    feed = FeedConfig(
-        name="demo",
-        **demo_feed_settings(protocol, feed_port),
-        page_size_hint=1000,
-        schedule=ScheduleConfig(cron="* * * * *", enabled=True, discovery_enabled=True, discovery_interval_seconds=30),
-        maintenance=MaintenanceSettings(cron="0 3 * * *", time_travel_hours=168),
+    # flat, as a defs.yaml writes it: the protocol's settings beside the project's keys (`FeedConfig._flat`)
+    feed = FeedConfig.model_validate(
+        {
+            "name": "demo",
+            **demo_feed_settings(protocol, feed_port),
+            "page_size_hint": 1000,
+            "schedule": ScheduleConfig(
+                cron="* * * * *", enabled=True, discovery_enabled=True, discovery_interval_seconds=30
+            ),
+            "maintenance": MaintenanceSettings(cron="0 3 * * *", time_travel_hours=168),
+        }
     )
     return ProjectConfig(
         lakehouse=str(root / "lakehouse"), spark=SparkSettings(mode="embedded", port=spark_port), feeds=[feed]
@@ -160,6 +165,7 @@ def run_demo(args: argparse.Namespace) -> int:
         if not run.success:
             print("the load run failed; see the log above", file=sys.stderr)
             return 1
+        assert definitions.resources is not None  # `build_feedapi_definitions` binds its FeedApiResource
         session = definitions.resources[RESOURCE_KEY].spark_session
         _print_table(session, binding.table_for(session), instance, binding, home)
     return 0

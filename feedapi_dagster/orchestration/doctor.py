@@ -40,12 +40,14 @@ def instance_findings(instance: dg.DagsterInstance) -> list[Finding]:
     config = instance.get_concurrency_config()
     queued = type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
     default_limit = config.pool_config.default_pool_limit
+    # another run coordinator than the queued one has no run queue, so no tag limit
+    tag_limits = config.run_queue_config.tag_concurrency_limits if config.run_queue_config is not None else []
     one_run_per_partition = any(
         limit.get("key") == PARTITION_TAG
         and limit.get("limit") == 1
         and isinstance(limit.get("value"), dict)
         and limit["value"].get("applyLimitPerUniqueValue")
-        for limit in config.run_queue_config.tag_concurrency_limits
+        for limit in tag_limits
     )
     frees_slots = (
         instance.run_monitoring_enabled
@@ -154,13 +156,13 @@ def dagster_home_setting() -> Path | None:
 
 def run(args: argparse.Namespace) -> int:
     home = args.dagster_home or dagster_home_setting()
-    if args.write_config and home is None:
-        print(
-            "DAGSTER_HOME is not set: set it to the instance's folder, e.g. in the project's .env "
-            "(`echo DAGSTER_HOME=$PWD/.dagster >> .env`, which dg dev reads), and run this again"
-        )
-        return 1
     if args.write_config:
+        if home is None:
+            print(
+                "DAGSTER_HOME is not set: set it to the instance's folder, e.g. in the project's .env "
+                "(`echo DAGSTER_HOME=$PWD/.dagster >> .env`, which dg dev reads), and run this again"
+            )
+            return 1
         written = write_config(home)
         print(f"wrote {written}" if written else f"{home / 'dagster.yaml'} exists: left as it is")
     if home is not None and not home.is_dir():

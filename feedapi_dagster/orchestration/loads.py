@@ -13,6 +13,10 @@ from typing import TYPE_CHECKING
 
 import dagster as dg
 
+# what a metadata dict may hold before Dagster normalizes it; dagster does not export the alias (and its
+# module `__getattr__` lets mypy take `dg.RawMetadataValue` for Any)
+from dagster._core.definitions.metadata import RawMetadataValue
+
 from feedapi_dagster.lakehouse.delta import FeedTable
 from feedapi_dagster.lakehouse.delta_maintenance import RUNNING_LOAD_MARGIN_HOURS, MaintenanceReport
 from feedapi_dagster.lakehouse.loader import LoadOutcome, PartitionReport
@@ -186,7 +190,7 @@ def oldest_running_load(
     return dt.datetime.fromtimestamp(min(starts), dt.UTC) if starts else None
 
 
-def report_metadata(report: PartitionReport, outcome: LoadOutcome, row_count: int) -> dict[str, dg.RawMetadataValue]:
+def report_metadata(report: PartitionReport, outcome: LoadOutcome, row_count: int) -> dict[str, RawMetadataValue]:
     """The partition's cursor of record and what the load did, with Dagster's standard table keys.
     A partition the load committed nothing for has the cursor and Delta version of the state."""
     version = report.delta_version if report.delta_version is not None else outcome.committed.delta_version
@@ -256,7 +260,7 @@ def sync_observation(
     what it brought, and (where the protocol says) how many events the feed holds past the cursors
     of record now."""
     reports = outcome.reports.values()
-    metadata: dict[str, dg.RawMetadataValue] = {
+    metadata: dict[str, RawMetadataValue] = {
         "last_synced": dg.MetadataValue.timestamp(time.time()),
         "partitions_synced": sum(r.status in SUCCEEDED for r in reports),
         "partitions_with_new_events": sum(r.status == "loaded" and r.events > 0 for r in reports),
@@ -278,20 +282,20 @@ def events_behind(binding: FeedBinding, outcome: LoadOutcome, logger: dg.Dagster
         if not client.protocol.tells_newest_events:
             return None
         partitions = client.discover().partitions
-        counts = [
-            client.protocol.events_behind(p, state.get(p.id).cursor if state.get(p.id) else FIRST) for p in partitions
-        ]
+        cursors = {partition_id: own.cursor for partition_id, own in state.partitions.items()}
+        counts = [client.protocol.events_behind(p, cursors.get(p.id, FIRST)) for p in partitions]
     except ProtocolError as error:
         if logger is not None:
             logger.warning("how far behind the feed the table is is unknown: discovery failed (%s)", error)
         return None
     finally:
         client.close()
-    return None if None in counts else sum(counts)
+    known = [count for count in counts if count is not None]
+    return sum(known) if len(known) == len(counts) else None
 
 
 def latest_metadata_by_partition(
-    instance: dg.DagsterInstance, binding: FeedBinding, partition_keys: list[str]
+    instance: dg.DagsterInstance, binding: FeedBinding, partition_keys: Sequence[str]
 ) -> dict[str, dict]:
     """The metadata of each partition's latest materialization (partitions without one are left out),
     in two queries whatever the number of partitions."""
@@ -305,10 +309,13 @@ def latest_metadata_by_partition(
     records = instance.fetch_materializations(
         dg.AssetRecordsFilter(asset_key=binding.key, storage_ids=list(latest.values())), limit=len(latest)
     ).records
-    return {
-        record.partition_key: {k: v.value for k, v in record.asset_materialization.metadata.items()}
-        for record in records
-    }
+    metadata: dict[str, dict] = {}
+    for record in records:
+        # materializations of the partitions in `latest`, fetched by their storage ids
+        materialization = record.asset_materialization
+        assert record.partition_key is not None and materialization is not None
+        metadata[record.partition_key] = {k: v.value for k, v in materialization.metadata.items()}
+    return metadata
 
 
 def mirror_repairs(
@@ -354,7 +361,7 @@ def failure(binding: FeedBinding, reports: Iterable[PartitionReport]) -> dg.Fail
 
 def maintenance_observation(binding: FeedBinding, report: MaintenanceReport) -> dg.AssetObservation:
     """The maintenance on the asset's page: what ran, the retention it used, the files it removed."""
-    metadata: dict[str, dg.RawMetadataValue] = {
+    metadata: dict[str, RawMetadataValue] = {
         "maintenance": ", ".join(report.operations),
         "delta_version": report.delta_version if report.delta_version is not None else -1,
     }

@@ -169,17 +169,20 @@ class FeedApiResource(dg.ConfigurableResource):
         mirrored = latest_metadata_by_partition(
             context.instance, binding, [str(p) for p in outcome.committed.state.partitions]
         )
-        events = materializations(binding, materialized_reports(context.run, outcome, wanted), outcome)
+        reports = materialized_reports(context.run, outcome, wanted)
+        events = materializations(binding, reports, outcome)
         yield from events
         yield sync_observation(binding, outcome, context.log)
-        for event in mirror_repairs(binding, outcome, mirrored, skip=[int(event.partition) for event in events]):
+        for event in mirror_repairs(binding, outcome, mirrored, skip=[report.partition_id for report in reports]):
             context.log.info(
                 "partition %s: materialization metadata was behind Delta; recorded the cursor of record",
                 event.partition,
             )
             yield event
             events.append(event)
-        mirrored.update({event.partition: {k: v.value for k, v in event.metadata.items()} for event in events})
+        for event in events:
+            assert event.partition is not None  # `materializations` names each one's partition
+            mirrored[event.partition] = {k: v.value for k, v in event.metadata.items()}
         yield from feed_check_results(
             outcome,
             loaded,
@@ -201,7 +204,11 @@ class FeedApiResource(dg.ConfigurableResource):
         return self._maintain(context, binding, table, operations=None)
 
     def _maintain(
-        self, context: dg.OpExecutionContext, binding: FeedBinding, table: FeedTable, operations: tuple[str, ...] | None
+        self,
+        context: dg.AssetExecutionContext | dg.OpExecutionContext,
+        binding: FeedBinding,
+        table: FeedTable,
+        operations: tuple[str, ...] | None,
     ) -> dg.AssetObservation:
         # VACUUM keeps what the feed's loads that may still write need
         running = oldest_running_load(context.instance, binding, exclude_run_id=context.run.run_id)
@@ -228,5 +235,6 @@ def shared_resource(settings: SparkSettings) -> FeedApiResource:
     the same Spark merge into one code location."""
     key = settings.model_dump_json()
     if key not in _SHARED:
-        _SHARED[key] = FeedApiResource(spark=SparkResource(settings=settings))
+        # `settings`' before-validator takes a SparkSettings; pydantic's typed __init__ knows only the stored dict
+        _SHARED[key] = FeedApiResource(spark=SparkResource(settings=settings))  # type: ignore[arg-type]
     return _SHARED[key]

@@ -11,6 +11,7 @@ Rules (see docs/feedapi-protocol.md, "Partitions and splits"):
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
@@ -48,50 +49,72 @@ class PartitionPlan(BaseModel):
 
 def plan_partition(partition: Partition, info: FeedInfo, state: FeedState) -> PartitionPlan:
     own = state.get(partition.id)
-    common = {"partition_id": partition.id, "closed": partition.closed}
     if own is not None and own.drained:
-        return PartitionPlan(status=PlanStatus.DRAINED, cursor=own.cursor, position=own.position, **common)
+        return PartitionPlan(
+            partition_id=partition.id,
+            status=PlanStatus.DRAINED,
+            closed=partition.closed,
+            cursor=own.cursor,
+            position=own.position,
+        )
     if partition.starts_after is not None:
-        waiting = _parent_block(partition, info, state)
+        waiting = _parent_block(partition.starts_after, info, state)
         if waiting is not None:
             return PartitionPlan(
-                cursor=own.cursor if own else FIRST, position=own.position if own else 0, **waiting, **common
+                partition_id=partition.id,
+                status=waiting.status,
+                closed=partition.closed,
+                cursor=own.cursor if own else FIRST,
+                position=own.position if own else 0,
+                reason=waiting.reason,
             )
     if own is not None:
         return PartitionPlan(
-            status=PlanStatus.DUE, cursor=own.cursor, position=own.position, inherited_from=own.inherited_from, **common
+            partition_id=partition.id,
+            status=PlanStatus.DUE,
+            closed=partition.closed,
+            cursor=own.cursor,
+            position=own.position,
+            inherited_from=own.inherited_from,
         )
     for ancestor in partition.cursor_from:
         ancestor_state = state.get(ancestor)
         if ancestor_state is not None and ancestor_state.cursor != FIRST:
             return PartitionPlan(
+                partition_id=partition.id,
                 status=PlanStatus.DUE,
+                closed=partition.closed,
                 cursor=ancestor_state.cursor,
                 inherited_from=ancestor,
                 reason=f"continues from partition {ancestor}'s cursor (method-2 split)",
-                **common,
             )
-    return PartitionPlan(status=PlanStatus.DUE, **common)
+    return PartitionPlan(partition_id=partition.id, status=PlanStatus.DUE, closed=partition.closed)
 
 
-def _parent_block(partition: Partition, info: FeedInfo, state: FeedState) -> dict | None:
-    """Why a method-1 child cannot start yet (None when it can)."""
-    parent_id = partition.starts_after
+class _Block(NamedTuple):
+    """Why a method-1 child cannot start yet."""
+
+    status: PlanStatus
+    reason: str
+
+
+def _parent_block(parent_id: int, info: FeedInfo, state: FeedState) -> _Block | None:
+    """Why a method-1 child of partition `parent_id` cannot start yet (None when it can)."""
     parent_state = state.get(parent_id)
     if parent_state is not None and parent_state.drained:
         return None
     parent = info.partition(parent_id)
     if parent is None:
-        return {
-            "status": PlanStatus.INVALID,
-            "reason": f"startsAfterPartition points at partition {parent_id}, which discovery does not list",
-        }
+        return _Block(
+            PlanStatus.INVALID,
+            f"startsAfterPartition points at partition {parent_id}, which discovery does not list",
+        )
     if not parent.closed:
-        return {
-            "status": PlanStatus.INVALID,
-            "reason": f"startsAfterPartition points at partition {parent_id}, which is still open",
-        }
-    return {"status": PlanStatus.WAITING, "reason": f"waits until partition {parent_id} is drained (method-1 split)"}
+        return _Block(
+            PlanStatus.INVALID,
+            f"startsAfterPartition points at partition {parent_id}, which is still open",
+        )
+    return _Block(PlanStatus.WAITING, f"waits until partition {parent_id} is drained (method-1 split)")
 
 
 def plan_rebuilds(
@@ -104,20 +127,22 @@ def plan_rebuilds(
     blocked = {
         p.id: block
         for p in partitions
-        if p.starts_after is not None and (block := _parent_block(p, info, state)) is not None
+        if p.starts_after is not None and (block := _parent_block(p.starts_after, info, state)) is not None
     }
     replaced = {p.id for p in partitions if p.id not in blocked} | set(drop)
     plans = []
     for partition in partitions:
         if partition.id in blocked:
             own = state.get(partition.id)
+            waiting = blocked[partition.id]
             plans.append(
                 PartitionPlan(
                     partition_id=partition.id,
+                    status=waiting.status,
                     closed=partition.closed,
                     cursor=own.cursor if own else FIRST,
                     position=own.position if own else 0,
-                    **blocked[partition.id],
+                    reason=waiting.reason,
                 )
             )
         else:
