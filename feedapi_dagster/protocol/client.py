@@ -13,6 +13,7 @@ from dataclasses import replace
 from urllib.parse import urlsplit
 
 import requests
+import urllib3
 
 from feedapi_dagster.errors import MalformedResponse, ProtocolError
 
@@ -26,7 +27,13 @@ log = logging.getLogger(__name__)
 
 _CHUNK_BYTES = 256 * 1024
 _REFUSAL_BYTES = 64 * 1024  # of a refused response's body, what its protocol reads to explain it
-_TRANSPORT_ERRORS = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
+# urllib3's errors: a body read from the raw response (`_body_chunks`) is not wrapped by requests
+_TRANSPORT_ERRORS = (
+    requests.ConnectionError,
+    requests.Timeout,
+    requests.exceptions.ChunkedEncodingError,
+    urllib3.exceptions.HTTPError,
+)
 
 
 class FeedClient:
@@ -162,7 +169,7 @@ class FeedClient:
                     refused = self._response(response, limit=_REFUSAL_BYTES)
                     raise self.protocol.refusal(self.feed, refused, partition_id, "fetch")
                 try:
-                    for run in body.runs(response.iter_content(_CHUNK_BYTES)):
+                    for run in body.runs(_body_chunks(response)):
                         yield run
                         if not run.done:
                             cursor = run.cursor
@@ -228,6 +235,19 @@ class FeedClient:
     @property
     def safe_url(self) -> str:
         return self.feed.safe_url
+
+
+def _body_chunks(response: requests.Response) -> Iterator[bytes]:
+    """The body's bytes (content-decoded) as they arrive, at most `_CHUNK_BYTES` at a time.
+
+    `iter_content` reads a body that has a Content-Length or ends with the connection until it holds
+    `_CHUNK_BYTES` (or the body ends): a slow page or an open stream would be held back. `read1`
+    returns what one read of the socket gives (a chunked body: what its next chunk holds), so lines
+    are handed on as soon as they come, and memory stays bounded by the chunk size.
+    """
+    raw = response.raw
+    while chunk := raw.read1(_CHUNK_BYTES, decode_content=True):
+        yield chunk
 
 
 def _describe(error: BaseException) -> str:
