@@ -6,6 +6,7 @@ the responses (`interface.Response`, a body's chunks)."""
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Generator, Iterator
 from contextlib import closing
@@ -112,16 +113,21 @@ class FeedClient:
         Each page's events are covered by its cursor. Cursor-only pages are yielded too, so that a
         filtered feed still advances. A transient failure mid-body resumes from the last yielded
         cursor; a 409 raises `RediscoveryNeeded`.
+
+        Where the protocol streams (`FeedProtocol.stream_ms`), the read is one fetch kept open that
+        long: its pages come as the server publishes them, and the read ends when the time is up.
         """
         info = self.info
         try:
             end_cursor = self.protocol.read_end(info, partition_id)
         except ProtocolError as error:
             raise ProtocolError(f"feed {self.safe_url}: {error}", partition=partition_id) from None
+        stream_ms = self.protocol.stream_ms(self.feed, info)
+        deadline = None if stream_ms is None else time.monotonic() + stream_ms / 1000
         while cursor != end_cursor:
             advanced = False
             body = self.protocol.reader(self.feed, info, partition_id, self.max_page_bytes)
-            with closing(self._fetch(body, info, partition_id, cursor)) as runs:
+            with closing(self._fetch(body, info, partition_id, cursor, deadline)) as runs:
                 for fetched in runs:
                     run = self._progress(fetched, cursor)
                     if run is None:
@@ -133,7 +139,7 @@ class FeedClient:
                     cursor = run.cursor
                     if cursor == end_cursor:
                         return
-            if not advanced or body.caught_up:
+            if deadline is not None or not advanced or body.caught_up:
                 return
 
     def _progress(self, run: PageRun, cursor: str) -> PageRun | None:
@@ -156,14 +162,18 @@ class FeedClient:
         return run
 
     def _fetch(
-        self, body: BodyReader, info: FeedInfo, partition_id: int, cursor: str
+        self, body: BodyReader, info: FeedInfo, partition_id: int, cursor: str, deadline: float | None
     ) -> Generator[PageRun, None, None]:
-        """One logical fetch from `cursor`, retried (from the last good cursor) until it completes."""
+        """One logical fetch from `cursor`, retried (from the last good cursor) until it completes; a
+        stream (until `deadline`, monotonic) completes at its deadline: one that ends before, cleanly
+        or not, was cut (an API gateway closing long requests, a server's own limit) and goes on."""
         attempt = 0
         while True:
             attempt += 1
-            request = self.protocol.fetch(self.feed, info, partition_id, cursor)
-            response, attempt = self._request(request, partition=partition_id, what="fetch", first_attempt=attempt)
+            request, timeout = self._fetch_request(info, partition_id, cursor, deadline)
+            response, attempt = self._request(
+                request, partition=partition_id, what="fetch", first_attempt=attempt, timeout=timeout
+            )
             with response:
                 if response.status_code != 200:
                     refused = self._response(response, limit=_REFUSAL_BYTES)
@@ -171,16 +181,38 @@ class FeedClient:
                 try:
                     for run in body.runs(_body_chunks(response)):
                         yield run
-                        if not run.done:
-                            cursor = run.cursor
-                        attempt = 0
-                    return
+                        if run.done:
+                            return
+                        cursor = run.cursor
+                        attempt = 0  # a checkpoint came: the server is well (a stream's keep-alive too)
+                    if deadline is None or time.monotonic() >= deadline:
+                        return
+                    ended = f"the stream ended {deadline - time.monotonic():.1f}s before its time"
+                    self._wait_or_raise(max(attempt, 1), partition_id, ended, None, None)
                 except (MalformedResponse, *_TRANSPORT_ERRORS) as error:
                     self._wait_or_raise(max(attempt, 1), partition_id, _describe(error), None, error)
 
+    def _fetch_request(
+        self, info: FeedInfo, partition_id: int, cursor: str, deadline: float | None
+    ) -> tuple[Request, tuple[float, float]]:
+        """The fetch from `cursor` and its timeouts. A stream asks for the time left until `deadline`,
+        and waits for bytes up to that long plus the read timeout: a stream may be quiet (no event, no
+        checkpoint) for all its duration, as the spec asks no keep-alive of a server."""
+        if deadline is None:
+            return self.protocol.fetch(self.feed, info, partition_id, cursor), self.timeout
+        left = max(deadline - time.monotonic(), 0.001)
+        request = self.protocol.stream_fetch(self.feed, info, partition_id, cursor, math.ceil(left * 1000))
+        return request, (self.timeout[0], self.timeout[1] + left)
+
     # ---------------------------------------------------------------- HTTP with retries
     def _request(
-        self, request: Request, *, partition: int | None, what: str, first_attempt: int = 1
+        self,
+        request: Request,
+        *,
+        partition: int | None,
+        what: str,
+        first_attempt: int = 1,
+        timeout: tuple[float, float] | None = None,
     ) -> tuple[requests.Response, int]:
         """GET with retries on transport errors and transient statuses: the first other response (a
         streamed one: close it), and the attempts spent so far (a fetch that failed mid-body goes on
@@ -193,7 +225,7 @@ class FeedClient:
                     params=request.params,
                     headers=request.headers or None,
                     stream=True,
-                    timeout=self.timeout,
+                    timeout=timeout or self.timeout,
                 )
             except _TRANSPORT_ERRORS as error:
                 self._wait_or_raise(attempt, partition, f"{what}: {_describe(error)}", None, error)
