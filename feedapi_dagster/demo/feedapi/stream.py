@@ -6,14 +6,13 @@ batch)."""
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from feedapi_dagster.demo.feedapi.demo_feed import DemoFeed
 from feedapi_dagster.demo.feedapi.fetch import Fetch
 from feedapi_dagster.demo.http_server import DemoHandler
-
-if TYPE_CHECKING:  # the server imports its handler, which imports this module
-    from feedapi_dagster.demo.feedapi.server import DemoFeedServer
 
 # a stream waits at most this long at a time, so that it notices a stopping server
 _POLL = 0.1
@@ -23,7 +22,18 @@ KEEP_ALIVE_SECONDS = 1.0
 MID_STREAM_FAULTS = ("truncated", "junk", "slow")
 
 
-def stream(handler: DemoHandler, server: DemoFeedServer, fetch: Fetch, after: int, kind: str | None) -> None:
+class StreamSource(Protocol):
+    """What a stream reads of its server (`DemoFeedServer`, which imports this module's handler)."""
+
+    feed: DemoFeed
+    closing: threading.Event
+
+    def lines(self, fetch: Fetch, after: int) -> tuple[list[bytes], int]: ...
+
+    def checkpoint(self, partition: int, seq: int) -> bytes: ...
+
+
+def stream(handler: DemoHandler, server: StreamSource, fetch: Fetch, after: int, kind: str | None) -> None:
     """Answer `fetch` (whose cursor is seq `after`) with its stream, fault `kind` played."""
     assert fetch.stream is not None
     feed, partition = server.feed, fetch.partition
