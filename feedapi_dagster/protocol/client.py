@@ -8,9 +8,10 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import closing
 from dataclasses import replace
+from functools import partial
 from urllib.parse import urlsplit
 
 import requests
@@ -99,7 +100,7 @@ class FeedClient:
         if request is None:
             self._info = self.protocol.discovered(self.feed, None)
             return self._info
-        response, _ = self._request(request, partition=None, what="discovery")
+        response, _ = self._request(lambda: (request, self.timeout), partition=None, what="discovery")
         with response:
             answer = self._response(response, limit=None)
         self._info = self.protocol.discovered(self.feed, answer)
@@ -170,9 +171,11 @@ class FeedClient:
         attempt = 0
         while True:
             attempt += 1
-            request, timeout = self._fetch_request(info, partition_id, cursor, deadline)
             response, attempt = self._request(
-                request, partition=partition_id, what="fetch", first_attempt=attempt, timeout=timeout
+                partial(self._fetch_request, info, partition_id, cursor, deadline),
+                partition=partition_id,
+                what="fetch",
+                first_attempt=attempt,
             )
             with response:
                 if response.status_code != 200:
@@ -207,25 +210,26 @@ class FeedClient:
     # ---------------------------------------------------------------- HTTP with retries
     def _request(
         self,
-        request: Request,
+        build: Callable[[], tuple[Request, tuple[float, float]]],
         *,
         partition: int | None,
         what: str,
         first_attempt: int = 1,
-        timeout: tuple[float, float] | None = None,
     ) -> tuple[requests.Response, int]:
-        """GET with retries on transport errors and transient statuses: the first other response (a
-        streamed one: close it), and the attempts spent so far (a fetch that failed mid-body goes on
-        counting)."""
+        """GET the request `build` makes (with its timeouts; made again for each attempt: a stream asks
+        for the time left) with retries on transport errors and transient statuses: the first other
+        response (a streamed one: close it), and the attempts spent so far (a fetch that failed mid-body
+        goes on counting)."""
         attempt = first_attempt
         while True:
+            request, timeout = build()
             try:
                 response = self._session.get(
                     request.url,
                     params=request.params,
                     headers=request.headers or None,
                     stream=True,
-                    timeout=timeout or self.timeout,
+                    timeout=timeout,
                 )
             except _TRANSPORT_ERRORS as error:
                 self._wait_or_raise(attempt, partition, f"{what}: {_describe(error)}", None, error)

@@ -12,13 +12,19 @@ from urllib.parse import urlsplit, urlunsplit
 
 class Gateway:
     """Proxies to the server of `upstream_url` (the same path on `url`), cutting each connection after
-    `limit` seconds; `connections` and `cuts` count them."""
+    `limit` seconds; `connections` and `cuts` count them. The first `timeouts` connections get a 504
+    (`Retry-After: 0.3`) instead, as from a gateway that gave up waiting for the server."""
 
-    def __init__(self, upstream_url: str, limit: float) -> None:
+    GATEWAY_TIMEOUT = (
+        b"HTTP/1.1 504 Gateway Timeout\r\nRetry-After: 0.3\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+
+    def __init__(self, upstream_url: str, limit: float, timeouts: int = 0) -> None:
         parts = urlsplit(upstream_url)
         assert parts.hostname is not None and parts.port is not None
         self._upstream = (parts.hostname, parts.port)
         self.limit = limit
+        self.timeouts = timeouts
         self.connections = 0
         self.cuts = 0
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -35,7 +41,17 @@ class Gateway:
             except OSError:
                 return  # closed
             self.connections += 1
-            threading.Thread(target=self._relay, args=(client,), daemon=True).start()
+            if self.connections <= self.timeouts:
+                threading.Thread(target=self._time_out, args=(client,), daemon=True).start()
+            else:
+                threading.Thread(target=self._relay, args=(client,), daemon=True).start()
+
+    def _time_out(self, client: socket.socket) -> None:
+        with client:
+            request = b""
+            while b"\r\n\r\n" not in request and (data := client.recv(65536)):
+                request += data
+            client.sendall(self.GATEWAY_TIMEOUT)
 
     def _relay(self, client: socket.socket) -> None:
         upstream = socket.create_connection(self._upstream)

@@ -139,6 +139,25 @@ def test_an_api_gateway_closing_long_requests_is_a_cut() -> None:
     assert all("stream" in query and "pageSizeHint" not in query for query in server.fetches)
 
 
+def test_a_gateway_timeout_before_the_stream_is_retried_for_the_time_left() -> None:
+    feed = DemoFeed(partitions=1, events=10)
+    with CountingServer(feed) as server:
+        with stream_client(server.url, 1000) as discovering:
+            info = discovering.discover()  # directly: the gateway's 504s are for the stream's fetches
+        gateway = Gateway(server.url, limit=5.0, timeouts=2)
+        try:
+            with stream_client(gateway.url, 1000, info=info) as client:
+                started = time.monotonic()
+                events = read_texts(client)
+                took = time.monotonic() - started
+        finally:
+            gateway.close()
+    assert events == feed.published(0)
+    assert gateway.connections == 3 and len(server.fetches) == 1
+    assert int(server.fetches[0]["stream"][0]) <= 1000 - 2 * 300  # after two Retry-After: 0.3
+    assert 1.0 <= took < 1.5  # the duration, the refused attempts included
+
+
 def test_a_feed_whose_discovery_lacks_the_flag_pages(caplog: pytest.LogCaptureFixture) -> None:
     feed = DemoFeed(partitions=1, events=250)
     with CountingServer(feed, stream=False) as server, stream_client(server.url, 5000) as client:
