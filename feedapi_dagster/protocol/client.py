@@ -167,10 +167,12 @@ class FeedClient:
     ) -> Generator[PageRun, None, None]:
         """One logical fetch from `cursor`, retried (from the last good cursor) until it completes; a
         stream (until `deadline`, monotonic) completes at its deadline: one that ends before, cleanly
-        or not, was cut (an API gateway closing long requests, a server's own limit) and goes on."""
+        or not, was cut (an API gateway closing long requests, a server's own limit) and goes on, unless
+        it ended cleanly with nothing new (a closed partition drained: asking again would spin)."""
         attempt = 0
         while True:
             attempt += 1
+            requested = cursor
             response, attempt = self._request(
                 partial(self._fetch_request, info, partition_id, cursor, deadline),
                 partition=partition_id,
@@ -188,7 +190,7 @@ class FeedClient:
                             return
                         cursor = run.cursor
                         attempt = 0  # a checkpoint came: the server is well (a stream's keep-alive too)
-                    if deadline is None or time.monotonic() >= deadline:
+                    if deadline is None or time.monotonic() >= deadline or cursor == requested:
                         return
                     ended = f"the stream ended {deadline - time.monotonic():.1f}s before its time"
                     self._wait_or_raise(max(attempt, 1), partition_id, ended, None, None)

@@ -98,6 +98,17 @@ def test_events_published_during_a_stream_arrive_on_it_promptly_until_its_end() 
     assert server.fetches[0]["stream"] == ["2000"] and "pageSizeHint" not in server.fetches[0]
 
 
+def test_the_stream_of_a_partition_closed_under_it_ends_once_drained() -> None:
+    feed = DemoFeed(partitions=2, events=40)
+    with CountingServer(feed) as server, stream_client(server.url, 5000) as client:
+        threading.Timer(0.3, feed.close, args=(0,)).start()
+        started = time.monotonic()
+        events = read_texts(client)
+        took = time.monotonic() - started
+    assert events == feed.published(0)
+    assert took < 2.0 and len(server.fetches) == 2  # the server's end, then nothing new: no spinning
+
+
 def test_a_quiet_stream_outlives_the_read_timeout() -> None:
     """The read timeout of a stream is its duration plus the client's: a stream quiet for longer than
     the client's read timeout (here no line for 1 s, the demo server's keep-alive) is healthy."""
