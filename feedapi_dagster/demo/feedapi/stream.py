@@ -6,6 +6,7 @@ batch)."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Protocol
@@ -43,7 +44,7 @@ def stream(handler: DemoHandler, server: StreamSource, fetch: Fetch, after: int,
     handler.send_header("Transfer-Encoding", "chunked")
     handler.end_headers()
     out = _StreamWriter(handler, kind)
-    written = None  # when the last line went out
+    written = -math.inf  # when the last line went out: never, so a checkpoint opens the stream
     try:
         while not server.closing.is_set():
             seen = feed.changes
@@ -52,12 +53,12 @@ def stream(handler: DemoHandler, server: StreamSource, fetch: Fetch, after: int,
             if lines:
                 out.write(lines)
                 written = now
-            elif written is None or now - written >= KEEP_ALIVE_SECONDS:
-                out.write([server.checkpoint(partition, after)])  # the first line: the stream is open
+            elif now - written >= KEEP_ALIVE_SECONDS:
+                out.write([server.checkpoint(partition, after)])
                 written = now
             if now >= end or (not lines and feed.is_closed(partition)):  # a closed partition is drained
                 break
-            if len(lines) < fetch.limit:  # caught up: sleep until an append, the keep-alive or the end
+            if not lines:  # caught up: sleep until an append, the keep-alive or the end
                 feed.wait_for_change(seen, max(0.0, min(_POLL, end - now, written + KEEP_ALIVE_SECONDS - now)))
         out.finish()
     except _Ended:
