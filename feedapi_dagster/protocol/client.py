@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import math
+import select
+import ssl
 import time
 from collections.abc import Callable, Generator, Iterator
 from contextlib import closing
@@ -276,16 +278,37 @@ class FeedClient:
 
 
 def _body_chunks(response: requests.Response) -> Iterator[bytes]:
-    """The body's bytes (content-decoded) as they arrive, at most `_CHUNK_BYTES` at a time.
+    """The body's bytes (content-decoded) as they arrive, at most about `_CHUNK_BYTES` at a time.
 
     `iter_content` reads a body that has a Content-Length or ends with the connection until it holds
     `_CHUNK_BYTES` (or the body ends): a slow page or an open stream would be held back. `read1`
     returns what one read of the socket gives (a chunked body: what its next chunk holds), so lines
-    are handed on as soon as they come, and memory stays bounded by the chunk size.
+    are handed on as soon as they come, and memory stays bounded by the chunk size. What has arrived
+    already is read on into the same chunk: a large page comes in a few socket reads, and a chunk per
+    read would double the runs (and the work per run) of a bulk load.
     """
     raw = response.raw
-    while chunk := raw.read1(_CHUNK_BYTES, decode_content=True):
+    # urllib3 copies what it decodes through a buffer: only an encoded body (gzip...) is worth it
+    decode = bool(raw.headers.get("Content-Encoding"))
+    while chunk := raw.read1(_CHUNK_BYTES, decode_content=decode):
+        if len(chunk) < _CHUNK_BYTES and _arrived(raw):
+            parts, size = [chunk], len(chunk)
+            while size < _CHUNK_BYTES and _arrived(raw) and (more := raw.read1(_CHUNK_BYTES - size, decode)):
+                parts.append(more)
+                size += len(more)
+            chunk = b"".join(parts)
         yield chunk
+
+
+def _arrived(raw: urllib3.BaseHTTPResponse) -> bool:
+    """Whether bytes of the response wait on its socket, so that reading them does not wait."""
+    connection = raw.connection if isinstance(raw, urllib3.HTTPResponse) else None
+    sock = None if connection is None else connection.sock
+    if sock is None:
+        return False
+    if isinstance(sock, ssl.SSLSocket) and sock.pending():  # decrypted already, invisible to select
+        return True
+    return bool(select.select([sock], [], [], 0)[0])
 
 
 def _describe(error: BaseException) -> str:

@@ -4,6 +4,7 @@ feed without the flag, and a slow body whose first lines are handed on before it
 
 from __future__ import annotations
 
+import gzip
 import logging
 import threading
 import time
@@ -214,3 +215,18 @@ def test_a_slow_close_delimited_body_hands_on_its_first_lines_before_it_ends() -
         server.close()
     assert waited == [True]  # the first page came while the server still held the rest
     assert cursors == ["c1", "c2"]
+
+
+def test_an_encoded_body_is_decoded(canned) -> None:
+    """Reading what arrives keeps the content decoding (gzip here)."""
+    lines = b"".join(b'{"partition":0,"data":{"n":%d}}\n{"partition":0,"cursor":"c%d"}\n' % (n, n) for n in range(500))
+
+    def respond(path, query, headers):
+        body = lines if query["cursor0"] == ["_first"] else b'{"partition":0,"cursor":"c499"}\n'
+        return 200, {"Content-Encoding": "gzip"}, gzip.compress(body)
+
+    server = canned(respond)
+    with FeedClient(feed_settings(url=server.url, dialect="v1", partition_count=1, retry=FAST_RETRY)) as client:
+        runs = list(client.page_runs(0))
+    assert [page.cursor for run in runs for page in run.pages()] == [f"c{n}" for n in range(500)]
+    assert [event for run in runs for event in run.raw_events] == [b'{"n":%d}' % n for n in range(500)]
