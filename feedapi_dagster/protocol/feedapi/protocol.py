@@ -37,16 +37,17 @@ class FeedApi(FeedProtocol[FeedApiSettings]):
 
     def discovered(self, feed: FeedApiSettings, response: Response | None) -> FeedInfo:
         if response is None:
-            return v1_info(feed)
-        if response.status == 400 and feed.dialect == "auto":
+            info = v1_info(feed)
+        elif response.status == 400 and feed.dialect == "auto":
             if feed.partition_count is None:
                 raise ProtocolError(
                     f"feed {feed.safe_url}: discovery answered 400, so the server speaks v1 "
                     "(ZeroEventHub), which has no discovery: configure partition_count",
                     status=400,
                 )
-            return v1_info(feed)
-        info = parse_discovery(feed, discovery.document(self, feed, response, "discovery"))
+            info = v1_info(feed)
+        else:
+            info = parse_discovery(feed, discovery.document(self, feed, response, "discovery"))
         if feed.stream_ms is not None and not info.stream:
             # a setting for servers that offer it: the same feed still loads, by pages
             log.warning(
