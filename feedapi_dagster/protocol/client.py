@@ -283,15 +283,17 @@ def _body_chunks(response: requests.Response) -> Iterator[bytes]:
     `iter_content` reads a body that has a Content-Length or ends with the connection until it holds
     `_CHUNK_BYTES` (or the body ends): a slow page or an open stream would be held back. `read1`
     returns what one read of the socket gives (a chunked body: what its next chunk holds), so lines
-    are handed on as soon as they come, and memory stays bounded by the chunk size. What has arrived
-    already is read on into the same chunk: a large page comes in a few socket reads, and a chunk per
-    read would double the runs (and the work per run) of a bulk load.
+    are handed on as soon as they come, and memory stays bounded by the chunk size. Of a body without
+    chunks, what has arrived already is read on into the same chunk: a large page comes in a few
+    socket reads, and a chunk per read would double the runs (and the work per run) of a bulk load. A
+    chunked body (Nakadi's stream, a FeedAPI stream) comes a chunk at a time, as `iter_content` gave
+    it: its server's batches are the runs, which a load's per-partition bound stops after.
     """
     raw = response.raw
     # urllib3 copies what it decodes through a buffer: only an encoded body (gzip...) is worth it
     decode = bool(raw.headers.get("Content-Encoding"))
     while chunk := raw.read1(_CHUNK_BYTES, decode_content=decode):
-        if len(chunk) < _CHUNK_BYTES and _arrived(raw):
+        if len(chunk) < _CHUNK_BYTES and not raw.chunked and _arrived(raw):
             parts, size = [chunk], len(chunk)
             while size < _CHUNK_BYTES and _arrived(raw) and (more := raw.read1(_CHUNK_BYTES - size, decode)):
                 parts.append(more)
