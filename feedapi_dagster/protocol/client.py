@@ -6,13 +6,18 @@ the responses (`interface.Response`, a body's chunks)."""
 from __future__ import annotations
 
 import logging
+import math
+import select
+import ssl
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import closing
 from dataclasses import replace
+from functools import partial
 from urllib.parse import urlsplit
 
 import requests
+import urllib3
 
 from feedapi_dagster.errors import MalformedResponse, ProtocolError
 
@@ -26,7 +31,13 @@ log = logging.getLogger(__name__)
 
 _CHUNK_BYTES = 256 * 1024
 _REFUSAL_BYTES = 64 * 1024  # of a refused response's body, what its protocol reads to explain it
-_TRANSPORT_ERRORS = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
+# urllib3's errors: a body read from the raw response (`_body_chunks`) is not wrapped by requests
+_TRANSPORT_ERRORS = (
+    requests.ConnectionError,
+    requests.Timeout,
+    requests.exceptions.ChunkedEncodingError,
+    urllib3.exceptions.HTTPError,
+)
 
 
 class FeedClient:
@@ -91,7 +102,7 @@ class FeedClient:
         if request is None:
             self._info = self.protocol.discovered(self.feed, None)
             return self._info
-        response, _ = self._request(request, partition=None, what="discovery")
+        response, _ = self._request(lambda: (request, self.timeout), partition=None, what="discovery")
         with response:
             answer = self._response(response, limit=None)
         self._info = self.protocol.discovered(self.feed, answer)
@@ -105,16 +116,21 @@ class FeedClient:
         Each page's events are covered by its cursor. Cursor-only pages are yielded too, so that a
         filtered feed still advances. A transient failure mid-body resumes from the last yielded
         cursor; a 409 raises `RediscoveryNeeded`.
+
+        Where the protocol streams (`FeedProtocol.stream_ms`), the read is one fetch kept open that
+        long: its pages come as the server publishes them, and the read ends when the time is up.
         """
         info = self.info
         try:
             end_cursor = self.protocol.read_end(info, partition_id)
         except ProtocolError as error:
             raise ProtocolError(f"feed {self.safe_url}: {error}", partition=partition_id) from None
+        stream_ms = self.protocol.stream_ms(self.feed, info)
+        deadline = None if stream_ms is None else time.monotonic() + stream_ms / 1000
         while cursor != end_cursor:
             advanced = False
             body = self.protocol.reader(self.feed, info, partition_id, self.max_page_bytes)
-            with closing(self._fetch(body, info, partition_id, cursor)) as runs:
+            with closing(self._fetch(body, info, partition_id, cursor, deadline)) as runs:
                 for fetched in runs:
                     run = self._progress(fetched, cursor)
                     if run is None:
@@ -126,7 +142,7 @@ class FeedClient:
                     cursor = run.cursor
                     if cursor == end_cursor:
                         return
-            if not advanced or body.caught_up:
+            if deadline is not None or not advanced or body.caught_up:
                 return
 
     def _progress(self, run: PageRun, cursor: str) -> PageRun | None:
@@ -149,44 +165,75 @@ class FeedClient:
         return run
 
     def _fetch(
-        self, body: BodyReader, info: FeedInfo, partition_id: int, cursor: str
+        self, body: BodyReader, info: FeedInfo, partition_id: int, cursor: str, deadline: float | None
     ) -> Generator[PageRun, None, None]:
-        """One logical fetch from `cursor`, retried (from the last good cursor) until it completes."""
+        """One logical fetch from `cursor`, retried (from the last good cursor) until it completes; a
+        stream (until `deadline`, monotonic) completes at its deadline: one that ends before, cleanly
+        or not, was cut (an API gateway closing long requests, a server's own limit) and goes on, unless
+        it ended cleanly with nothing new (a closed partition drained: asking again would spin)."""
         attempt = 0
         while True:
             attempt += 1
-            request = self.protocol.fetch(self.feed, info, partition_id, cursor)
-            response, attempt = self._request(request, partition=partition_id, what="fetch", first_attempt=attempt)
+            requested = cursor
+            response, attempt = self._request(
+                partial(self._fetch_request, info, partition_id, cursor, deadline),
+                partition=partition_id,
+                what="fetch",
+                first_attempt=attempt,
+            )
             with response:
                 if response.status_code != 200:
                     refused = self._response(response, limit=_REFUSAL_BYTES)
                     raise self.protocol.refusal(self.feed, refused, partition_id, "fetch")
                 try:
-                    for run in body.runs(response.iter_content(_CHUNK_BYTES)):
+                    for run in body.runs(_body_chunks(response)):
                         yield run
-                        if not run.done:
-                            cursor = run.cursor
-                        attempt = 0
-                    return
+                        if run.done:
+                            return
+                        cursor = run.cursor
+                        attempt = 0  # a checkpoint came: the server is well (a stream's keep-alive too)
+                    if deadline is None or time.monotonic() >= deadline or cursor == requested:
+                        return
+                    ended = f"the stream ended {deadline - time.monotonic():.1f}s before its time"
+                    self._wait_or_raise(max(attempt, 1), partition_id, ended, None, None)
                 except (MalformedResponse, *_TRANSPORT_ERRORS) as error:
                     self._wait_or_raise(max(attempt, 1), partition_id, _describe(error), None, error)
 
+    def _fetch_request(
+        self, info: FeedInfo, partition_id: int, cursor: str, deadline: float | None
+    ) -> tuple[Request, tuple[float, float]]:
+        """The fetch from `cursor` and its timeouts. A stream asks for the time left until `deadline`,
+        and waits for bytes up to that long plus the read timeout: a stream may be quiet (no event, no
+        checkpoint) for all its duration, as the spec asks no keep-alive of a server."""
+        if deadline is None:
+            return self.protocol.fetch(self.feed, info, partition_id, cursor), self.timeout
+        left = max(deadline - time.monotonic(), 0.001)
+        request = self.protocol.stream_fetch(self.feed, info, partition_id, cursor, math.ceil(left * 1000))
+        return request, (self.timeout[0], self.timeout[1] + left)
+
     # ---------------------------------------------------------------- HTTP with retries
     def _request(
-        self, request: Request, *, partition: int | None, what: str, first_attempt: int = 1
+        self,
+        build: Callable[[], tuple[Request, tuple[float, float]]],
+        *,
+        partition: int | None,
+        what: str,
+        first_attempt: int = 1,
     ) -> tuple[requests.Response, int]:
-        """GET with retries on transport errors and transient statuses: the first other response (a
-        streamed one: close it), and the attempts spent so far (a fetch that failed mid-body goes on
-        counting)."""
+        """GET the request `build` makes (with its timeouts; made again for each attempt: a stream asks
+        for the time left) with retries on transport errors and transient statuses: the first other
+        response (a streamed one: close it), and the attempts spent so far (a fetch that failed mid-body
+        goes on counting)."""
         attempt = first_attempt
         while True:
+            request, timeout = build()
             try:
                 response = self._session.get(
                     request.url,
                     params=request.params,
                     headers=request.headers or None,
                     stream=True,
-                    timeout=self.timeout,
+                    timeout=timeout,
                 )
             except _TRANSPORT_ERRORS as error:
                 self._wait_or_raise(attempt, partition, f"{what}: {_describe(error)}", None, error)
@@ -228,6 +275,42 @@ class FeedClient:
     @property
     def safe_url(self) -> str:
         return self.feed.safe_url
+
+
+def _body_chunks(response: requests.Response) -> Iterator[bytes]:
+    """The body's bytes (content-decoded) as they arrive, at most about `_CHUNK_BYTES` at a time.
+
+    `iter_content` reads a body that has a Content-Length or ends with the connection until it holds
+    `_CHUNK_BYTES` (or the body ends): a slow page or an open stream would be held back. `read1`
+    returns what one read of the socket gives (a chunked body: what its next chunk holds), so lines
+    are handed on as soon as they come, and memory stays bounded by the chunk size. Of a body without
+    chunks, what has arrived already is read on into the same chunk: a large page comes in a few
+    socket reads, and a chunk per read would double the runs (and the work per run) of a bulk load. A
+    chunked body (Nakadi's stream, a FeedAPI stream) comes a chunk at a time, as `iter_content` gave
+    it: its server's batches are the runs, which a load's per-partition bound stops after.
+    """
+    raw = response.raw
+    # urllib3 copies what it decodes through a buffer: only an encoded body (gzip...) is worth it
+    decode = bool(raw.headers.get("Content-Encoding"))
+    while chunk := raw.read1(_CHUNK_BYTES, decode_content=decode):
+        if len(chunk) < _CHUNK_BYTES and not raw.chunked and _arrived(raw):
+            parts, size = [chunk], len(chunk)
+            while size < _CHUNK_BYTES and _arrived(raw) and (more := raw.read1(_CHUNK_BYTES - size, decode)):
+                parts.append(more)
+                size += len(more)
+            chunk = b"".join(parts)
+        yield chunk
+
+
+def _arrived(raw: urllib3.BaseHTTPResponse) -> bool:
+    """Whether bytes of the response wait on its socket, so that reading them does not wait."""
+    connection = raw.connection if isinstance(raw, urllib3.HTTPResponse) else None
+    sock = None if connection is None else connection.sock
+    if sock is None:
+        return False
+    if isinstance(sock, ssl.SSLSocket) and sock.pending():  # decrypted already, invisible to select
+        return True
+    return bool(select.select([sock], [], [], 0)[0])
 
 
 def _describe(error: BaseException) -> str:

@@ -91,6 +91,16 @@ class FeedProtocol(Generic[Settings]):
         """The request for the events of `partition_id` after `cursor`."""
         raise NotImplementedError
 
+    def stream_ms(self, feed: Settings, info: FeedInfo) -> int | None:
+        """How long a read of one partition keeps one fetch open (`stream_fetch`), in milliseconds; None:
+        it pages (`fetch`). Only where the settings ask for it and the server offers it."""
+        return None
+
+    def stream_fetch(self, feed: Settings, info: FeedInfo, partition_id: int, cursor: str, duration_ms: int) -> Request:
+        """The request for the events of `partition_id` after `cursor`, and those published during the
+        next `duration_ms` milliseconds, in one response (where `stream_ms` is not None)."""
+        raise NotImplementedError
+
     def reader(self, feed: Settings, info: FeedInfo, partition_id: int, max_page_bytes: int | None) -> BodyReader:
         raise NotImplementedError
 

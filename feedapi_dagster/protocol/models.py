@@ -86,6 +86,9 @@ class FeedInfo(BaseModel):
     # the variant of its protocol the server speaks, for protocols that have several (FeedAPI's dialect)
     dialect: str | None = None
     token: str | None = None
+    # the server takes fetches that stay open and send events as they are published (the FeedAPI
+    # draft's `stream` flag): `FeedProtocol.stream_ms`
+    stream: bool = False
     # Partitions the server listed but that could not be accepted (e.g. id out of range), one message each.
     rejected: list[str] = Field(default_factory=list)
 

@@ -103,6 +103,9 @@ class DemoFeed:
         self._duplicate_ratio = duplicate_ratio
         self._rng = random.Random(seed)
         self._lock = threading.RLock()
+        # notified on every write, for the streams that wait for new events (`wait_for_change`)
+        self._changed = threading.Condition(self._lock)
+        self._changes = 0
         self._partitions = {pid: _Partition(pid) for pid in range(partitions)}
         self._roots = list(range(partitions))
         self._aggregate_names = [(f"agg-{i}", f"agg-{i}".encode()) for i in range(max(16, 8 * partitions))]
@@ -141,6 +144,7 @@ class DemoFeed:
                     pending.setdefault(pid, []).append((length + self._rng.randint(1, 5), event))
             for pid, later in pending.items():
                 seqs.extend(self._publish(pid, e) for _, e in later)
+            self._changed_now()
             return seqs
 
     def add_event(self, payload_text: str, partition: int | None = None, aggregate: str | None = None) -> int:
@@ -162,13 +166,16 @@ class DemoFeed:
         with self._lock:
             if partition is not None:
                 self._open(partition)
-            return self._publish(partition if partition is not None else self._home(event.aggregate), event)
+            seq = self._publish(partition if partition is not None else self._home(event.aggregate), event)
+            self._changed_now()
+            return seq
 
     def close(self, partition: int) -> None:
         """No more events on `partition` (idempotent)."""
         with self._lock:
             self._visible(partition).closed = True
             self._homes.clear()
+            self._changed_now()
 
     def split_method1(self, partition: int, children: int = 2) -> list[int]:
         """Close the open `partition` and open empty children that start after it."""
@@ -223,6 +230,21 @@ class DemoFeed:
             start = bisect.bisect_right(p.seqs, after_seq)
             return list(zip(p.seqs[start : start + limit], p.events[start : start + limit], strict=True))
 
+    @property
+    def changes(self) -> int:
+        """How many writes the feed has had: what `wait_for_change` compares with."""
+        with self._lock:
+            return self._changes
+
+    def wait_for_change(self, seen: int, timeout: float) -> None:
+        """Return once the feed has had a write since it had `seen` (`changes`), or after `timeout` s."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._changes != seen, timeout)
+
+    def is_closed(self, partition: int) -> bool:
+        with self._lock:
+            return self._visible(partition).closed
+
     def last_seq(self, partition: int) -> int:
         with self._lock:
             p = self._visible(partition)
@@ -275,6 +297,10 @@ class DemoFeed:
         payload = _OBJECT_TEMPLATES[kind] % (n, aggregate_bytes, self._last_seq + 1, 1 + (bits >> 16) % 99999, n % 100)
         return Event(f"e-{n:09d}", EVENT_TYPES[kind], aggregate, payload)
 
+    def _changed_now(self) -> None:
+        self._changes += 1
+        self._changed.notify_all()
+
     def _publish(self, partition: int, event: Event) -> int:
         self._last_seq += 1
         p = self._partitions[partition]
@@ -318,6 +344,7 @@ class DemoFeed:
         parent.children = ids
         self.version += 1
         self._homes.clear()
+        self._changed_now()
         return ids
 
     def _check_split(self, children: int) -> None:

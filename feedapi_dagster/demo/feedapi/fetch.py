@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hmac
+import math
 import re
 from dataclasses import dataclass
 
@@ -12,6 +13,7 @@ from feedapi_dagster.demo.feedapi.demo_feed import Event
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 100_000
 DRAFT_FILTERS = ("type",)
+STREAM_BATCH = 1000  # the events a stream sends at most per write (its pageSizeHint, which it has not)
 
 # Cursors encode the global seq, zero-padded so that they also sort as strings.
 _CURSOR = re.compile(r"c[0-9a-f]{12}")
@@ -37,6 +39,7 @@ class Fetch:
     limit: int
     types: frozenset[str] | None = None  # event-type filter; None keeps every event
     include: bool = True  # keep the listed types (True) or skip them (False)
+    stream: float | None = None  # the draft's `stream`: seconds to keep the response open (inf: `y`)
 
     def keeps(self, event: Event) -> bool:
         return self.types is None or (event.type in self.types) == self.include
@@ -55,7 +58,8 @@ def parse_v1(pairs: list[tuple[str, str]], params: dict[str, str], partition_cou
     return _fetch(_int_param(key[len("cursor") :], key), cursor, params.get("pagesizehint"))
 
 
-def parse_draft(pairs: list[tuple[str, str]], params: dict[str, str]) -> Fetch:
+def parse_draft(pairs: list[tuple[str, str]], params: dict[str, str], streams: bool) -> Fetch:
+    """`streams`: the server offers `stream` (its discovery says so)."""
     filters = {key[len("filter-") :]: value for key, value in pairs if key.startswith("filter-")}
     unsupported = sorted(set(filters) - set(DRAFT_FILTERS))
     if unsupported:
@@ -63,6 +67,12 @@ def parse_draft(pairs: list[tuple[str, str]], params: dict[str, str]) -> Fetch:
     fetch = _fetch(_int_param(params.get("partition"), "partition"), params.get("cursor"), params.get("pageSizeHint"))
     if "type" in filters:
         fetch.types = frozenset([filters["type"]])
+    if "stream" in params:
+        if not streams:
+            raise FetchError(400, "stream is not supported by this feed")
+        if "pageSizeHint" in params:
+            raise FetchError(400, "stream and pageSizeHint are not compatible")
+        fetch.stream, fetch.limit = _stream_seconds(params["stream"]), STREAM_BATCH
     return fetch
 
 
@@ -90,6 +100,16 @@ def _fetch(partition: int, cursor: str | None, hint: str | None) -> Fetch:
     if limit < 1:
         raise FetchError(400, "page size hint must be >= 1")
     return Fetch(partition, cursor, min(limit, MAX_PAGE_SIZE))
+
+
+def _stream_seconds(value: str) -> float:
+    """`stream`: milliseconds, or `y` for no end."""
+    if value == "y":
+        return math.inf
+    milliseconds = _int_param(value, "stream")
+    if milliseconds < 0:
+        raise FetchError(400, "stream must be a number of milliseconds >= 0, or y")
+    return milliseconds / 1000
 
 
 def _int_param(value: str | None, name: str) -> int:

@@ -47,7 +47,9 @@ class DemoFeedServer(DemoServer):
         ignore_filters: bool = False,
         empty_when_caught_up: bool = False,
         quirks: bool = False,
+        stream: bool = True,
     ) -> None:
+        """`stream`: the draft dialect offers `stream` fetches (discovery's flag); the others never do."""
         if dialect not in DIALECTS:
             raise ValueError(f"dialect must be one of {DIALECTS}")
         if dialect == "v1":
@@ -57,6 +59,7 @@ class DemoFeedServer(DemoServer):
         self.ignore_filters = ignore_filters
         self.empty_when_caught_up = empty_when_caught_up
         self.quirks = quirks
+        self.streams = stream and dialect == "draft"
         self._token_nonce = secrets.token_hex(4)
         self._token_epoch = 0
         super().__init__(host, port, FeedHandler, token, faults)
@@ -85,27 +88,44 @@ class DemoFeedServer(DemoServer):
         if self.dialect == "v1":
             return parse_v1(pairs, params, self.feed.partition_count())
         if self.dialect == "draft":
-            return parse_draft(pairs, params)
+            return parse_draft(pairs, params, self.streams)
         return parse_published(params, self.discovery_token, self.ignore_filters)
 
     # ---- pages ---------------------------------------------------------------------------------
 
     def page(self, fetch: Fetch) -> bytes:
         """The NDJSON body for one fetch."""
-        feed = self.feed
+        after = self.position(fetch)
         try:
-            if fetch.cursor == "_first":
-                after = 0
-            elif fetch.cursor == "_last":
-                after = feed.last_seq(fetch.partition)
-            else:
-                after = int(fetch.cursor[1:], 16)
-            scan = fetch.limit if fetch.types is None else fetch.limit * FILTER_SCAN_FACTOR
-            records = feed.read(fetch.partition, after, scan)
+            lines, _ = self.lines(fetch, after)
         except ValueError as e:
             raise FetchError(404, str(e)) from None
-        if not records:  # caught up
-            return b"" if self.empty_when_caught_up else self._checkpoint(fetch.partition, after) + b"\n"
+        if not lines:  # caught up
+            return b"" if self.empty_when_caught_up else self.checkpoint(fetch.partition, after) + b"\n"
+        if self.quirks:
+            return b"".join(_quirky(lines))
+        lines.append(b"")
+        return b"\n".join(lines)
+
+    def position(self, fetch: Fetch) -> int:
+        """The seq that `fetch`'s cursor reads after (404 for a partition that is not listed)."""
+        try:
+            if fetch.cursor == "_first":
+                return 0
+            if fetch.cursor == "_last":
+                return self.feed.last_seq(fetch.partition)
+            return int(fetch.cursor[1:], 16)
+        except ValueError as e:
+            raise FetchError(404, str(e)) from None
+
+    def lines(self, fetch: Fetch, after: int) -> tuple[list[bytes], int]:
+        """The lines (events and checkpoints, the last a checkpoint) of up to `fetch.limit` events after
+        seq `after`, and the seq they reach; none when there are no events after it. ValueError: the
+        partition is not listed (any more)."""
+        scan = fetch.limit if fetch.types is None else fetch.limit * FILTER_SCAN_FACTOR
+        records = self.feed.read(fetch.partition, after, scan)
+        if not records:
+            return [], after
         lines: list[bytes] = []
         emitted = 0
         group = 0  # events left before the next checkpoint; drawn per group from the seq
@@ -119,16 +139,13 @@ class DemoFeedServer(DemoServer):
             group = group or 1 + (seq * 2654435761 >> 8) % 5  # 1..5 events per checkpoint
             group -= 1
             if group == 0 or emitted == fetch.limit:
-                lines.append(self._checkpoint(fetch.partition, seq))
+                lines.append(self.checkpoint(fetch.partition, seq))
                 checkpointed = seq
             if emitted == fetch.limit:
                 break
         if checkpointed != position:
-            lines.append(self._checkpoint(fetch.partition, position))
-        if self.quirks:
-            return b"".join(_quirky(lines))
-        lines.append(b"")
-        return b"\n".join(lines)
+            lines.append(self.checkpoint(fetch.partition, position))
+        return lines, position
 
     def _event(self, partition: int, seq: int, event: Event) -> bytes:
         if self.dialect == "draft":
@@ -139,7 +156,7 @@ class DemoFeedServer(DemoServer):
             return b'{"partition":%d,"headers":{"x-seq":"%d"},"data":%s}' % (partition, seq, event.payload)
         return b'{"partition":%d,"data":%s}' % (partition, event.payload)
 
-    def _checkpoint(self, partition: int, seq: int) -> bytes:
+    def checkpoint(self, partition: int, seq: int) -> bytes:
         if self.dialect == "v1":
             return b'{"partition":%d,"cursor":"%s"}' % (partition, encode_cursor(seq).encode())
         return b'{"cursor":"%s"}' % encode_cursor(seq).encode()
@@ -160,7 +177,8 @@ class DemoFeedServer(DemoServer):
             partitions.append(entry)
         if self.dialect == "published":
             return {"token": self.discovery_token, "partitions": partitions, "exactlyOnce": self.feed.exactly_once}
-        return {"partitions": partitions, "exactlyOnce": self.feed.exactly_once, "filters": list(DRAFT_FILTERS)}
+        document = {"partitions": partitions, "exactlyOnce": self.feed.exactly_once, "filters": list(DRAFT_FILTERS)}
+        return {**document, "stream": True} if self.streams else document
 
 
 def _quirky(lines: list[bytes]) -> list[bytes]:

@@ -41,7 +41,16 @@ class Draft(DialectSpec):
     event_key = "event"
 
     def fetch(self, feed, partition_id, cursor, discovery_token):
-        params = {"partition": str(partition_id), "cursor": cursor, "pageSizeHint": str(feed.page_size_hint)}
+        return self._request(feed, partition_id, cursor, "pageSizeHint", str(feed.page_size_hint))
+
+    def stream_fetch(self, feed: FeedApiSettings, partition_id: int, cursor: str, duration_ms: int) -> Request:
+        """A fetch kept open `duration_ms` milliseconds: `stream`, which never goes with `pageSizeHint`."""
+        return self._request(feed, partition_id, cursor, "stream", str(duration_ms))
+
+    @staticmethod
+    def _request(feed: FeedApiSettings, partition_id: int, cursor: str, bound: str, amount: str) -> Request:
+        """A fetch bounded by `pageSizeHint` (events) or `stream` (milliseconds): `bound`, with `amount`."""
+        params = {"partition": str(partition_id), "cursor": cursor, bound: amount}
         if feed.filters:
             params.update({f"filter-{name}": value for name, value in feed.filters.fields.items()})
         return Request(feed.url, params)
@@ -65,4 +74,5 @@ class Published(DialectSpec):
         return Request(feed.url.rstrip("/") + "/events", params)
 
 
-DIALECTS: dict[str, DialectSpec] = {spec.name: spec for spec in (V1(), Draft(), Published())}
+DRAFT = Draft()  # the only dialect with `stream`
+DIALECTS: dict[str, DialectSpec] = {spec.name: spec for spec in (V1(), DRAFT, Published())}

@@ -42,6 +42,7 @@ def parse_discovery(feed: FeedApiSettings, document: Any) -> FeedInfo:
         exactly_once=document.get("exactlyOnce") is True,
         partitions=partitions,
         token=token,
+        stream=dialect == "draft" and document.get("stream") is True,  # the published revision removed it
         rejected=rejected,
     )
 

@@ -7,6 +7,7 @@ client-side event-type filter (`filters.py`) and its 409 (the discovery token ch
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from itertools import accumulate
@@ -18,11 +19,13 @@ from feedapi_dagster.errors import ProtocolError, RediscoveryNeeded
 from .. import discovery
 from ..interface import BodyReader, FeedProtocol, Request, Response
 from ..models import FeedInfo, PageRun
-from .dialects import DIALECTS
+from .dialects import DIALECTS, DRAFT
 from .discovery import parse_discovery, v1_info
 from .filters import EventFilter
 from .ndjson import PageReader
 from .settings import FeedApiSettings
+
+log = logging.getLogger(__name__)
 
 
 class FeedApi(FeedProtocol[FeedApiSettings]):
@@ -34,19 +37,36 @@ class FeedApi(FeedProtocol[FeedApiSettings]):
 
     def discovered(self, feed: FeedApiSettings, response: Response | None) -> FeedInfo:
         if response is None:
-            return v1_info(feed)
-        if response.status == 400 and feed.dialect == "auto":
+            info = v1_info(feed)
+        elif response.status == 400 and feed.dialect == "auto":
             if feed.partition_count is None:
                 raise ProtocolError(
                     f"feed {feed.safe_url}: discovery answered 400, so the server speaks v1 "
                     "(ZeroEventHub), which has no discovery: configure partition_count",
                     status=400,
                 )
-            return v1_info(feed)
-        return parse_discovery(feed, discovery.document(self, feed, response, "discovery"))
+            info = v1_info(feed)
+        else:
+            info = parse_discovery(feed, discovery.document(self, feed, response, "discovery"))
+        if feed.stream_ms is not None and not info.stream:
+            # a setting for servers that offer it: the same feed still loads, by pages
+            log.warning(
+                "feed %s: stream_ms is set, but discovery does not offer `stream` (dialect %s): paging",
+                feed.safe_url,
+                info.dialect,
+            )
+        return info
 
     def fetch(self, feed: FeedApiSettings, info: FeedInfo, partition_id: int, cursor: str) -> Request:
         return DIALECTS[_dialect(info)].fetch(feed, partition_id, cursor, info.token)
+
+    def stream_ms(self, feed: FeedApiSettings, info: FeedInfo) -> int | None:
+        return feed.stream_ms if info.stream and info.dialect == "draft" else None
+
+    def stream_fetch(
+        self, feed: FeedApiSettings, info: FeedInfo, partition_id: int, cursor: str, duration_ms: int
+    ) -> Request:
+        return DRAFT.stream_fetch(feed, partition_id, cursor, duration_ms)
 
     def reader(
         self, feed: FeedApiSettings, info: FeedInfo, partition_id: int, max_page_bytes: int | None

@@ -17,6 +17,12 @@ class FeedApiSettings(FeedSettings):
     dialect: Literal["auto"] | Dialect = Field(default="auto", description="detected by discovery unless set")
     partition_count: int | None = Field(default=None, ge=1, le=32768, description="v1 only: it has no discovery")
     filters: EventFilter | None = None
+    stream_ms: int | None = Field(
+        default=None,
+        ge=1,
+        description="read each partition as one `stream` fetch open this many milliseconds, where discovery "
+        "offers `stream` (the draft dialect); unset: page with page_size_hint",
+    )
 
     @model_validator(mode="after")
     def _v1_partitions(self) -> FeedApiSettings:
