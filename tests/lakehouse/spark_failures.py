@@ -101,10 +101,14 @@ def classified(spark: Any, work_dir: Path, local_dirs: Path) -> dict[str, dict[s
 def main() -> None:
     from feedapi_dagster.lakehouse.sessions import connect_session
 
-    # not stopped: its session is the tests' server's one shared session (`client_url`), which a
-    # `stop()` would close for every other client of the server (their next call: SESSION_CLOSED)
     spark = connect_session(os.environ["FEEDAPI_TEST_CONNECT_URL"])
-    print(json.dumps(classified(spark, Path(sys.argv[1]), Path(sys.argv[2]))))
+    try:
+        print(json.dumps(classified(spark, Path(sys.argv[1]), Path(sys.argv[2]))), flush=True)
+    finally:
+        # the channel closed, the session kept: it is the tests' server's one shared session
+        # (`client_url`), which `stop()` would release for every other client of the server (their
+        # next call: SESSION_CLOSED)
+        spark.client.close()
 
 
 if __name__ == "__main__":
