@@ -180,19 +180,23 @@ def test_the_query_killed_mid_batch_and_after_its_delta_commit_then_restarted_la
     feed = DemoFeed(partitions=2, events=600, seed=68)
     with DemoFeedServer(feed, dialect="published") as server:
         command = [sys.executable, str(SCRIPT), server.url, table, checkpoint, f"classic:{tmp_path / 'spark'}"]
-        process = subprocess.Popen(
-            [*command, "processingTime", "40"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            # mid-batch: batch 3's offsets are logged, its commit is not
-            wait_for(lambda: 3 in _batch_files(checkpoint, "offsets") or process.poll() is not None, 240)
-            os.killpg(process.pid, signal.SIGKILL)
-        finally:
-            process.wait()
+        output = tmp_path / "query.log"
+
+        def run_until(condition) -> None:
+            """The query in a process of its own (its own Spark), SIGKILLed with its Spark at `condition`."""
+            with output.open("a") as log:
+                process = subprocess.Popen(
+                    [*command, "processingTime", "40"], stdout=log, stderr=log, start_new_session=True
+                )
+            try:
+                wait_for(lambda: condition() or process.poll() is not None, 240)
+                assert process.poll() is None, output.read_text()[-4000:]
+                os.killpg(process.pid, signal.SIGKILL)
+            finally:
+                process.wait()
+
+        # mid-batch: batch 3's offsets are logged, its commit is not
+        run_until(lambda: 3 in _batch_files(checkpoint, "offsets"))
         logged, committed = _batch_files(checkpoint, "offsets"), _batch_files(checkpoint, "commits")
         assert max(logged) > max(committed, default=-1), "no micro-batch was under way"
         feed.append(90)
@@ -212,13 +216,8 @@ def test_the_query_killed_mid_batch_and_after_its_delta_commit_then_restarted_la
 
         # killed after Delta's commit of its last micro-batch, before Spark's commit log entry
         feed.append(50)
-        process = subprocess.Popen([*command, "processingTime", "40"], start_new_session=True)
-        try:
-            last = max(_batch_files(checkpoint, "offsets"))
-            wait_for(lambda: last + 2 in _batch_files(checkpoint, "commits") or process.poll() is not None, 240)
-            os.killpg(process.pid, signal.SIGKILL)
-        finally:
-            process.wait()
+        last = max(_batch_files(checkpoint, "offsets"))
+        run_until(lambda: last + 2 in _batch_files(checkpoint, "commits"))  # the 50 events take two or more
         newest = max(_batch_files(checkpoint, "commits"))
         assert newest in _delta_batches(table)
         Path(checkpoint, "commits", str(newest)).unlink()
