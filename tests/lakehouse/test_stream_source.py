@@ -203,8 +203,8 @@ def test_the_query_killed_mid_batch_and_after_its_delta_commit_then_restarted_la
 
         # restarted here; the micro-batch's tasks (reading it again) are held at their first fetch
         gate = server.gate = Gate()
-        query = stream_to_delta(events(feedapi, server.url, maxEventsPerTrigger=40), table, checkpoint)
-        query = query.trigger(availableNow=True).start()
+        writer = stream_to_delta(events(feedapi, server.url, maxEventsPerTrigger=40), table, checkpoint)
+        query = writer.trigger(availableNow=True).start()
         if max(logged) not in _delta_batches(table):  # the kill came before Delta's commit
             assert gate.arrived.wait(120), "the micro-batch was not read again from the feed"
             assert kill(python_workers(os.getpid()), signal.SIGKILL), "no Python worker was reading"
