@@ -155,6 +155,10 @@ class Replay(InputPartition):
         self.reads = reads
 
 
+# a partition's part of a micro-batch: its rows, where it ends, and whether there may be more now
+_PartitionBatch = tuple[list[pa.RecordBatch], PartitionOffset, bool]
+
+
 @dataclass
 class _Batch:
     start: str
@@ -209,13 +213,15 @@ class FeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if not due:
             return start
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        share = None if budget is None else max(1, -(-budget // len(due)))
+        share = None if budget is None else max(1, budget // len(due))
         starts = {plan.partition_id: offset.start_of(plan.partition_id, plan.inherited_from) for plan in due}
         read = self._read_due(info, starts, share)
+        if budget is not None:
+            read = self._admitted(read, starts, budget)
         ends = dict(offset.partitions)
         rows: list[pa.RecordBatch] = []
-        for pid, (batches, end, read_end) in read.items():
-            if self._available_now is not None and not read_end.bounded:
+        for pid, (batches, end, bounded) in read.items():
+            if self._available_now is not None and not bounded:
                 self._caught_up.add(pid)
             if end != starts[pid] or pid in offset.partitions:
                 ends[pid] = end
@@ -235,14 +241,14 @@ class FeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _read_due(
         self, info: FeedInfo, starts: dict[int, PartitionOffset], share: int | None
-    ) -> dict[int, tuple[list[pa.RecordBatch], PartitionOffset, ReadEnd]]:
+    ) -> dict[int, _PartitionBatch]:
         """The due partitions read by the driver, each from its start up to `share` events (at the first
         checkpoint at or past it) or its current end. The seam for FeedAPI's `stream` fetch: a
         micro-batch could read a stream for a while here instead of paging."""
         settings = replace(self.options.read_settings(), checkpoint_rows=True, max_events=share)
         exactly_once = info.exactly_once
 
-        def one(pid: int) -> tuple[int, tuple[list[pa.RecordBatch], PartitionOffset, ReadEnd]]:
+        def one(pid: int) -> tuple[int, _PartitionBatch]:
             start = starts[pid]
             with self.options.client(info.only([pid])) as client:
                 read = PartitionRead(settings, client, PartitionStart(pid, start.cursor, start.position))
@@ -262,11 +268,47 @@ class FeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 start.inherited_from,
                 _recent(start.recent_ids, events, self.dedup_window) if not exactly_once else (),
             )
-            return pid, (events, end, read_end)
+            return pid, (events, end, read_end.bounded)
 
         threads = max(1, min(self.options.threads_per_task, len(starts)))
         with ThreadPoolExecutor(threads, thread_name_prefix="feedapi-stream") as pool:
             return dict(pool.map(one, sorted(starts)))
+
+    def _admitted(self, read: dict[int, _PartitionBatch], starts: dict[int, PartitionOffset], budget: int):
+        """The reads cut to `budget` events in all: whole pages only (a page's rows share its cursor, the
+        resume point after it), in partition order; a single page larger than the budget is admitted
+        alone, or the stream would never move. The pages cut off are read again by the next trigger."""
+        admitted: dict[int, _PartitionBatch] = {}
+        total = 0
+        for pid, (batches, end, bounded) in read.items():
+            rows = pa.Table.from_batches(batches, EVENT_SCHEMA)
+            if total + rows.num_rows <= budget:
+                admitted[pid] = (batches, end, bounded)
+                total += rows.num_rows
+                continue
+            cursors = rows.column("cursor").to_pylist()
+            keep = 0  # rows of the whole pages that fit
+            for index in range(len(cursors)):
+                last_of_page = index + 1 == len(cursors) or cursors[index + 1] != cursors[index]
+                if last_of_page and (total + index + 1 <= budget or total + keep == 0):
+                    keep = index + 1
+                elif total + index + 1 > budget and total + keep > 0:
+                    break
+            start = starts[pid]
+            kept = rows.slice(0, keep).to_batches()
+            if keep == 0:
+                end = start
+            else:
+                end = replace(
+                    end,
+                    cursor=cursors[keep - 1],
+                    position=start.position + keep,
+                    drained=False,
+                    recent_ids=_recent(start.recent_ids, kept, self.dedup_window) if end.recent_ids else (),
+                )
+            admitted[pid] = (kept, end, True)
+            total += keep
+        return admitted
 
     def _keep(self, start: dict, end: dict, rows: list[pa.RecordBatch]) -> None:
         by_partition: dict[int, list[pa.RecordBatch]] = {}
