@@ -17,7 +17,8 @@ is known only by reading its pages. So the driver reads in `latestOffset` (as py
 `SimpleDataSourceStreamReader` does, but with read limits and several partitions read concurrently),
 keeps the micro-batch's Arrow rows until Spark asks for its partitions, and hands them to the tasks
 inside the input partitions: each event is fetched once. The micro-batch is bounded by
-`maxEventsPerTrigger` (pyspark's admission control, `ReadMaxRows`), which bounds the driver's memory.
+`maxEventsPerTrigger` (pyspark's admission control, `ReadMaxRows`), which bounds the driver's memory:
+whole pages up to the bound (`_admitted`); the pages cut off are the only events fetched again.
 Where a feed offers FeedAPI's `stream` fetch, `_read_due` is the seam: a micro-batch could read a
 stream for its duration instead of paging (this source pages).
 
