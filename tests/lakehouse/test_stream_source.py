@@ -181,6 +181,7 @@ def test_the_query_killed_mid_batch_and_after_its_delta_commit_then_restarted_la
     with DemoFeedServer(feed, dialect="published") as server:
         command = [sys.executable, str(SCRIPT), server.url, table, checkpoint, f"classic:{tmp_path / 'spark'}"]
         output = tmp_path / "query.log"
+        (tmp_path / "spark").mkdir()
 
         def run_until(condition) -> None:
             """The query in a process of its own (its own Spark), SIGKILLed with its Spark at `condition`."""
