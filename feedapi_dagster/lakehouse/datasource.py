@@ -59,6 +59,7 @@ from feedapi_dagster.protocol.models import FIRST
 from feedapi_dagster.protocol.registry import DEFAULT_PROTOCOL, import_protocol, protocol_module, registered_protocols
 
 from .reads import END_COLUMN, GroupRead, PartitionStart, ReadSettings
+from .stream_source import DEDUP_WINDOW, DEFAULT_DEDUP_WINDOW, MAX_EVENTS_PER_TRIGGER, STREAM_OPTIONS, FeedStreamReader
 from .table import EVENT_SCHEMA, check_id_field, spark_ddl
 
 SOURCE_NAME = "feedapi"
@@ -80,6 +81,7 @@ _READ_OPTIONS = frozenset(
         "progressfolder",
         PROTOCOL_MODULE.lower(),
     }
+    | STREAM_OPTIONS
 )
 
 
@@ -242,6 +244,21 @@ class FeedDataSource(DataSource):
 
     def reader(self, schema: StructType) -> FeedReader:
         return FeedReader(FeedSourceOptions.parse(dict(self.options)))
+
+    def streamReader(self, schema: StructType) -> FeedStreamReader:
+        """`spark.readStream.format("feedapi")`: see `stream_source.py`."""
+        options = FeedSourceOptions.parse(dict(self.options))
+        if options.checkpoint_rows:
+            raise ValueError("feedapi data source: checkpointRows is an option of batch reads, not of a stream")
+        get = {key.lower(): value for key, value in self.options.items()}.get
+        try:
+            limit = _int(get(MAX_EVENTS_PER_TRIGGER.lower()))
+            window = _int(get(DEDUP_WINDOW.lower()))
+        except ValueError as error:
+            raise ValueError(f"feedapi data source: bad option: {error}") from None
+        if limit is not None and limit < 1:
+            raise ValueError(f"feedapi data source: bad option: {MAX_EVENTS_PER_TRIGGER} must be at least 1")
+        return FeedStreamReader(options, limit, DEFAULT_DEDUP_WINDOW if window is None else window)
 
 
 class FeedReader(DataSourceReader):
