@@ -10,6 +10,7 @@ Rules (see docs/feedapi-protocol.md, "Partitions and splits"):
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from enum import StrEnum
 from typing import NamedTuple
 
@@ -77,18 +78,7 @@ def plan_partition(partition: Partition, info: FeedInfo, state: FeedState) -> Pa
             position=own.position,
             inherited_from=own.inherited_from,
         )
-    for ancestor in partition.cursor_from:
-        ancestor_state = state.get(ancestor)
-        if ancestor_state is not None and ancestor_state.cursor != FIRST:
-            return PartitionPlan(
-                partition_id=partition.id,
-                status=PlanStatus.DUE,
-                closed=partition.closed,
-                cursor=ancestor_state.cursor,
-                inherited_from=ancestor,
-                reason=f"continues from partition {ancestor}'s cursor (method-2 split)",
-            )
-    return PartitionPlan(partition_id=partition.id, status=PlanStatus.DUE, closed=partition.closed)
+    return _from_ancestor(partition, state, "continues from partition {}'s cursor (method-2 split)")
 
 
 class _Block(NamedTuple):
@@ -161,8 +151,14 @@ def plan_rebuild(partition: Partition, state: FeedState, replaced: set[int]) -> 
     A method-2 child owns only what came after the cursor it inherited, as long as that ancestor's rows
     stay in the table; ancestors whose rows are replaced too (`replaced`) give their history back.
     """
+    return _from_ancestor(partition, state, "rebuilt from partition {}'s cursor, whose rows stay", skip=replaced)
+
+
+def _from_ancestor(partition: Partition, state: FeedState, reason: str, skip: Collection[int] = ()) -> PartitionPlan:
+    """A method-2 child's plan: from the cursor of its nearest ancestor (`cursor_from`, nearest first)
+    that has one, outside `skip`; `reason` names it (`{}`). From `_first` when none has."""
     for ancestor in partition.cursor_from:
-        if ancestor in replaced:
+        if ancestor in skip:
             continue
         ancestor_state = state.get(ancestor)
         if ancestor_state is not None and ancestor_state.cursor != FIRST:
@@ -172,6 +168,6 @@ def plan_rebuild(partition: Partition, state: FeedState, replaced: set[int]) -> 
                 closed=partition.closed,
                 cursor=ancestor_state.cursor,
                 inherited_from=ancestor,
-                reason=f"rebuilt from partition {ancestor}'s cursor, whose rows stay",
+                reason=reason.format(ancestor),
             )
     return PartitionPlan(partition_id=partition.id, status=PlanStatus.DUE, closed=partition.closed)
