@@ -86,7 +86,7 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=20_000, help="in all (spread over the partitions)")
     args = parser.parse_args()
     os.environ.setdefault(PLANNED_SUBSET_ENV, "true")  # what README "Thousands of partitions" says to set
-    from tests.ports import find_free_port
+    from procstat import find_free_port
 
     work = Path(tempfile.mkdtemp(prefix="bench-quiet-"))
     feed = spark = None

@@ -881,7 +881,7 @@ def main(argv: list[str] | None = None) -> int:
     # what README "Thousands of partitions" tells a deployment to set where runs are created (daemon,
     # webserver): one ASSET_MATERIALIZATION_PLANNED event per run instead of one per partition key
     os.environ.setdefault(PLANNED_SUBSET_ENV, "true")
-    from tests.ports import find_free_port
+    from procstat import find_free_port
 
     work = Path(tempfile.mkdtemp(prefix="bench-sync-"))
     say(f"work dir {work}; {os.cpu_count()} cores; load average {load_average()}")

@@ -151,3 +151,13 @@ def stop_strays(port: int) -> list[int]:
         except (OSError, ProcessLookupError):
             pass
     return found
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """An ephemeral port that is free right now on ``host`` (the benchmarks run as scripts: `tests` is
+    not importable from them)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
