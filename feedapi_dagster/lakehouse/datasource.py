@@ -29,7 +29,10 @@ camelCase, as Spark's own sources:
   first new event gets; default `_first` and 0), `maxEvents` (a bound per partition: its read stops
   at the first checkpoint at or past it);
 * `checkpointRows` (true|false): each partition's read ends with one row holding where it stopped
-  (see `END_COLUMN`), what the lakehouse loader commits as the partition's cursor;
+  (see `END_COLUMN`), what the lakehouse loader commits as the partition's cursor; in a stream, each
+  micro-batch has one row holding its start and end offsets, what `FeedStream` commits;
+* streams only (`stream_source.py`): `maxEventsPerTrigger`, `dedupWindow`, `startOffset` (JSON of a
+  `StreamOffset`: where a query without a checkpoint starts);
 * `tasks` (read tasks, 16 by default; the expected size of a partition is its start position),
   `threadsPerTask` (8), `discovery` (JSON of a `FeedInfo`: the tasks use it instead of discovering),
   `progressFolder` (a local folder where each task notes what it read when it ends).
@@ -59,7 +62,15 @@ from feedapi_dagster.protocol.models import FIRST
 from feedapi_dagster.protocol.registry import DEFAULT_PROTOCOL, import_protocol, protocol_module, registered_protocols
 
 from .reads import END_COLUMN, GroupRead, PartitionStart, ReadSettings
-from .stream_source import DEDUP_WINDOW, DEFAULT_DEDUP_WINDOW, MAX_EVENTS_PER_TRIGGER, STREAM_OPTIONS, FeedStreamReader
+from .stream_source import (
+    DEDUP_WINDOW,
+    DEFAULT_DEDUP_WINDOW,
+    MAX_EVENTS_PER_TRIGGER,
+    START_OFFSET,
+    STREAM_OPTIONS,
+    FeedStreamReader,
+    StreamOffset,
+)
 from .table import EVENT_SCHEMA, check_id_field, spark_ddl
 
 SOURCE_NAME = "feedapi"
@@ -248,17 +259,16 @@ class FeedDataSource(DataSource):
     def streamReader(self, schema: StructType) -> FeedStreamReader:
         """`spark.readStream.format("feedapi")`: see `stream_source.py`."""
         options = FeedSourceOptions.parse(dict(self.options))
-        if options.checkpoint_rows:
-            raise ValueError("feedapi data source: checkpointRows is an option of batch reads, not of a stream")
         get = {key.lower(): value for key, value in self.options.items()}.get
         try:
             limit = _int(get(MAX_EVENTS_PER_TRIGGER.lower()))
             window = _int(get(DEDUP_WINDOW.lower()))
-        except ValueError as error:
+            start = StreamOffset.from_json(json.loads(text)) if (text := get(START_OFFSET.lower())) else None
+        except (ValueError, TypeError, KeyError) as error:
             raise ValueError(f"feedapi data source: bad option: {error}") from None
         if limit is not None and limit < 1:
             raise ValueError(f"feedapi data source: bad option: {MAX_EVENTS_PER_TRIGGER} must be at least 1")
-        return FeedStreamReader(options, limit, DEFAULT_DEDUP_WINDOW if window is None else window)
+        return FeedStreamReader(options, limit, DEFAULT_DEDUP_WINDOW if window is None else window, start)
 
 
 class FeedReader(DataSourceReader):

@@ -47,6 +47,7 @@ from feedapi_dagster.protocol.models import FIRST
 
 from .cursor_record import CommittedState
 from .datasource import EVENT_DDL, SOURCE_NAME, FeedSourceOptions
+from .dedup import dedup_group, without_stored
 from .delta import FeedTable
 from .feed_read import FeedRead, PartitionEnd, ReadEndsMissing
 from .progress import run_with_progress
@@ -56,7 +57,7 @@ from .spark_errors import is_kept_read_lost
 from .watchdog import DEFAULT_UNRESPONSIVE_SECONDS, answering
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -303,7 +304,7 @@ class FeedLoader:
         # committed position is 0: rows and positions commit together) hold no id to repeat.
         replaced = {*starts, *drop} if rebuild else set()
         stored = {p for p, state in base.state.partitions.items() if state.position and p not in replaced}
-        groups = {pid: [p for p in _dedup_group(info, pid) if p in stored] for pid in starts}
+        groups = {pid: [p for p in dedup_group(info, pid) if p in stored] for pid in starts}
         deduplicated = not info.exactly_once and any(groups.values())
         progress = table.progress_folder(uuid.uuid4().hex)
         # a rebuild replaces whole partitions in one commit: it is never cut short by the bound
@@ -452,7 +453,7 @@ class FeedLoader:
         rows = read.frame()
         kept: dict[int, int] | None = None
         if groups is not None:
-            rows, kept = _without_stored(rows, self.sink.table.frame(base.rows_version), groups, starts)
+            rows, kept = without_stored(rows, self.sink.table.frame(base.rows_version), groups, starts)
         reports = {
             plan.partition_id: _report(plan, starts[plan.partition_id], ends.get(plan.partition_id), kept, rebuild)
             for plan in plans
@@ -596,52 +597,6 @@ def _report(
     if read.error:
         report.status, report.error = "failed", read.error
     return report
-
-
-def _dedup_group(info: FeedInfo, partition_id: int) -> list[int]:
-    """A partition and its method-2 ancestors: their histories overlap."""
-    partition = info.partition(partition_id)
-    return [partition_id, *(partition.cursor_from if partition else [])]
-
-
-def _without_stored(
-    rows: DataFrame, table: DataFrame, groups: dict[int, list[int]], starts: dict[int, PartitionState]
-) -> tuple[DataFrame, dict[int, int]]:
-    """The rows read whose event id the table does not hold in the partition's dedup group, with
-    positions renumbered to stay contiguous from each partition's start; and the kept rows per
-    partition."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    spark = rows.sparkSession
-    pairs = [(pid, source) for pid, group in groups.items() for source in group]
-    sources = sorted({source for _, source in pairs})
-    mapping = spark.createDataFrame(pairs, "partition_id INT, source INT")
-    stored = (
-        table.where(F.col("partition_id").isin(sources) & F.col("event_id").isNotNull())
-        .select(F.col("partition_id").alias("source"), "event_id")
-        .distinct()
-    )
-    repeated = (
-        rows.where(F.col("event_id").isNotNull())
-        .select("partition_id", "event_id")
-        .join(mapping, "partition_id")
-        .join(stored, ["source", "event_id"])
-        .select("partition_id", "event_id")
-        .distinct()
-    )
-    starts_frame = spark.createDataFrame(
-        [(pid, s.position) for pid, s in starts.items()], "partition_id INT, start BIGINT"
-    )
-    order = Window.partitionBy("partition_id").orderBy("position")
-    kept = (
-        rows.join(repeated, ["partition_id", "event_id"], "left_anti")
-        .join(F.broadcast(starts_frame), "partition_id")
-        .withColumn("position", F.col("start") + F.row_number().over(order) - 1)
-        .select(*rows.columns)
-    )
-    counts = {row[0]: row[1] for row in kept.groupBy("partition_id").count().collect()}
-    return kept, counts
 
 
 def _idle_report(plan: PartitionPlan) -> PartitionReport:

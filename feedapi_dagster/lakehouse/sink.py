@@ -23,7 +23,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _conflict(partition_id: int, expected: PartitionState | None, found: PartitionState | None) -> PartitionConflict:
+def partition_conflict(
+    partition_id: int, expected: PartitionState | None, found: PartitionState | None
+) -> PartitionConflict:
     return PartitionConflict(
         f"partition {partition_id}: another load committed first (expected cursor "
         f"{expected.cursor if expected else None!r}, found {found.cursor if found else None!r}); "
@@ -95,7 +97,7 @@ class DeltaSink:
             for partition_id, want in expected.items():
                 found = base.state.get(partition_id)
                 if found != want:
-                    raise _conflict(partition_id, want, found)
+                    raise partition_conflict(partition_id, want, found)
             new_state = base.state.advanced(dict(updates))
             metadata = committed.encode(new_state, commit_id, self.run_id, pending, replace)
             commit = Commit(rows(), metadata, base.txn_version, replace)

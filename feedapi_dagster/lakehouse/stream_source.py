@@ -60,7 +60,7 @@ from feedapi_dagster.planning import FeedState, PartitionState, plan_feed, task_
 from feedapi_dagster.protocol import FeedInfo
 from feedapi_dagster.protocol.models import FIRST
 
-from .reads import END_COLUMN, PartitionRead, PartitionStart, ReadEnd
+from .reads import END_COLUMN, PartitionRead, PartitionStart, ReadEnd, read_schema
 from .table import EVENT_SCHEMA
 
 if TYPE_CHECKING:
@@ -71,8 +71,9 @@ log = logging.getLogger(__name__)
 
 MAX_EVENTS_PER_TRIGGER = "maxEventsPerTrigger"
 DEDUP_WINDOW = "dedupWindow"
+START_OFFSET = "startOffset"
 DEFAULT_DEDUP_WINDOW = 100
-STREAM_OPTIONS = frozenset({MAX_EVENTS_PER_TRIGGER.lower(), DEDUP_WINDOW.lower()})
+STREAM_OPTIONS = frozenset({MAX_EVENTS_PER_TRIGGER.lower(), DEDUP_WINDOW.lower(), START_OFFSET.lower()})
 
 
 class StreamReplayFailed(FeedApiDagsterError):
@@ -147,6 +148,15 @@ class PrefetchedRows(InputPartition):
         self.ipc = ipc
 
 
+class MicroBatchOffsets(InputPartition):
+    """The micro-batch's start and end offsets, as one row of its own (`checkpointRows`)."""
+
+    def __init__(self, index: int, start: str, end: str):
+        super().__init__(index)
+        self.start = start
+        self.end = end
+
+
 class Replay(InputPartition):
     """A micro-batch's partitions to read again from their start offsets: (id, start, events)."""
 
@@ -168,12 +178,16 @@ class _Batch:
 
 
 class FeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """See the module docstring. `options`: the data source's `FeedSourceOptions`."""
+    """See the module docstring. `options`: the data source's `FeedSourceOptions`; `start`: the offset
+    a query without a checkpoint starts from (default: the options' start cursors)."""
 
-    def __init__(self, options, max_events_per_trigger: int | None, dedup_window: int):
+    def __init__(
+        self, options, max_events_per_trigger: int | None, dedup_window: int, start: StreamOffset | None = None
+    ):
         self.options = options
         self.max_events_per_trigger = max_events_per_trigger
         self.dedup_window = dedup_window
+        self.start = start
         # read by `latestOffset`, until Spark commits them (Spark calls a source's `latestOffset`,
         # `partitions` and `commit` one after the other, in one Python process of the driver)
         self._batches: list[_Batch] = []
@@ -187,6 +201,8 @@ class FeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # ---------------------------------------------------------------- offsets
     def initialOffset(self) -> dict:
+        if self.start is not None:
+            return self.start.to_json()
         cursors, positions = self.options.start_cursors, self.options.start_positions
         return StreamOffset(
             {pid: PartitionOffset(cursor, positions.get(pid, 0)) for pid, cursor in cursors.items()}
@@ -325,9 +341,16 @@ class FeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         start_key, end_key = json.dumps(start), json.dumps(end)
         kept = next((b for b in self._batches if b.start == start_key and b.end == end_key), None)
-        if kept is not None:
-            return kept.partitions
-        return self._replay(StreamOffset.from_json(start), StreamOffset.from_json(end))
+        partitions: list[InputPartition] = [
+            *(
+                kept.partitions
+                if kept is not None
+                else self._replay(StreamOffset.from_json(start), StreamOffset.from_json(end))
+            )
+        ]
+        if self.options.checkpoint_rows:
+            partitions.append(MicroBatchOffsets(len(partitions), start_key, end_key))
+        return partitions
 
     def _replay(self, start: StreamOffset, end: StreamOffset) -> list[InputPartition]:
         """A micro-batch whose rows the driver no longer holds (Spark runs it again after a restart)."""
@@ -346,12 +369,23 @@ class FeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if isinstance(partition, PrefetchedRows):
-            yield from pa.ipc.open_stream(partition.ipc)
+        if isinstance(partition, MicroBatchOffsets):
+            yield micro_batch_offsets_row(partition.start, partition.end)
             return
-        assert isinstance(partition, Replay)  # what `partitions` made
-        for pid, start, events in partition.reads:
-            yield from self._read_again(partition.info, pid, start, events)
+        if isinstance(partition, PrefetchedRows):
+            batches: Iterator[pa.RecordBatch] = iter(pa.ipc.open_stream(partition.ipc))
+        else:
+            assert isinstance(partition, Replay)  # what `partitions` made
+            batches = (
+                b
+                for pid, start, events in partition.reads
+                for b in self._read_again(partition.info, pid, start, events)
+            )
+        if not self.options.checkpoint_rows:
+            yield from batches
+            return
+        for batch in batches:  # event rows have no offsets
+            yield batch.append_column(END_COLUMN, pa.nulls(batch.num_rows, pa.string()))
 
     def _read_again(self, info: FeedInfo, pid: int, start: PartitionOffset, events: int) -> Iterator[pa.RecordBatch]:
         settings = replace(self.options.read_settings(), checkpoint_rows=False, max_events=None)
@@ -400,6 +434,20 @@ def stream_to_delta(events: DataFrame, path: str, checkpoint: str, run_id: str =
         .option("checkpointLocation", checkpoint)
         .option("path", path)
     )
+
+
+def micro_batch_offsets_row(start: str, end: str) -> pa.RecordBatch:
+    """A micro-batch's row of offsets (`checkpointRows`): NULL event columns, and in `END_COLUMN` the
+    JSON of {"start": offset, "end": offset}: what the Dagster stream commits as the cursor of record."""
+    columns: dict[str, list] = {name: [None] for name in EVENT_SCHEMA.names}
+    columns[END_COLUMN] = [f'{{"start":{start},"end":{end}}}']
+    return pa.RecordBatch.from_pydict(columns, schema=read_schema(True))
+
+
+def micro_batch_offsets(row_json: str) -> tuple[StreamOffset, StreamOffset]:
+    """The start and end offsets of a micro-batch's row of offsets."""
+    fields = json.loads(row_json)
+    return StreamOffset.from_json(fields["start"]), StreamOffset.from_json(fields["end"])
 
 
 def _ipc(batches: list[pa.RecordBatch]) -> bytes:

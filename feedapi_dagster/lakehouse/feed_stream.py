@@ -1,0 +1,192 @@
+"""`FeedStream`: a feed read as a Structured Streaming query (`stream_source.py`) and committed as the
+batch loads commit, so that both keep ONE cursor of record and a feed can switch from one to the other.
+
+    query = FeedStream(feed, table, run_id=run_id, checkpoint=folder).start({"availableNow": True})
+
+**One record.** Each micro-batch lands in one Delta commit made by `DeltaSink` (`foreachBatch`): its
+rows and the whole `FeedState` they end at, as a batch load's commit carries them (`cursor_record.py`).
+A query starts from that record (the `startOffset` option: the state the table's commits hold) with a
+checkpoint of its own, which is the query's scratch, not a record: a batch load run after a stream, or
+a stream after a batch load, continues from the last commit of either. (A query of
+`stream_source.stream_to_delta` is the other way round: its cursors are in its checkpoint, and Delta's
+streaming sink writes no state into the table.)
+
+**The dangerous moments.** A query killed before a micro-batch's commit lands left nothing of it in the
+table: the next query (the next run) starts from the commit before and reads it again. Killed after it:
+the next query starts after it. A micro-batch Spark runs again from the checkpoint (a query restarted
+with the same checkpoint) finds the table's cursors already at its end and commits nothing. A batch
+load that committed the partitions meanwhile (a stream and a load at once: the Dagster pool prevents
+it) makes the micro-batch's commit fail with `PartitionConflict`, nothing of it written.
+
+**Deduplication** of at-least-once feeds is the batch loads' (`dedup.without_stored`): against the
+rows the table holds, on top of the source's window of recent ids within the query.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from feedapi_dagster.planning import FeedState, PartitionState
+from feedapi_dagster.protocol import FeedClient, FeedInfo, FeedSettings
+
+from .datasource import SOURCE_NAME, FeedSourceOptions
+from .dedup import dedup_group, without_stored
+from .delta import FeedTable
+from .loader import AFTER_COMMIT, BEFORE_COMMIT
+from .reads import END_COLUMN
+from .sessions import register_feed_source
+from .sink import DeltaSink, partition_conflict
+from .stream_source import (
+    MAX_EVENTS_PER_TRIGGER,
+    START_OFFSET,
+    PartitionOffset,
+    StreamOffset,
+    micro_batch_offsets,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+log = logging.getLogger(__name__)
+
+Moment = Callable[[str, dict[int, PartitionState]], None]
+
+
+def stream_start(state: FeedState) -> StreamOffset:
+    """The offset a query starts from: the partitions' cursors of record."""
+    return StreamOffset(
+        {pid: PartitionOffset(p.cursor, p.position, p.drained, p.inherited_from) for pid, p in state.partitions.items()}
+    )
+
+
+class FeedStream:
+    """A feed's stream into its `FeedTable`; `run_id` names its commits, `checkpoint` is its query's
+    (a folder no other query uses)."""
+
+    def __init__(
+        self,
+        feed: FeedSettings,
+        table: FeedTable,
+        *,
+        run_id: str,
+        checkpoint: str,
+        max_events_per_trigger: int | None = None,
+        ship_package: bool = False,
+        on_moment: Moment | None = None,
+    ):
+        """`on_moment`: called before and after each micro-batch's commit (tests fail it there); it runs
+        where `foreachBatch` runs."""
+        # the token is read here and reaches the source as Spark's redacted option, as a batch load's
+        self.feed = feed.with_token()
+        self.table = table
+        self.run_id = run_id
+        self.checkpoint = checkpoint
+        self.max_events_per_trigger = max_events_per_trigger
+        self.sink = DeltaSink(table, run_id=run_id)
+        self.on_moment = on_moment
+        self.info: FeedInfo | None = None  # the discovery of the last `start`
+        register_feed_source(table.spark, ship=ship_package)
+
+    def start(self, trigger: dict[str, Any]) -> StreamingQuery:
+        """Start the query with `trigger` (`{"availableNow": True}` or `{"processingTime": "10 seconds"}`,
+        `DataStreamWriter.trigger`'s arguments) from the table's cursor of record. The feed is discovered
+        once here (`info`): whether it is exactly-once, and its method-2 ancestry, for deduplication."""
+        with FeedClient(self.feed) as client:
+            self.info = client.discover()
+        spark = self.table.spark
+        name = f"feedapi {self.table.path}"  # one query per table: Spark refuses a second of the same name
+        for running in spark.streams.active:
+            if running.name == name:
+                # a query on a Spark Connect server outlives the client that started it (a killed run):
+                # its run is gone (one stream or load of a feed at a time), so is its purpose
+                log.warning("stopping the query %s (%s) an earlier run left running", name, running.id)
+                running.stop()
+        start = stream_start(self.sink.committed_state(refresh=True).state)
+        options = FeedSourceOptions(self.feed, checkpoint_rows=True).spark_options()
+        options[START_OFFSET] = json.dumps(start.to_json())
+        if self.max_events_per_trigger is not None:
+            options[MAX_EVENTS_PER_TRIGGER] = str(self.max_events_per_trigger)
+        events = spark.readStream.format(SOURCE_NAME).options(**options).load()
+        commit = MicroBatchCommit(self.table.path, self.run_id, self.info, self.on_moment)
+        return (
+            events.writeStream.foreachBatch(commit)
+            .option("checkpointLocation", self.checkpoint)
+            .queryName(name)
+            .trigger(**trigger)
+            .start()
+        )
+
+
+class MicroBatchCommit:
+    """`foreachBatch`'s function: a micro-batch's rows and the cursors they end at, in one Delta commit.
+    It runs where Spark runs a query's `foreachBatch` (the driver of a classic session; a Python process
+    of the Spark Connect server), so it holds the table's path, not the client's objects."""
+
+    def __init__(self, path: str, run_id: str, info: FeedInfo, on_moment: Moment | None = None):
+        self.path = path
+        self.run_id = run_id
+        self.info = info
+        self.on_moment = on_moment
+        self._sink: DeltaSink | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_sink": None}  # a sink is its process's: made on first use
+
+    def __call__(self, frame: DataFrame, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        offsets = frame.where(F.col(END_COLUMN).isNotNull()).select(END_COLUMN).collect()
+        if not offsets:
+            return
+        start, end = micro_batch_offsets(offsets[0][0])
+        rows = frame.where(F.col(END_COLUMN).isNull()).drop(END_COLUMN)
+        sink = self._sink_of(frame.sparkSession)
+        base = sink.committed_state(refresh=True)
+        moved = {pid: e for pid, e in end.partitions.items() if start.start_of(pid, e.inherited_from) != e}
+        if not moved:
+            return
+        if all(_holds(base.state.get(pid), e) for pid, e in moved.items()):
+            log.info("micro-batch %s of %s is in the table already (committed before a restart)", batch_id, self.path)
+            return
+        for pid in moved:
+            found = base.state.get(pid)
+            began = start.partitions.get(pid)
+            if (found.cursor if found else None) != (began.cursor if began else None):
+                raise partition_conflict(pid, began.state() if began else None, found)
+        starts = {
+            pid: base.state.get(pid) or PartitionState(inherited_from=e.inherited_from) for pid, e in moved.items()
+        }
+        stored = {p for p, state in base.state.partitions.items() if state.position}
+        groups = {pid: [p for p in dedup_group(self.info, pid) if p in stored] for pid in moved}
+        if not self.info.exactly_once and any(groups.values()):
+            rows, kept = without_stored(rows, sink.table.frame(base.rows_version), groups, starts)
+        else:
+            kept = {pid: e.position - start.start_of(pid, e.inherited_from).position for pid, e in moved.items()}
+        updates = {
+            pid: PartitionState(
+                cursor=e.cursor,
+                position=starts[pid].position + kept.get(pid, 0),
+                drained=e.drained,
+                inherited_from=e.inherited_from,
+            )
+            for pid, e in moved.items()
+        }
+        if self.on_moment:
+            self.on_moment(BEFORE_COMMIT, updates)
+        sink.commit(lambda: rows, updates, {pid: base.state.get(pid) for pid in moved})
+        if self.on_moment:
+            self.on_moment(AFTER_COMMIT, updates)
+
+    def _sink_of(self, spark: SparkSession) -> DeltaSink:
+        if self._sink is None or self._sink.table.spark is not spark:
+            self._sink = DeltaSink(FeedTable(spark, self.path), run_id=self.run_id)
+        return self._sink
+
+
+def _holds(found: PartitionState | None, end: PartitionOffset) -> bool:
+    """Whether the table's state of a partition is where a micro-batch ends it (it committed already)."""
+    return found is not None and found.cursor == end.cursor and found.drained == end.drained
