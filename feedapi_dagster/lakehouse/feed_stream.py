@@ -26,15 +26,17 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from feedapi_dagster.planning import FeedState, PartitionState
 from feedapi_dagster.protocol import FeedClient, FeedInfo, FeedSettings
 
+from .cursor_record import CommittedState
 from .datasource import SOURCE_NAME, FeedSourceOptions
 from .dedup import dedup_group, without_stored
-from .delta import FeedTable
+from .delta import FeedTable, local_path
 from .loader import AFTER_COMMIT, BEFORE_COMMIT
 from .reads import END_COLUMN
 from .sessions import register_feed_source
@@ -89,6 +91,7 @@ class FeedStream:
         self.sink = DeltaSink(table, run_id=run_id)
         self.on_moment = on_moment
         self.info: FeedInfo | None = None  # the discovery of the last `start`
+        self.started_from: CommittedState | None = None  # the cursor of record it started from
         register_feed_source(table.spark, ship=ship_package)
 
     def start(self, trigger: dict[str, Any]) -> StreamingQuery:
@@ -105,7 +108,8 @@ class FeedStream:
                 # its run is gone (one stream or load of a feed at a time), so is its purpose
                 log.warning("stopping the query %s (%s) an earlier run left running", name, running.id)
                 running.stop()
-        start = stream_start(self.sink.committed_state(refresh=True).state)
+        self.started_from = self.sink.committed_state(refresh=True)
+        start = stream_start(self.started_from.state)
         options = FeedSourceOptions(self.feed, checkpoint_rows=True).spark_options()
         options[START_OFFSET] = json.dumps(start.to_json())
         if self.max_events_per_trigger is not None:
@@ -119,6 +123,14 @@ class FeedStream:
             .trigger(**trigger)
             .start()
         )
+
+    def remove_checkpoint(self) -> None:
+        """Remove the query's checkpoint (it is not a record: the table's commits are) where it is on a
+        local file system; on object storage it stays (no public Spark API deletes a path)."""
+        if folder := local_path(self.checkpoint):
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            log.info("the stream's checkpoint %s stays: remove it when you like", self.checkpoint)
 
 
 class MicroBatchCommit:

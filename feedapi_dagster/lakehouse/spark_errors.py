@@ -15,6 +15,7 @@ condition, as their class names and messages only, so `storage_failure` reads th
 from __future__ import annotations
 
 import enum
+import re
 
 # Delta's conflicts between concurrent commits (its `DeltaConcurrentModificationException`s, SQLSTATE
 # 2D521) that a commit resolves by reading the table again and retrying. Delta adds a subclass to
@@ -116,3 +117,21 @@ def first_line(error: BaseException, limit: int = 300) -> str:
         ),
         "",
     )[:limit]
+
+
+# the last line of a Python traceback that Spark carries in its message: `module.Class: message`
+_PYTHON_RAISED = re.compile(
+    r"^(?:[A-Za-z_][\w.]*\.)?([A-Z]\w*(?:Error|Exception|Exhausted|Conflict|Failed|Lost)\w*): (.+)$"
+)
+
+
+def python_cause(error: BaseException, limit: int = 300) -> str:
+    """What Python code running inside Spark (a data source's reader, a `foreachBatch` function) raised,
+    as `Class: message`, when the Spark error carries its traceback; else `first_line`. A streaming
+    query's failure starts with the condition and "Traceback (most recent call last):", which tells a
+    person nothing."""
+    raised = [match for line in str(error).splitlines() if (match := _PYTHON_RAISED.match(line.strip()))]
+    ours = [m for m in raised if "Py4J" not in m.group(1) and "StreamingQuery" not in m.group(1)]
+    if not ours:
+        return first_line(error, limit)
+    return f"{ours[-1].group(1)}: {ours[-1].group(2)}"[:limit]

@@ -273,7 +273,9 @@ class FeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end_row = rows.pop()  # the checkpoint row, a batch of its own: where the read stopped
             read_end = ReadEnd.from_json(end_row.column(END_COLUMN)[0].as_py())
             if read_end.error:
-                raise FeedApiDagsterError(f"feed {self.options.feed.safe_url} partition {pid}: {read_end.error}")
+                where = f"feed {self.options.feed.safe_url} partition {pid}"
+                # the client's errors name the feed and the partition already
+                raise FeedApiDagsterError(read_end.error if where in read_end.error else f"{where}: {read_end.error}")
             events = [b.drop_columns([END_COLUMN]) for b in rows]
             if not exactly_once:
                 events = _without_recent(events, start)

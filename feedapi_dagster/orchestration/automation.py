@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field
 from feedapi_dagster.protocol import FeedInfo, ProtocolError
 
 from .loads import (
+    ACTIVE_STATUSES,
     REBUILD_TAG,
     SCHEDULED_SYNC,
     SYNC_TAG,
@@ -95,7 +96,8 @@ def evaluate_discovery(
     # for their parent inside the run) and a final run for partitions that just closed
     due = sorted({*new, *newly_closed, *(parent for pid in new if (parent := by_id[pid].starts_after) is not None)})
     due = [pid for pid in due if pid in by_id]
-    if due:
+    # a feed in stream mode: its stream reads new partitions and closed ones' ends itself
+    if due and binding.feed.schedule.mode == "batch":
         requests.append(load_request(binding, due, f"discovery-{info.token}", order))
     if log is not None:
         for message in messages:
@@ -161,14 +163,37 @@ def drained_partitions(instance: dg.DagsterInstance, binding: FeedBinding, keys:
     }
 
 
-def build_load_schedule(binding: FeedBinding, job: UnresolvedAssetJobDefinition) -> dg.ScheduleDefinition:
+def build_load_schedule(
+    binding: FeedBinding, job: UnresolvedAssetJobDefinition, stream_job: dg.JobDefinition
+) -> dg.ScheduleDefinition:
+    """The feed's schedule: a load of its open partitions per tick, or (`schedule.mode: stream`) a run
+    of its stream job, an availableNow query."""
     feed = binding.feed
+    status = dg.DefaultScheduleStatus.RUNNING if feed.schedule.enabled else dg.DefaultScheduleStatus.STOPPED
+    if feed.schedule.mode == "stream":
+
+        @dg.schedule(
+            name=f"feedapi_{feed.name}_schedule",
+            cron_schedule=feed.schedule.cron,
+            job=stream_job,
+            default_status=status,
+            description=f"Runs feed `{feed.name}`'s stream (an availableNow query) once per tick.",
+        )
+        def stream_schedule(context: dg.ScheduleEvaluationContext):
+            running = context.instance.get_run_records(
+                dg.RunsFilter(job_name=stream_job.name, statuses=ACTIVE_STATUSES), limit=1
+            )
+            if running:
+                return dg.SkipReason(f"run {running[0].dagster_run.run_id} of the stream is still running")
+            return dg.RunRequest()
+
+        return stream_schedule
 
     @dg.schedule(
         name=f"feedapi_{feed.name}_schedule",
         cron_schedule=feed.schedule.cron,
         job=job,
-        default_status=dg.DefaultScheduleStatus.RUNNING if feed.schedule.enabled else dg.DefaultScheduleStatus.STOPPED,
+        default_status=status,
         description=f"Loads every open partition of feed `{feed.name}` in one run of its asset.",
     )
     def load_schedule(context: dg.ScheduleEvaluationContext):

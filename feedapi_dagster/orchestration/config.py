@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -64,6 +64,9 @@ class ScheduleConfig(_Strict):
     # After a method-2 split, rebuild the children from `_first` (and drop the vanished parent's
     # rows) instead of continuing them from the parent's cursor.
     rebuild_on_split: bool = False
+    # What the schedule runs: `batch` loads of the open partitions, or the feed's `stream` job (an
+    # availableNow query per tick). Both keep one cursor of record: switching loses and repeats nothing.
+    mode: Literal["batch", "stream"] = "batch"
 
 
 class FeedConfig(BaseModel):

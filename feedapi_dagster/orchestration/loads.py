@@ -44,8 +44,8 @@ SUCCEEDED = frozenset({"loaded", "drained", "waiting"})
 BACKFILL_TAG = "dagster/backfill"
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
-_ACTIVE = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
-_IN_PROGRESS = dg.RunsFilter(statuses=_ACTIVE)
+ACTIVE_STATUSES = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
+_IN_PROGRESS = dg.RunsFilter(statuses=ACTIVE_STATUSES)
 _ENDED = [dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
 
 

@@ -35,6 +35,7 @@ from .loads import (
     oldest_running_load,
     sync_observation,
 )
+from .streams import StreamConfig, stream_run
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -196,6 +197,15 @@ class FeedApiResource(dg.ConfigurableResource):
             yield self._maintain(context, binding, outcome.table, operations)
         if problem := failure(binding, outcome.reports.values()):
             raise problem
+
+    def stream(
+        self, context: dg.OpExecutionContext, binding: FeedBinding, config: StreamConfig | None = None
+    ) -> Iterator[dg.AssetMaterialization]:
+        """Run the feed as a Structured Streaming query for the run (`streams.py`): the materializations
+        of the partitions each micro-batch's commit moved, as they land."""
+        table = self.table(binding)
+        table.ensure_table()
+        yield from stream_run(context, table, binding, config or StreamConfig(), self._ships_package())
 
     def maintain(self, context: dg.OpExecutionContext, binding: FeedBinding) -> dg.AssetObservation:
         """OPTIMIZE and VACUUM of the feed's table; the observation of what they did, for the asset's page."""

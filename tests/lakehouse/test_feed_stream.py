@@ -1,6 +1,11 @@
 """`FeedStream`: a stream whose micro-batches commit the cursor of record as the batch loads do: a feed
 switched between batch loads and streams, and a stream failed at its commit, lands every event once."""
 
+import os
+import signal
+import subprocess
+import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -44,6 +49,13 @@ def run_stream(make_sink, server, tmp_path: Path, *, checkpoint=None, fail_at=No
     except StreamingQueryException:  # a classic session raises the query's failure here
         pass
     return query.exception(), checkpoint
+
+
+def wait_for(condition, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.3)
 
 
 def stream_commits(spark, path) -> int:
@@ -124,3 +136,42 @@ def test_a_stream_failed_at_its_commit_loses_nothing_and_repeats_nothing(
         # the next run: a fresh checkpoint, from the table's cursors
         assert run_stream(make_sink, server, tmp_path)[0] is None
         assert_once(spark, table_path, feed, range(2))
+
+
+def test_a_stream_run_killed_on_spark_connect_leaves_a_query_the_next_run_stops_every_event_once(
+    spark, connect_server, make_loader, make_sink, table_path, tmp_path
+):
+    """The stream as a Dagster run drives it through the embedded Spark Connect server (`foreachBatch`
+    runs in the server's Python): a processingTime run's process SIGKILLed while the feed grows (its query
+    goes on in the server), then an availableNow run: it stops the query the killed run left, continues
+    from the table's cursor of record, and every event is in the table once."""
+    feed = DemoFeed(partitions=2, events=300, seed=74)
+    log = tmp_path / "runs.log"
+
+    def command(trigger: str) -> list[str]:
+        checkpoint = str(tmp_path / f"checkpoint-{trigger}")
+        run = [server.url, table_path, checkpoint, connect_server.client_url(), trigger]
+        return [sys.executable, "-m", "tests.lakehouse.feed_stream_run", *run]
+
+    def rows() -> int:
+        return sum(p.position for p in read_committed_state(make_sink().table).state.partitions.values())
+
+    with DemoFeedServer(feed, dialect="published") as server:
+        make_loader(server, page_size_hint=25).sync()  # a batch load first
+        with log.open("a") as out:
+            process = subprocess.Popen(command("processingTime"), stdout=out, stderr=out, start_new_session=True)
+        try:
+            for more in (40, 40, 40):
+                feed.append(more)
+                total = sum(len(feed.published(p)) for p in range(2))
+                wait_for(lambda total=total: rows() == total or process.poll() is not None)
+                assert process.poll() is None, log.read_text()[-4000:]
+            os.killpg(process.pid, signal.SIGKILL)
+        finally:
+            process.wait()
+        feed.append(50)  # the killed run's query may still commit some of these
+        run = subprocess.run(command("availableNow"), capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0 and "done" in run.stdout, run.stdout + run.stderr[-4000:]
+        assert "an earlier run left running" in run.stderr
+        assert_once(spark, table_path, feed, range(2))
+        assert rows() == sum(len(feed.published(p)) for p in range(2))

@@ -1,0 +1,204 @@
+"""A feed run as a stream from Dagster: the job `feedapi_<feed>_stream`, one op that runs the feed's
+Structured Streaming query (`lakehouse.feed_stream.FeedStream`) for the run.
+
+* `trigger: available_now` (the default): the query reads what the feed holds now, in micro-batches,
+  and the run ends. The feed's schedule runs it once per tick when `schedule.mode` is `stream`.
+* `trigger: processing_time`: a micro-batch every `interval_seconds`; the run lasts `run_seconds`, or
+  until it is terminated from the UI (the query is stopped then, after its micro-batch's commit or
+  before it: either way the next run continues from the table's cursor of record).
+
+Each micro-batch commits its rows and the cursors they end at in one Delta commit, as a batch load's
+commit does: streams and batch loads keep ONE cursor of record (the table's commits), so a feed can
+switch between them at any time with no loss and no duplicate. The query's checkpoint is the run's
+scratch (under `<lakehouse>/_streams/<feed>/<run id>`, removed at the end of the run on a local disk).
+
+While it runs, the op logs each micro-batch (its events, and where its seconds went, from Spark's
+progress) and a materialization per partition each commit moved, with the cursor of record in its
+metadata as a batch load's. The stream job is in the feed's pool: it never runs beside a load of the
+same feed, nor beside its maintenance.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Literal
+
+import dagster as dg
+from pydantic import Field
+
+from feedapi_dagster.lakehouse.cursor_record import CommittedState
+from feedapi_dagster.lakehouse.delta import FeedTable
+from feedapi_dagster.lakehouse.feed_stream import FeedStream
+from feedapi_dagster.lakehouse.loader import LoadOutcome, PartitionReport
+from feedapi_dagster.lakehouse.spark_errors import python_cause
+from feedapi_dagster.lakehouse.watchdog import answering
+from feedapi_dagster.protocol import FeedInfo
+
+from .loads import FeedBinding, materializations
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming import StreamingQuery
+
+# how often the op looks at the query: its progress in the log, its commits as materializations
+POLL_SECONDS = 2
+
+
+class StreamConfig(dg.Config):
+    """Run configuration of a feed's stream job."""
+
+    trigger: Literal["available_now", "processing_time"] = Field(
+        default="available_now",
+        description="available_now: read what the feed holds now, then end; processing_time: a micro-batch "
+        "every interval_seconds until run_seconds have passed or the run is terminated",
+    )
+    interval_seconds: float = Field(default=10.0, gt=0, description="processing_time: the trigger's interval")
+    run_seconds: float | None = Field(
+        default=None, gt=0, description="processing_time: stop the stream after this long (default: when terminated)"
+    )
+    timeout_seconds: float = Field(
+        default=3600.0, gt=0, description="available_now: fail the run when the catch-up has not ended by then"
+    )
+    max_events_per_trigger: int | None = Field(default=None, ge=1, description="events per micro-batch at most")
+
+    def spark_trigger(self) -> dict[str, bool | str]:
+        if self.trigger == "available_now":
+            return {"availableNow": True}
+        return {"processingTime": f"{self.interval_seconds:g} seconds"}
+
+
+def stream_run(
+    context: dg.OpExecutionContext, table: FeedTable, binding: FeedBinding, config: StreamConfig, ship_package: bool
+) -> Iterator[dg.AssetMaterialization]:
+    """Run the feed's stream for the run (see the module docstring): the materializations of the
+    partitions its commits moved, as they land; a `dg.Failure` when the query fails or times out."""
+    run_id = context.run.run_id
+    stream = FeedStream(
+        binding.feed.settings,
+        table,
+        run_id=run_id,
+        checkpoint=f"{binding.project.lakehouse.rstrip('/')}/_streams/{binding.name}/{run_id}",
+        max_events_per_trigger=config.max_events_per_trigger,
+        ship_package=ship_package,
+    )
+    spark = table.spark
+    with answering(
+        spark, f"the stream of feed {binding.name}", unresponsive_seconds=binding.feed.load.spark_unresponsive_seconds
+    ):
+        query = stream.start(config.spark_trigger())
+        assert stream.started_from is not None and stream.info is not None  # set by `start`
+        context.log.info(
+            "feed %s: stream started (%s, query %s) from the cursor of record: %s",
+            binding.name,
+            config.trigger,
+            query.id,
+            stream.started_from.describe(),
+        )
+        seen = _Progress(context, binding, table, stream.info, stream.started_from)
+        started = time.monotonic()
+        failure: str | None = None
+        try:
+            while True:
+                ended = _await(query, POLL_SECONDS)
+                yield from seen.new_commits(query)
+                if ended:
+                    break
+                waited = time.monotonic() - started
+                if config.trigger == "available_now" and waited > config.timeout_seconds:
+                    failure = f"the catch-up did not end within timeout_seconds ({config.timeout_seconds:g} s)"
+                    break
+                if config.run_seconds is not None and waited > config.run_seconds:
+                    context.log.info(
+                        "feed %s: run_seconds (%g) passed: stopping the stream", binding.name, config.run_seconds
+                    )
+                    break
+        finally:  # also when the run is terminated: the query must not outlive its run
+            if query.isActive:
+                query.stop()
+            stream.remove_checkpoint()
+        yield from seen.new_commits(query)
+        if (error := query.exception()) is not None:
+            failure = python_cause(error)
+    if failure is not None:
+        raise dg.Failure(
+            f"feed {binding.name}: the stream failed: {failure}. What its micro-batches committed stays; "
+            "the next run continues from the table's cursor of record",
+            allow_retries=False,
+        )
+
+
+def _await(query: StreamingQuery, seconds: int) -> bool:
+    """Whether the query ended within `seconds` (a classic session raises its failure: kept for later)."""
+    from pyspark.errors import StreamingQueryException
+
+    try:
+        return bool(query.awaitTermination(seconds))
+    except StreamingQueryException:
+        return True
+
+
+class _Progress:
+    """What the op has reported: the cursor of record it last saw, the micro-batches it logged."""
+
+    def __init__(
+        self,
+        context: dg.OpExecutionContext,
+        binding: FeedBinding,
+        table: FeedTable,
+        info: FeedInfo,
+        started_from: CommittedState,
+    ):
+        self.context = context
+        self.binding = binding
+        self.table = table
+        self.info = info
+        self.committed = started_from
+        self.logged_batches: set[int] = set()
+
+    def new_commits(self, query: StreamingQuery) -> Iterator[dg.AssetMaterialization]:
+        for progress in query.recentProgress:
+            self._log(progress)
+        from feedapi_dagster.lakehouse.cursor_record import read_committed_state
+
+        now = read_committed_state(self.table)
+        before = self.committed.state
+        reports = {
+            pid: PartitionReport(
+                pid,
+                "drained" if state.drained and not (before.get(pid) or state).drained else "loaded",
+                state.cursor,
+                state.position,
+                old.cursor if (old := before.get(pid)) else state.cursor,
+                events=state.position - (old.position if old else 0),
+                drained=state.drained,
+                inherited_from=state.inherited_from,
+                delta_version=now.delta_version,
+            )
+            for pid, state in now.state.partitions.items()
+            if before.get(pid) != state
+        }
+        self.committed = now
+        if not reports:
+            return
+        known = set(self.context.instance.get_dynamic_partitions(self.binding.partitions_name))
+        if new := sorted(str(pid) for pid in reports if str(pid) not in known):
+            # partitions the stream found before the discovery sensor did: their materializations need keys
+            self.context.instance.add_dynamic_partitions(self.binding.partitions_name, new)
+        outcome = LoadOutcome(reports, self.info, self.table, now)
+        yield from materializations(self.binding, [*reports.values()], outcome)
+
+    def _log(self, progress: dict) -> None:
+        batch = progress.get("batchId")
+        if batch is None or batch in self.logged_batches:
+            return
+        self.logged_batches.add(batch)
+        durations = progress.get("durationMs", {})
+        self.context.log.info(
+            "feed %s: micro-batch %s: %s events in %.1f s (reading the feed: %.1f s, the Delta commit: %.1f s)",
+            self.binding.name,
+            batch,
+            progress.get("numInputRows", 0),
+            durations.get("triggerExecution", 0) / 1000,
+            durations.get("latestOffset", 0) / 1000,
+            durations.get("addBatch", 0) / 1000,
+        )
