@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Literal
 import dagster as dg
 from pydantic import Field
 
-from feedapi_dagster.lakehouse.cursor_record import CommittedState
+from feedapi_dagster.lakehouse.cursor_record import CommittedState, read_committed_state
 from feedapi_dagster.lakehouse.delta import FeedTable
 from feedapi_dagster.lakehouse.feed_stream import FeedStream
 from feedapi_dagster.lakehouse.loader import LoadOutcome, PartitionReport
@@ -158,8 +158,6 @@ class _Progress:
     def new_commits(self, query: StreamingQuery) -> Iterator[dg.AssetMaterialization]:
         for progress in query.recentProgress:
             self._log(progress)
-        from feedapi_dagster.lakehouse.cursor_record import read_committed_state
-
         now = read_committed_state(self.table)
         before = self.committed.state
         reports = {

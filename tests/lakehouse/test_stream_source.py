@@ -228,3 +228,18 @@ def test_the_query_killed_mid_batch_and_after_its_delta_commit_then_restarted_la
         assert max(int(p.stem) for p in Path(table, "_delta_log").glob("*.json")) == version  # skipped by Delta
         assert newest in _batch_files(checkpoint, "commits")
         assert_holds(feedapi, table, feed, (0, 1))
+
+
+def test_a_query_without_a_checkpoint_starts_from_its_start_offset_and_a_bad_one_is_refused():
+    """`startOffset` (what the Dagster stream passes: the table's cursor of record) is the initial offset."""
+    start = {
+        "partitions": {
+            "0": {"cursor": "c5", "position": 5, "drained": False},
+            "1": {"cursor": "c9", "position": 9, "drained": True},
+        }
+    }
+    reader = FeedDataSource({"url": "http://127.0.0.1:9/feed", "startOffset": json.dumps(start)}).streamReader(None)
+    assert reader.initialOffset() == start
+    for bad in ("{not json", json.dumps({"partitions": {"0": {"position": 1}}})):
+        with pytest.raises(ValueError, match="feedapi data source: bad option"):
+            FeedDataSource({"url": "http://127.0.0.1:9/feed", "startOffset": bad}).streamReader(None)
