@@ -12,8 +12,8 @@ commit does: streams and batch loads keep ONE cursor of record (the table's comm
 switch between them at any time with no loss and no duplicate. The query's checkpoint is the run's
 scratch (under `<lakehouse>/_streams/<feed>/<run id>`, removed at the end of the run on a local disk).
 
-While it runs, the op logs each micro-batch (its events, and where its seconds went, from Spark's
-progress) and a materialization per partition each commit moved, with the cursor of record in its
+While it runs, the op logs each micro-batch (where its seconds went, from Spark's progress), what the
+commits brought, and a materialization per partition each commit moved, with the cursor of record in its
 metadata as a batch load's. The stream job is in the feed's pool: it never runs beside a load of the
 same feed, nor beside its maintenance.
 """
@@ -178,6 +178,13 @@ class _Progress:
         self.committed = now
         if not reports:
             return
+        self.context.log.info(
+            "feed %s: committed %d events of partitions %s (Delta version %s)",
+            self.binding.name,
+            sum(r.events for r in reports.values()),
+            sorted(reports),
+            now.delta_version,
+        )
         known = set(self.context.instance.get_dynamic_partitions(self.binding.partitions_name))
         if new := sorted(str(pid) for pid in reports if str(pid) not in known):
             # partitions the stream found before the discovery sensor did: their materializations need keys
@@ -187,15 +194,14 @@ class _Progress:
 
     def _log(self, progress: dict) -> None:
         batch = progress.get("batchId")
-        if batch is None or batch in self.logged_batches:
-            return
+        if batch is None or batch in self.logged_batches or not progress.get("durationMs", {}).get("addBatch"):
+            return  # a trigger that found nothing new runs no micro-batch
         self.logged_batches.add(batch)
-        durations = progress.get("durationMs", {})
+        durations = progress["durationMs"]
         self.context.log.info(
-            "feed %s: micro-batch %s: %s events in %.1f s (reading the feed: %.1f s, the Delta commit: %.1f s)",
+            "feed %s: micro-batch %s ran in %.1f s (reading the feed: %.1f s, committing to Delta: %.1f s)",
             self.binding.name,
             batch,
-            progress.get("numInputRows", 0),
             durations.get("triggerExecution", 0) / 1000,
             durations.get("latestOffset", 0) / 1000,
             durations.get("addBatch", 0) / 1000,

@@ -242,6 +242,7 @@ def _check_the_ui(
     try:
         from selenium.common.exceptions import TimeoutException
         from selenium.webdriver.common.by import By
+        from selenium.webdriver.common.keys import Keys
         from selenium.webdriver.support.ui import WebDriverWait
 
         # Chromium starts while the webserver loads the code location and the daemon runs the backfill
@@ -330,6 +331,34 @@ def _check_the_ui(
         )
         assert lines[lines.index("partitions_synced") + 1] == "3", body[:3000]
         assert lines[lines.index("partitions_with_new_events") + 1] == "0", body[:3000]
+
+        # a run of the feed's stream job (it materializes the partitions it moved): its page's log says
+        # where the stream started and what each micro-batch did
+        feed_server.feed.append(30)
+        defs = dg.load_from_defs_folder(path_within_project=user_project)
+        stream = defs.resolve_job_def("feedapi_orders_stream").execute_in_process(instance=instance)
+        assert stream.success
+        moved = stream.get_asset_materialization_events()
+        events = sum(e.materialization.metadata["events"].value for e in moved)
+        assert moved and events >= 30
+        page(f"/runs/{stream.run_id}", ["RUN_SUCCESS", "feedapi_orders_stream_op"], "stream-run")
+        # the log list shows its newest lines: filter it, as a user looks for a line
+        box = driver.find_element(By.XPATH, "//*[starts-with(@placeholder, 'Filter')]")
+        for query, wanted in (
+            ("stream started", "stream started (available_now"),
+            ("micro-batch", "micro-batch 0 ran in"),
+            ("committed", f"committed {events} events of partitions"),
+        ):
+            box.send_keys(Keys.CONTROL, "a")  # a React input: `clear()` leaves its state as it was
+            box.send_keys(Keys.DELETE)
+            box.send_keys(query)
+            try:
+                WebDriverWait(driver, PAGE_TIMEOUT, poll_frequency=0.5).until(
+                    lambda drv, wanted=wanted: wanted in drv.find_element(By.TAG_NAME, "body").text
+                )
+            except TimeoutException:
+                driver.save_screenshot(str(tmp_path / "stream-run-filtered.png"))
+                pytest.fail(f"the stream run's log did not show {wanted!r} (screenshot stream-run-filtered.png)")
         print(f"webserver up after {served - started:.1f} s, pages checked after {time.monotonic() - served:.1f} s")
     finally:
         if driver is not None:
