@@ -86,7 +86,7 @@ STEP_NAMES = {
 
 
 class CheckFailed(Exception):
-    """What the benchmark found in a table is not what the feed holds."""
+    """A check of the run failed: a table does not hold what the feed holds, a query failed or hung."""
 
 
 # ----------------------------------------------------------------------------- catch-up
@@ -129,7 +129,7 @@ def batch_load(spark, feed: FeedSettings, path: str, events: int) -> Load:
     """The feed read by the batch load (`FeedLoader.sync`: one Spark job reads and writes the rows,
     then the cursors' commit), timed from the loader's construction to the sync's return."""
     table_seconds = created_table(spark, path)
-    logger = logging.getLogger(f"bench_stream.batch.{path}")
+    logger = logging.getLogger("bench_stream.batch")
     logger.propagate = False
     logger.setLevel(logging.INFO)
     started = time.perf_counter()
@@ -218,7 +218,6 @@ def catch_up(spark, feed: FeedSettings, work: Path, args: argparse.Namespace) ->
     if args.max_events_per_trigger:
         modes.append(("stream", args.max_events_per_trigger))
     rounds: list[list[Load]] = []
-    compared = False
     for index in range(args.repeat + 1):
         order = modes if index % 2 == 0 else modes[::-1]
         name = "warm-up round (not counted)" if index == 0 else f"round {index}"
@@ -233,11 +232,10 @@ def catch_up(spark, feed: FeedSettings, work: Path, args: argparse.Namespace) ->
             check_rows(spark, path, events)
             say(f"  {load.mode}: {load.seconds:.2f} s, {load.rate:,.0f} events/s; {events:,} rows checked")
             loads.append(load)
-        if index == args.repeat and not compared:  # once: the tables of the last round row for row
+        if index == args.repeat:  # once: the tables of the last round row for row
             paths = [str(work / "catch-up" / f"r{index}-{mode}{limit or ''}") for mode, limit in modes]
             for other in paths[1:]:
                 check_same_rows(spark, paths[0], other)
-            compared = True
             say("  the last round's tables hold the same rows (partition, position, payload, event id)")
         rounds.append(loads)
     return rounds
@@ -344,17 +342,22 @@ def latency(spark, server_url: str, work: Path, args: argparse.Namespace) -> lis
             f"partitions, trigger every {args.trigger_ms} ms; load average {load_average()}"
         )
         posts: list[Post] = []
-        publisher = threading.Thread(
-            target=lambda: posts.extend(
-                publish(admin, args.stream_partitions, args.rate, args.seconds, args.tick_ms / 1000, stop)
-            ),
-            name="publisher",
-        )
+        failed: list[BaseException] = []
+
+        def publisher_run() -> None:
+            try:
+                posts.extend(publish(admin, args.stream_partitions, args.rate, args.seconds, args.tick_ms / 1000, stop))
+            except BaseException as error:  # noqa: BLE001 - handed to the main thread
+                failed.append(error)
+
+        publisher = threading.Thread(target=publisher_run, name="publisher")
         publisher.start()
         batches: dict[int, dict] = {}
         landed = 0
         deadline = time.monotonic() + args.seconds + 300
         while landed < total or publisher.is_alive():
+            if failed:
+                raise CheckFailed(f"publishing failed: {failed[0]!r}") from failed[0]
             if not query.isActive:
                 raise CheckFailed(f"the processingTime query ended: {query.exception()}")
             if time.monotonic() > deadline:
@@ -434,6 +437,7 @@ def latency_report(
         if b["batchId"] - 1 in read and b["batchId"] in by_batch
     ]
     bound, bound_batch = max(bounds, key=lambda pair: pair[0]) if bounds else (float("nan"), {"batchId": -1})
+    cycle = max(args.trigger_ms / 1000, percentile(durations, 0.5))
     lines = [
         f"published: {events:,} events in {len(posts):,} POSTs over {last - first:.2f} s: {events / (last - first):,.0f} "
         f"events/s (asked: {args.rate:,.0f}); POST round trip {spread([p.answered - p.sent for p in posts])}",
@@ -449,9 +453,9 @@ def latency_report(
         f"bound: an event read by micro-batch k was published after k-1 started, and k starts at the next "
         f"trigger ({args.trigger_ms:,} ms after k-1 started) or, when k-1 took longer, as k-1 ends: its latency "
         f"is at most max(interval, k-1's duration) + k's start to its commit. Largest here: "
-        f"{bound * 1000:,.0f} ms (micro-batch {bound_batch['batchId']}), against the max above; with "
-        f"micro-batches shorter than the interval, p50 ~ half the interval + a micro-batch's start to its "
-        f"commit ({(args.trigger_ms / 2000 + percentile(runs, 0.5)) * 1000:,.0f} ms here)",
+        f"{bound * 1000:,.0f} ms (micro-batch {bound_batch['batchId']}), against the max above. At the median, "
+        f"micro-batches start every max(interval, a micro-batch's duration) = {cycle * 1000:,.0f} ms, so "
+        f"p50 ~ half of that + a micro-batch's start to its commit = {(cycle / 2 + percentile(runs, 0.5)) * 1000:,.0f} ms",
         "where a micro-batch's time goes (durationMs of query.recentProgress, median / max ms):",
     ]
     for step in (*STEPS, "triggerExecution"):
