@@ -158,9 +158,11 @@ def available_now(spark, feed: FeedSettings, path: str, events: int, max_events_
     started = time.perf_counter()
     writer = stream_to_delta(stream_reader(spark, feed, max_events_per_trigger), path, f"{path}-checkpoint")
     query = writer.trigger(availableNow=True).start()
-    if not query.awaitTermination(1800):
-        query.stop()
-        raise CheckFailed(f"the availableNow query into {path} did not end in 30 minutes")
+    deadline = started + 1800
+    while not query.awaitTermination(5):  # short waits: a signal's handler runs between them
+        if time.perf_counter() > deadline:
+            query.stop()
+            raise CheckFailed(f"the availableNow query into {path} did not end in 30 minutes")
     seconds = time.perf_counter() - started
     if query.exception() is not None:
         raise CheckFailed(f"the availableNow query into {path} failed: {query.exception()}")
