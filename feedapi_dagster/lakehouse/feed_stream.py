@@ -204,7 +204,10 @@ class MicroBatchCommit:
 
     def _sink_of(self, spark: SparkSession) -> DeltaSink:
         if self._sink is None or self._sink.table.spark is not spark:
-            self._sink = DeltaSink(FeedTable(spark, self.path), run_id=self.run_id)
+            # on object storage the log is read through Spark: its session has the credentials, this
+            # process (a Python worker of a Spark Connect server) may not
+            read_log = "auto" if local_path(self.path) else "spark"
+            self._sink = DeltaSink(FeedTable(spark, self.path, read_log=read_log), run_id=self.run_id)
         return self._sink
 
 

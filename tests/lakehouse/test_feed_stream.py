@@ -71,6 +71,7 @@ def assert_once(spark, path, feed, partitions, expected=None):
         assert [r.position for r in rows] == list(range(len(rows)))
 
 
+@pytest.mark.parametrize("lakehouse", ["local", "s3"], indirect=True)
 def test_batch_loads_and_streams_take_turns_on_one_cursor_of_record(
     spark, make_loader, make_sink, table_path, tmp_path
 ):
