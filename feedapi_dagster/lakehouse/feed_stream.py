@@ -28,7 +28,7 @@ import json
 import logging
 import shutil
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from feedapi_dagster.planning import FeedState, PartitionState
 from feedapi_dagster.protocol import FeedClient, FeedInfo, FeedSettings
@@ -206,7 +206,7 @@ class MicroBatchCommit:
         if self._sink is None or self._sink.table.spark is not spark:
             # on object storage the log is read through Spark: its session has the credentials, this
             # process (a Python worker of a Spark Connect server) may not
-            read_log = "auto" if local_path(self.path) else "spark"
+            read_log: Literal["auto", "spark"] = "auto" if local_path(self.path) else "spark"
             self._sink = DeltaSink(FeedTable(spark, self.path, read_log=read_log), run_id=self.run_id)
         return self._sink
 
