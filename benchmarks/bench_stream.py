@@ -2,7 +2,9 @@
 """A feed as a Spark Structured Streaming source (issue 29), in one run on one embedded Spark Connect
 server: the events/s of an `availableNow` catch-up beside the batch load of the same feed, then the
 latency from an event's publication to its row in Delta at a steady publish rate with a
-`processingTime` trigger.
+`processingTime` trigger; each for Delta's streaming sink and for the stream the Dagster job
+`feedapi_<feed>_stream` runs (`FeedStream`: each micro-batch's rows and the cursor of record in one
+commit, through `foreachBatch`).
 
     .venv/bin/python benchmarks/bench_stream.py                  # 16 x 12,500 events; 60 s at 1,000 events/s
     .venv/bin/python benchmarks/bench_stream.py --quick          # 16 x 2,000 events, 1 round; 15 s
@@ -16,8 +18,9 @@ In order (benchmarks/README.md says what each line measures):
    `--partitions` x `--events`) read from `_first` by the batch load (`FeedLoader(...).sync()`) into
    one Delta table and by `spark.readStream.format("feedapi")` + `stream_to_delta(...)` with
    `trigger(availableNow=True)` into another (and, with `--max-events-per-trigger`, a third, the same
-   stream in micro-batches of at most that many events). Each table is created untimed first (the
-   same `FeedTable.ensure_table` both modes run). A warm-up round (printed, not counted) and then
+   stream in micro-batches of at most that many events), and by `FeedStream(...).start({"availableNow":
+   True})` into a last one, as the Dagster stream job runs it. Each table is created untimed first (the
+   same `FeedTable.ensure_table` every mode runs). A warm-up round (printed, not counted) and then
    `--repeat` rounds, the order of the modes alternated from round to round; each table's rows
    checked against the feed's event count, and once the tables compared row for row;
 3. **latency**: a second feed (`--stream-partitions`, no events), a `processingTime` query
@@ -27,7 +30,12 @@ In order (benchmarks/README.md says what each line measures):
    per event, its Delta commit (the row's `_metadata.file_name` among the `add` actions of the
    `_delta_log/<version>.json` commits) and that commit's `commitInfo.timestamp`, less its
    publication; every partition's rows checked against what the server published there, in order;
-   the micro-batches' `durationMs` from `query.recentProgress`.
+   the micro-batches' `durationMs` from `query.recentProgress`. Then the same for a `FeedStream` with
+   the same trigger on a third feed (fresh, `--stream-partitions`), into a table of its own; its
+   commits do not name their micro-batch (their `txn` is the sink's): each is the micro-batch's that
+   started last before it. Its `addBatch` (`MicroBatchCommit`) is cut at the moments its commit left:
+   the rows' `loaded_at` (`FeedTable.write` called), the last Parquet file, `commitInfo.timestamp`,
+   the log file's mtime.
 
 Why the admin endpoint and not the demo server's `--publish-rate`: the server's publisher appends a
 tenth of a second's worth at a time in its own thread and records no times, so an event's publication
