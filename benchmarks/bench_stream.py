@@ -202,12 +202,19 @@ def feed_stream_available_now(spark, feed: FeedSettings, path: str, events: int)
     table_seconds = created_table(spark, path)
     started = time.perf_counter()
     stream = FeedStream(feed, FeedTable(spark, path), run_id="bench-stream", checkpoint=f"{path}-checkpoint")
+    constructed = time.perf_counter()
     query = stream.start({"availableNow": True})
+    query_started = time.perf_counter()
     batches = ended_batches(query, path, started)
     seconds = time.perf_counter() - started
-    steps = micro_batch_steps(batches, seconds, offsets_rows=True)
+    steps = [
+        f"{constructed - started:6.2f} s  FeedStream(...) constructed (its DeltaSink: ensure_table; the source registered)",
+        f"{query_started - constructed:6.2f} s  its start() returned (the feed's discovery, the active queries listed, "
+        "the cursor of record read, the query started)",
+        *micro_batch_steps(batches, seconds, offsets_rows=True),
+    ]
     commits = commits_by_file(Path(path))
-    of_batch = commits_of_batches(commits.values(), batches)
+    of_batch = commits_of_batches(commits.values(), [b for b in batches if events_read(b, FEED_STREAM)])
     written = write_moments(spark, Path(path), commits)
     parts = [
         add_batch_parts(b, of_batch[b["batchId"]], written[of_batch[b["batchId"]].version])
@@ -383,16 +390,23 @@ def rows_in_log(table: Path) -> int:
 
 def commits_of_batches(commits: Iterable[Commit], batches: Iterable[dict]) -> dict[int, Commit]:
     """Each micro-batch's commit, by batch id, where the commits do not name their micro-batch (a
-    FeedStream's): the one made while it ran, i.e. the last micro-batch with rows started before the
-    commit's commitInfo.timestamp (one commit per micro-batch: that of `MicroBatchCommit`)."""
-    starts = sorted((_epoch(b["timestamp"]), b["batchId"]) for b in batches if b["numInputRows"])
-    moments = [start for start, _ in starts]
+    FeedStream's): the one made while it ran, i.e. the last of `batches` started before the commit's
+    commitInfo.timestamp, when it had not ended by then (one commit per micro-batch: `MicroBatchCommit`'s)."""
+    ordered = sorted(batches, key=lambda b: _epoch(b["timestamp"]))
+    starts = [_epoch(b["timestamp"]) for b in ordered]
     found: dict[int, Commit] = {}
     for commit in {c.version: c for c in commits}.values():
-        index = bisect.bisect_right(moments, commit.timestamp) - 1
-        if index >= 0:
-            found[starts[index][1]] = commit
+        index = bisect.bisect_right(starts, commit.timestamp) - 1
+        if index >= 0 and commit.timestamp <= starts[index] + ordered[index]["durationMs"]["triggerExecution"] / 1000:
+            found[ordered[index]["batchId"]] = commit
     return found
+
+
+def events_read(batch: dict, mode: str) -> int:
+    """The events a micro-batch read: its input rows, less a FeedStream's row of offsets (`checkpointRows`:
+    one per micro-batch; its first micro-batch on an empty feed has that row only)."""
+    rows = batch["numInputRows"]
+    return rows - 1 if mode == FEED_STREAM and rows else rows
 
 
 def write_moments(spark, table: Path, commits: dict[str, Commit]) -> dict[int, float]:
@@ -505,10 +519,9 @@ def latency(spark, server_url: str, work: Path, args: argparse.Namespace, mode: 
             time.sleep(1.0)
             for progress in map(progress_of, query.recentProgress):
                 batches[progress["batchId"]] = progress
-            if mode == STREAM:
-                landed = sum(b["numInputRows"] for b in batches.values())
-            else:  # its micro-batches' input has a row of offsets each, not an event: the commits' rows
-                landed = rows_in_log(table)
+            landed = sum(events_read(b, mode) for b in batches.values())
+            if mode != STREAM:  # and the commits' rows (each micro-batch's progress follows its commit)
+                landed = min(landed, rows_in_log(table))
         publisher.join()
         say(f"  {landed:,} events in Delta; load average {load_average()}")
         (folder / "progress.json").write_text(json.dumps([batches[k] for k in sorted(batches)], indent=1))
@@ -559,7 +572,7 @@ def latency_report(
     if mode == STREAM:  # Delta's streaming sink names the micro-batch in its commit (`txn`)
         by_batch = {c.batch: c for c in commits.values() if c.batch is not None}
     else:
-        by_batch = commits_of_batches(commits.values(), batches.values())
+        by_batch = commits_of_batches(commits.values(), [b for b in batches.values() if events_read(b, mode)])
     batch_of = {commit.version: batch for batch, commit in by_batch.items()}
     starts = {batch: _epoch(b["timestamp"]) for batch, b in batches.items()}
     waits: list[float] = []  # publication to the start of the micro-batch that read it
@@ -579,7 +592,7 @@ def latency_report(
 
     first, last = min(p.sent for p in posts), max(p.answered for p in posts)
     events = sum(p.count for p in posts)
-    with_rows = sorted((b for b in batches.values() if b["numInputRows"]), key=lambda b: b["batchId"])
+    with_rows = sorted((b for b in batches.values() if events_read(b, mode)), key=lambda b: b["batchId"])
     durations = [b["durationMs"]["triggerExecution"] / 1000 for b in with_rows]
     # an event that micro-batch k read was published after micro-batch k-1 read its partition, so
     # after k-1 started: its latency is at most k's start less k-1's, plus k's start to its commit
@@ -602,7 +615,7 @@ def latency_report(
         f"  of which waiting for the micro-batch that read it (its trigger's start less the publication; "
         f"negative: published after the start, before the read): {spread(waits)} ({len(waits):,} events)",
         f"  and that micro-batch from its start to its Delta commit: {spread(runs)}",
-        f"{len(with_rows)} micro-batches with rows ({percentile([b['numInputRows'] for b in with_rows], 0.5):,.0f} "
+        f"{len(with_rows)} micro-batches with rows ({percentile([events_read(b, mode) for b in with_rows], 0.5):,.0f} "
         f"rows at the median), trigger every {args.trigger_ms} ms; a micro-batch took {spread(durations)}",
         f"bound: an event read by micro-batch k was published after k-1 started, and k starts at the next "
         f"trigger ({args.trigger_ms:,} ms after k-1 started) or, when k-1 took longer, as k-1 ends: its latency "
@@ -619,6 +632,17 @@ def latency_report(
         lines.append(f"  {statistics.median(values):8,.0f} / {max(values):8,.0f}  {name}")
     committed = [b for b in with_rows if b["batchId"] in by_batch]
     if mode != STREAM:
+        empty = sorted(
+            (b for b in batches.values() if b["numInputRows"] and not events_read(b, mode)), key=lambda b: b["batchId"]
+        )
+        if empty:  # its first, on an empty feed: the offsets moved from none to the partitions' starts
+            lines.append(
+                "micro-batches of an offsets row and no event (no commit), not counted above: "
+                + "; ".join(
+                    f"{b['batchId']} ({b['durationMs']['triggerExecution']:,} ms, addBatch {b['durationMs'].get('addBatch', 0):,})"
+                    for b in empty
+                )
+            )
         written = write_moments(spark, table, commits)
         parts = [add_batch_parts(b, by_batch[b["batchId"]], written[by_batch[b["batchId"]].version]) for b in committed]
         lines.append(
