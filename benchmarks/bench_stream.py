@@ -2,7 +2,9 @@
 """A feed as a Spark Structured Streaming source (issue 29), in one run on one embedded Spark Connect
 server: the events/s of an `availableNow` catch-up beside the batch load of the same feed, then the
 latency from an event's publication to its row in Delta at a steady publish rate with a
-`processingTime` trigger.
+`processingTime` trigger; each for Delta's streaming sink and for the stream the Dagster job
+`feedapi_<feed>_stream` runs (`FeedStream`: each micro-batch's rows and the cursor of record in one
+commit, through `foreachBatch`).
 
     .venv/bin/python benchmarks/bench_stream.py                  # 16 x 12,500 events; 60 s at 1,000 events/s
     .venv/bin/python benchmarks/bench_stream.py --quick          # 16 x 2,000 events, 1 round; 15 s
@@ -16,8 +18,9 @@ In order (benchmarks/README.md says what each line measures):
    `--partitions` x `--events`) read from `_first` by the batch load (`FeedLoader(...).sync()`) into
    one Delta table and by `spark.readStream.format("feedapi")` + `stream_to_delta(...)` with
    `trigger(availableNow=True)` into another (and, with `--max-events-per-trigger`, a third, the same
-   stream in micro-batches of at most that many events). Each table is created untimed first (the
-   same `FeedTable.ensure_table` both modes run). A warm-up round (printed, not counted) and then
+   stream in micro-batches of at most that many events), and by `FeedStream(...).start({"availableNow":
+   True})` into a last one, as the Dagster stream job runs it. Each table is created untimed first (the
+   same `FeedTable.ensure_table` every mode runs). A warm-up round (printed, not counted) and then
    `--repeat` rounds, the order of the modes alternated from round to round; each table's rows
    checked against the feed's event count, and once the tables compared row for row;
 3. **latency**: a second feed (`--stream-partitions`, no events), a `processingTime` query
@@ -27,7 +30,12 @@ In order (benchmarks/README.md says what each line measures):
    per event, its Delta commit (the row's `_metadata.file_name` among the `add` actions of the
    `_delta_log/<version>.json` commits) and that commit's `commitInfo.timestamp`, less its
    publication; every partition's rows checked against what the server published there, in order;
-   the micro-batches' `durationMs` from `query.recentProgress`.
+   the micro-batches' `durationMs` from `query.recentProgress`. Then the same for a `FeedStream` with
+   the same trigger on a third feed (fresh, `--stream-partitions`), into a table of its own; its
+   commits do not name their micro-batch (their `txn` is the sink's): each is the micro-batch's that
+   started last before it. Its `addBatch` (`MicroBatchCommit`) is cut at the moments its commit left:
+   the rows' `loaded_at` (`FeedTable.write` called), the last Parquet file, `commitInfo.timestamp`,
+   the log file's mtime.
 
 Why the admin endpoint and not the demo server's `--publish-rate`: the server's publisher appends a
 tenth of a second's worth at a time in its own thread and records no times, so an event's publication
@@ -41,6 +49,8 @@ on errors, ctrl-C and SIGTERM. Exit status 0, or 1 on errors (a check that faile
 from __future__ import annotations
 
 import argparse
+import bisect
+import itertools
 import json
 import logging
 import os
@@ -52,6 +62,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -64,12 +75,18 @@ from procstat import find_free_port, stop_process, stop_strays
 from feedapi_dagster.lakehouse.connect_server import ensure_embedded_server
 from feedapi_dagster.lakehouse.datasource import FeedSourceOptions
 from feedapi_dagster.lakehouse.delta import FeedTable
+from feedapi_dagster.lakehouse.feed_stream import FeedStream
 from feedapi_dagster.lakehouse.loader import FeedLoader
 from feedapi_dagster.lakehouse.sessions import register_feed_source, spark_session
 from feedapi_dagster.lakehouse.sink import DeltaSink
 from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.lakehouse.stream_source import MAX_EVENTS_PER_TRIGGER, stream_to_delta
 from feedapi_dagster.protocol import FeedSettings, feed_settings
+
+# the modes: the batch load, Delta's streaming sink (`stream_to_delta`), and the stream a Dagster stream
+# run runs (`FeedStream`: each micro-batch's rows and the cursor of record in one commit, `foreachBatch`)
+BATCH, STREAM, FEED_STREAM = "batch", "stream", "feedstream"
+FEED_STREAM_MODE = "stream as Dagster runs it (FeedStream: foreachBatch + cursor of record)"
 
 # the micro-batches' timings kept by Spark per query (default 100): the latency run may have more
 PROGRESS_KEPT = "10000"
@@ -83,6 +100,18 @@ STEP_NAMES = {
     "addBatch": "addBatch: Spark job (rows to Parquet) + Delta commit",
     "commitOffsets": "commitOffsets: the checkpoint's commit log",
 }
+FEED_STREAM_ADD_BATCH = "addBatch: MicroBatchCommit (foreachBatch): the rows and the cursor of record in one commit"
+# a FeedStream's addBatch is `MicroBatchCommit` (foreachBatch); its moments, from Delta's log and the
+# rows: when `FeedTable.write` made the rows' `loaded_at`, the commit's files, its commitInfo, its log file
+ADD_BATCH_PARTS = (
+    "persist, the offsets row collected (a Spark job: the micro-batch cached), the cursor of record read "
+    "(Delta history), until FeedTable.write (the rows' loaded_at)",
+    "the write's Spark job, the rows to Parquet (its last file's modificationTime)",
+    "Delta's commit, from the last file to commitInfo.timestamp",
+    "the log entry written (its _delta_log file's mtime)",
+    "Delta's post-commit work (a log checkpoint after every 10th commit), the history read that finds the "
+    "commit (DeltaSink._landed), unpersist: to addBatch's end",
+)
 
 
 class CheckFailed(Exception):
@@ -158,19 +187,63 @@ def available_now(spark, feed: FeedSettings, path: str, events: int, max_events_
     started = time.perf_counter()
     writer = stream_to_delta(stream_reader(spark, feed, max_events_per_trigger), path, f"{path}-checkpoint")
     query = writer.trigger(availableNow=True).start()
+    query_started = time.perf_counter()
+    batches = ended_batches(query, path, started)
+    seconds = time.perf_counter() - started
+    mode = "stream availableNow" + (
+        f", maxEventsPerTrigger {max_events_per_trigger:,}" if max_events_per_trigger else ""
+    )
+    steps = [
+        f"{query_started - started:6.2f} s  the query defined and its start() returned",
+        *micro_batch_steps(batches, seconds),
+    ]
+    return Load(mode, seconds, events, table_seconds, steps)
+
+
+def feed_stream_available_now(spark, feed: FeedSettings, path: str, events: int) -> Load:
+    """The feed read by a `FeedStream` availableNow query into a new table (its own checkpoint), as the
+    Dagster job `feedapi_<feed>_stream` runs it: timed from the stream's construction (its `DeltaSink`,
+    the source registered) through `start` (the feed's discovery, the cursor of record read) to the
+    query's end."""
+    table_seconds = created_table(spark, path)
+    started = time.perf_counter()
+    stream = FeedStream(feed, FeedTable(spark, path), run_id="bench-stream", checkpoint=f"{path}-checkpoint")
+    constructed = time.perf_counter()
+    query = stream.start({"availableNow": True})
+    query_started = time.perf_counter()
+    batches = ended_batches(query, path, started)
+    seconds = time.perf_counter() - started
+    steps = [
+        f"{constructed - started:6.2f} s  FeedStream(...) constructed (its DeltaSink: ensure_table; the source registered)",
+        f"{query_started - constructed:6.2f} s  its start() returned (the feed's discovery, the active queries listed, "
+        "the cursor of record read, the query started)",
+        *micro_batch_steps(batches, seconds, offsets_rows=True),
+    ]
+    commits = commits_by_file(Path(path))
+    of_batch = commits_of_batches(commits.values(), [b for b in batches if events_read(b, FEED_STREAM)])
+    written = write_moments(spark, Path(path), commits)
+    parts = [
+        add_batch_parts(b, of_batch[b["batchId"]], written[of_batch[b["batchId"]].version])
+        for b in batches
+        if b["batchId"] in of_batch
+    ]
+    steps.append(
+        f"  of addBatch, {len(parts)} micro-batch(es) with a commit, summed (approx.: the moments of Delta's log):"
+    )
+    steps += [f"    {sum(p[i] for p in parts):6.2f} s  {name}" for i, name in enumerate(ADD_BATCH_PARTS)]
+    return Load(FEED_STREAM_MODE, seconds, events, table_seconds, steps)
+
+
+def ended_batches(query, path: str, started: float) -> list[dict]:
+    """An availableNow query awaited to its end (30 minutes at most); its micro-batches with rows."""
     deadline = started + 1800
     while not query.awaitTermination(5):  # short waits: a signal's handler runs between them
         if time.perf_counter() > deadline:
             query.stop()
             raise CheckFailed(f"the availableNow query into {path} did not end in 30 minutes")
-    seconds = time.perf_counter() - started
     if query.exception() is not None:
         raise CheckFailed(f"the availableNow query into {path} failed: {query.exception()}")
-    batches = [b for b in map(progress_of, query.recentProgress) if b["numInputRows"]]
-    mode = "stream availableNow" + (
-        f", maxEventsPerTrigger {max_events_per_trigger:,}" if max_events_per_trigger else ""
-    )
-    return Load(mode, seconds, events, table_seconds, micro_batch_steps(batches, seconds))
+    return [b for b in map(progress_of, query.recentProgress) if b["numInputRows"]]
 
 
 def progress_of(progress) -> dict:
@@ -184,12 +257,15 @@ def progress_of(progress) -> dict:
     }
 
 
-def micro_batch_steps(batches: list[dict], seconds: float) -> list[str]:
-    """Where an availableNow query's seconds went: its micro-batches' steps, summed."""
+def micro_batch_steps(batches: list[dict], seconds: float, offsets_rows: bool = False) -> list[str]:
+    """Where an availableNow query's seconds went: its micro-batches' steps, summed. `offsets_rows`: a
+    FeedStream's source adds a row of offsets to each micro-batch (`checkpointRows`), not an event."""
     total = {step: sum(b["durationMs"].get(step, 0) for b in batches) / 1000 for step in (*STEPS, "triggerExecution")}
     rows = sum(b["numInputRows"] for b in batches)
-    lines = [f"{len(batches)} micro-batch(es) of {rows:,} rows; their steps summed:"]
-    lines += [f"  {total[step]:6.2f} s  {STEP_NAMES[step]}" for step in STEPS]
+    described = f"{rows - len(batches):,} events (+ an offsets row each)" if offsets_rows else f"{rows:,} rows"
+    lines = [f"{len(batches)} micro-batch(es) of {described}; their steps summed:"]
+    names = {**STEP_NAMES, "addBatch": FEED_STREAM_ADD_BATCH} if offsets_rows else STEP_NAMES
+    lines += [f"  {total[step]:6.2f} s  {names[step]}" for step in STEPS]
     lines.append(f"  {total['triggerExecution']:6.2f} s  the micro-batches (triggerExecution)")
     lines.append(f"  {seconds - total['triggerExecution']:6.2f} s  the rest: query start and stop, the client's wait")
     return lines
@@ -216,9 +292,10 @@ def check_same_rows(spark, first: str, second: str) -> None:
 def catch_up(spark, feed: FeedSettings, work: Path, args: argparse.Namespace) -> list[list[Load]]:
     """The warm-up round and the counted ones, each a load per mode (in the order they ran)."""
     events = args.partitions * args.events
-    modes: list[tuple[str, int | None]] = [("batch", None), ("stream", None)]
+    modes: list[tuple[str, int | None]] = [(BATCH, None), (STREAM, None)]
     if args.max_events_per_trigger:
-        modes.append(("stream", args.max_events_per_trigger))
+        modes.append((STREAM, args.max_events_per_trigger))
+    modes.append((FEED_STREAM, None))
     rounds: list[list[Load]] = []
     for index in range(args.repeat + 1):
         order = modes if index % 2 == 0 else modes[::-1]
@@ -227,8 +304,10 @@ def catch_up(spark, feed: FeedSettings, work: Path, args: argparse.Namespace) ->
         loads = []
         for mode, limit in order:
             path = str(work / "catch-up" / f"r{index}-{mode}{limit or ''}")
-            if mode == "batch":
+            if mode == BATCH:
                 load = batch_load(spark, feed, path, events)
+            elif mode == FEED_STREAM:
+                load = feed_stream_available_now(spark, feed, path, events)
             else:
                 load = available_now(spark, feed, path, events, limit)
             check_rows(spark, path, events)
@@ -239,6 +318,10 @@ def catch_up(spark, feed: FeedSettings, work: Path, args: argparse.Namespace) ->
             for other in paths[1:]:
                 check_same_rows(spark, paths[0], other)
             say("  the last round's tables hold the same rows (partition, position, payload, event id)")
+        elif not args.keep:  # checked: their disk is freed (only the last round's are compared)
+            for mode, limit in modes:
+                shutil.rmtree(work / "catch-up" / f"r{index}-{mode}{limit or ''}", ignore_errors=True)
+                shutil.rmtree(work / "catch-up" / f"r{index}-{mode}{limit or ''}-checkpoint", ignore_errors=True)
         rounds.append(loads)
     return rounds
 
@@ -281,8 +364,10 @@ def publish(admin: str, partitions: int, rate: float, seconds: float, tick: floa
 class Commit:
     version: int
     timestamp: float  # commitInfo.timestamp, seconds since the epoch
-    batch: int | None  # the micro-batch (the streaming sink's `txn`)
+    batch: int | None  # the micro-batch (the streaming sink's `txn`; a FeedStream's `txn` is its sink's)
     written: float  # its last data file's modificationTime (its `add` actions), seconds since the epoch
+    logged: float  # its `_delta_log` file's mtime: the log entry written
+    rows: int  # commitInfo.operationMetrics.numOutputRows
 
 
 def commits_by_file(table: Path) -> dict[str, Commit]:
@@ -295,10 +380,73 @@ def commits_by_file(table: Path) -> dict[str, Commit]:
         stamp = info.get("inCommitTimestamp", info["timestamp"]) / 1000
         adds = [a["add"] for a in actions if "add" in a]
         written = max((a["modificationTime"] / 1000 for a in adds), default=stamp)
-        commit = Commit(int(log_file.stem), stamp, txn["version"] if txn else None, written)
+        rows = int(info.get("operationMetrics", {}).get("numOutputRows", 0))
+        commit = Commit(
+            int(log_file.stem), stamp, txn["version"] if txn else None, written, log_file.stat().st_mtime, rows
+        )
         for add in adds:
             files[Path(add["path"]).name] = commit
     return files
+
+
+def rows_in_log(table: Path) -> int:
+    """The rows the table's commits added (Delta's log read as files: no Spark job beside the query)."""
+    return sum(commit.rows for commit in {c.version: c for c in commits_by_file(table).values()}.values())
+
+
+def commits_of_batches(commits: Iterable[Commit], batches: Iterable[dict]) -> dict[int, Commit]:
+    """Each micro-batch's commit, by batch id, where the commits do not name their micro-batch (a
+    FeedStream's): the one made while it ran, i.e. the last of `batches` started before the commit's
+    commitInfo.timestamp, when it had not ended by then (one commit per micro-batch: `MicroBatchCommit`'s)."""
+    ordered = sorted(batches, key=lambda b: _epoch(b["timestamp"]))
+    starts = [_epoch(b["timestamp"]) for b in ordered]
+    found: dict[int, Commit] = {}
+    for commit in {c.version: c for c in commits}.values():
+        index = bisect.bisect_right(starts, commit.timestamp) - 1
+        if index >= 0 and commit.timestamp <= starts[index] + ordered[index]["durationMs"]["triggerExecution"] / 1000:
+            found[ordered[index]["batchId"]] = commit
+    return found
+
+
+def events_read(batch: dict, mode: str) -> int:
+    """The events a micro-batch read: its input rows, less a FeedStream's row of offsets (`checkpointRows`:
+    one per micro-batch; its first micro-batch on an empty feed has that row only)."""
+    rows = batch["numInputRows"]
+    return rows - 1 if mode == FEED_STREAM and rows else rows
+
+
+def write_moments(spark, table: Path, commits: dict[str, Commit]) -> dict[int, float]:
+    """When each commit's `FeedTable.write` was called, by Delta version: its rows' `loaded_at`, which it
+    takes then (a naive UTC datetime, made a TIMESTAMP in the local time zone of the process where
+    foreachBatch runs: this machine's, hence `time.timezone`)."""
+    from pyspark.sql import functions as F
+
+    rows = (
+        spark.read.format("delta")
+        .load(str(table))
+        .groupBy(F.col("_metadata.file_name").alias("file_name"))
+        .agg(F.max(F.unix_micros("loaded_at")).alias("loaded"))
+        .collect()
+    )
+    return {commits[row.file_name].version: row.loaded / 1e6 - time.timezone for row in rows}
+
+
+def add_batch_parts(batch: dict, commit: Commit, write_called: float) -> list[float]:
+    """A FeedStream micro-batch's addBatch cut at its moments (`ADD_BATCH_PARTS`), in seconds. addBatch
+    begins after the steps Spark runs before it in a trigger (their durations summed from the trigger's
+    start: the untimed moments between them fall in the first part) and lasts its durationMs."""
+    durations = batch["durationMs"]
+    before = sum(durations.get(step, 0) for step in ("latestOffset", "walCommit", "getBatch", "queryPlanning"))
+    begun = _epoch(batch["timestamp"]) + before / 1000
+    moments = [
+        begun,
+        write_called,
+        commit.written,
+        commit.timestamp,
+        commit.logged,
+        begun + durations["addBatch"] / 1000,
+    ]
+    return [later - earlier for earlier, later in itertools.pairwise(moments)]
 
 
 def _checkpointed(table: Path, version: int) -> bool:
@@ -323,13 +471,22 @@ def spread(values: list[float], scale: float = 1000.0, unit: str = "ms") -> str:
     )
 
 
-def latency(spark, server_url: str, work: Path, args: argparse.Namespace) -> list[str]:
-    """The latency run; its report's lines."""
+def latency(spark, server_url: str, work: Path, args: argparse.Namespace, mode: str = STREAM) -> list[str]:
+    """The latency run of `mode` (STREAM: `stream_to_delta`; FEED_STREAM: `FeedStream`, as the Dagster job
+    runs it) on a feed of its own; its report's lines."""
     feed = feed_settings(url=server_url, dialect="published", page_size_hint=args.page_size)
-    table = work / "latency" / "table"
+    folder = work / ("latency" if mode == STREAM else f"latency-{mode}")
+    table = folder / "table"
     created_table(spark, str(table))
-    writer = stream_to_delta(stream_reader(spark, feed), str(table), str(work / "latency" / "checkpoint"))
-    query = writer.trigger(processingTime=f"{args.trigger_ms} milliseconds").start()
+    trigger = f"{args.trigger_ms} milliseconds"
+    if mode == STREAM:
+        writer = stream_to_delta(stream_reader(spark, feed), str(table), str(folder / "checkpoint"))
+        query = writer.trigger(processingTime=trigger).start()
+    else:
+        stream = FeedStream(
+            feed, FeedTable(spark, str(table)), run_id="bench-stream", checkpoint=str(folder / "checkpoint")
+        )
+        query = stream.start({"processingTime": trigger})
     stop = threading.Event()
     try:
         deadline = time.monotonic() + 120
@@ -340,8 +497,9 @@ def latency(spark, server_url: str, work: Path, args: argparse.Namespace) -> lis
         admin = server_url.rsplit("/feed", 1)[0] + "/admin/append"
         total = round(args.rate * args.seconds)
         say(
-            f"latency: publishing {args.rate:,.0f} events/s for {args.seconds:.0f} s into {args.stream_partitions} "
-            f"partitions, trigger every {args.trigger_ms} ms; load average {load_average()}"
+            f"latency, {'stream' if mode == STREAM else FEED_STREAM_MODE}: publishing {args.rate:,.0f} events/s for "
+            f"{args.seconds:.0f} s into {args.stream_partitions} partitions, trigger every {args.trigger_ms} ms; "
+            f"load average {load_average()}"
         )
         posts: list[Post] = []
         failed: list[BaseException] = []
@@ -367,18 +525,26 @@ def latency(spark, server_url: str, work: Path, args: argparse.Namespace) -> lis
             time.sleep(1.0)
             for progress in map(progress_of, query.recentProgress):
                 batches[progress["batchId"]] = progress
-            landed = sum(b["numInputRows"] for b in batches.values())
+            landed = sum(events_read(b, mode) for b in batches.values())
+            if mode != STREAM:  # and the commits' rows (each micro-batch's progress follows its commit)
+                landed = min(landed, rows_in_log(table))
         publisher.join()
         say(f"  {landed:,} events in Delta; load average {load_average()}")
-        (work / "latency" / "progress.json").write_text(json.dumps([batches[k] for k in sorted(batches)], indent=1))
+        (folder / "progress.json").write_text(json.dumps([batches[k] for k in sorted(batches)], indent=1))
     finally:
         stop.set()
         query.stop()
-    return latency_report(spark, server_url, table, posts, batches, args)
+    return latency_report(spark, server_url, table, posts, batches, args, mode)
 
 
 def latency_report(
-    spark, server_url: str, table: Path, posts: list[Post], batches: dict[int, dict], args: argparse.Namespace
+    spark,
+    server_url: str,
+    table: Path,
+    posts: list[Post],
+    batches: dict[int, dict],
+    args: argparse.Namespace,
+    mode: str = STREAM,
 ) -> list[str]:
     # each partition's events in publication order: their send times
     published: dict[int, list[float]] = {}
@@ -409,7 +575,11 @@ def latency_report(
         raise CheckFailed(f"rows of partitions nothing was published to: {sorted(by_partition)}")
 
     commits = commits_by_file(table)
-    by_batch = {c.batch: c for c in commits.values() if c.batch is not None}
+    if mode == STREAM:  # Delta's streaming sink names the micro-batch in its commit (`txn`)
+        by_batch = {c.batch: c for c in commits.values() if c.batch is not None}
+    else:
+        by_batch = commits_of_batches(commits.values(), [b for b in batches.values() if events_read(b, mode)])
+    batch_of = {commit.version: batch for batch, commit in by_batch.items()}
     starts = {batch: _epoch(b["timestamp"]) for batch, b in batches.items()}
     waits: list[float] = []  # publication to the start of the micro-batch that read it
     runs: list[float] = []  # that start to the Delta commit
@@ -418,16 +588,17 @@ def latency_report(
     for row in rows:
         sent = published[row.partition_id][row.position]
         commit = commits[row.file_name]
+        batch = batch_of.get(commit.version)
         latencies.append(commit.timestamp - sent)
         if latencies[-1] > worst[0]:
-            worst = (latencies[-1], commit.batch if commit.batch is not None else -1)
-        if commit.batch in starts:
-            waits.append(starts[commit.batch] - sent)
-            runs.append(commit.timestamp - starts[commit.batch])
+            worst = (latencies[-1], batch if batch is not None else -1)
+        if batch in starts:
+            waits.append(starts[batch] - sent)
+            runs.append(commit.timestamp - starts[batch])
 
     first, last = min(p.sent for p in posts), max(p.answered for p in posts)
     events = sum(p.count for p in posts)
-    with_rows = sorted((b for b in batches.values() if b["numInputRows"]), key=lambda b: b["batchId"])
+    with_rows = sorted((b for b in batches.values() if events_read(b, mode)), key=lambda b: b["batchId"])
     durations = [b["durationMs"]["triggerExecution"] / 1000 for b in with_rows]
     # an event that micro-batch k read was published after micro-batch k-1 read its partition, so
     # after k-1 started: its latency is at most k's start less k-1's, plus k's start to its commit
@@ -450,7 +621,7 @@ def latency_report(
         f"  of which waiting for the micro-batch that read it (its trigger's start less the publication; "
         f"negative: published after the start, before the read): {spread(waits)} ({len(waits):,} events)",
         f"  and that micro-batch from its start to its Delta commit: {spread(runs)}",
-        f"{len(with_rows)} micro-batches with rows ({percentile([b['numInputRows'] for b in with_rows], 0.5):,.0f} "
+        f"{len(with_rows)} micro-batches with rows ({percentile([events_read(b, mode) for b in with_rows], 0.5):,.0f} "
         f"rows at the median), trigger every {args.trigger_ms} ms; a micro-batch took {spread(durations)}",
         f"bound: an event read by micro-batch k was published after k-1 started, and k starts at the next "
         f"trigger ({args.trigger_ms:,} ms after k-1 started) or, when k-1 took longer, as k-1 ends: its latency "
@@ -460,11 +631,33 @@ def latency_report(
         f"p50 ~ half of that + a micro-batch's start to its commit = {(cycle / 2 + percentile(runs, 0.5)) * 1000:,.0f} ms",
         "where a micro-batch's time goes (durationMs of query.recentProgress, median / max ms):",
     ]
+    names = STEP_NAMES if mode == STREAM else {**STEP_NAMES, "addBatch": FEED_STREAM_ADD_BATCH}
     for step in (*STEPS, "triggerExecution"):
         values = [b["durationMs"].get(step, 0) for b in with_rows]
-        name = STEP_NAMES.get(step, "the whole micro-batch (triggerExecution)")
+        name = names.get(step, "the whole micro-batch (triggerExecution)")
         lines.append(f"  {statistics.median(values):8,.0f} / {max(values):8,.0f}  {name}")
     committed = [b for b in with_rows if b["batchId"] in by_batch]
+    if mode != STREAM:
+        empty = sorted(
+            (b for b in batches.values() if b["numInputRows"] and not events_read(b, mode)), key=lambda b: b["batchId"]
+        )
+        if empty:  # its first, on an empty feed: the offsets moved from none to the partitions' starts
+            lines.append(
+                "micro-batches of an offsets row and no event (no commit), not counted above: "
+                + "; ".join(
+                    f"{b['batchId']} ({b['durationMs']['triggerExecution']:,} ms, addBatch {b['durationMs'].get('addBatch', 0):,})"
+                    for b in empty
+                )
+            )
+        written = write_moments(spark, table, commits)
+        parts = [add_batch_parts(b, by_batch[b["batchId"]], written[by_batch[b["batchId"]].version]) for b in committed]
+        lines.append(
+            f"of addBatch, {len(parts)} micro-batches with a commit (median / max ms; approx.: the moments of "
+            "Delta's log and the rows' loaded_at):"
+        )
+        for index, name in enumerate(ADD_BATCH_PARTS):
+            values = [part[index] * 1000 for part in parts]
+            lines.append(f"  {statistics.median(values):8,.0f} / {max(values):8,.0f}  {name}")
     timeline = [
         (
             "the last Parquet file written (its add's modificationTime)",
@@ -491,7 +684,9 @@ def latency_report(
 
 
 # ----------------------------------------------------------------------------- report, main
-def report(rounds: list[list[Load]], args: argparse.Namespace, spark_start: float, latency_lines: list[str]) -> None:
+def report(
+    rounds: list[list[Load]], args: argparse.Namespace, spark_start: float, latency_lines: dict[str, list[str]]
+) -> None:
     events = args.partitions * args.events
     print()
     print(
@@ -514,18 +709,22 @@ def report(rounds: list[list[Load]], args: argparse.Namespace, spark_start: floa
     batch = next(mode for mode in modes if mode.startswith("batch"))
     for mode in modes:
         ratio = "" if mode == batch else f"; stream / batch **{median[mode] / median[batch]:.2f}**"
+        if mode == FEED_STREAM_MODE:
+            ratio += f", / stream availableNow {median[mode] / median['stream availableNow']:.2f}"
         print(f"  median of {len(counted)} counted round(s): {mode} {median[mode]:,.0f} events/s{ratio}")
     print("where the last round's seconds went:")
     for load in rounds[-1]:
         print(f"  {load.mode} ({load.seconds:.2f} s; its table created before, untimed: {load.table_seconds:.2f} s)")
         for line in load.steps:
             print(f"    {line}")
-    print(
-        f"latency: {args.rate:,.0f} events/s for {args.seconds:.0f} s into {args.stream_partitions} partitions, "
-        f"processingTime trigger {args.trigger_ms} ms, page size hint {args.page_size}"
-    )
-    for line in latency_lines:
-        print(f"  {line}")
+    for mode, lines in latency_lines.items():
+        print(
+            f"latency{'' if mode == STREAM else ', ' + FEED_STREAM_MODE + ' (after the stream above, its own feed)'}: "
+            f"{args.rate:,.0f} events/s for {args.seconds:.0f} s into {args.stream_partitions} partitions, "
+            f"processingTime trigger {args.trigger_ms} ms, page size hint {args.page_size}"
+        )
+        for line in lines:
+            print(f"  {line}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -563,14 +762,20 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-stream-"))
     say(f"work dir {work}; {os.cpu_count()} cores; load average {load_average()}")
     port = find_free_port()
-    catch_up_feed = latency_feed = server = None
+    catch_up_feed = latency_feed = feed_stream_feed = server = None
     try:
         started = time.perf_counter()
         catch_up_feed, url = start_feed_server(
             "feedapi", args.partitions, args.partitions * args.events, work / "feed.log"
         )
         latency_feed, latency_url = start_feed_server("feedapi", args.stream_partitions, 0, work / "latency-feed.log")
-        say(f"feed servers {url} and {latency_url}: ready after {time.perf_counter() - started:.1f} s")
+        feed_stream_feed, feed_stream_url = start_feed_server(
+            "feedapi", args.stream_partitions, 0, work / f"latency-{FEED_STREAM}-feed.log"
+        )
+        say(
+            f"feed servers {url}, {latency_url} and {feed_stream_url}: ready after "
+            f"{time.perf_counter() - started:.1f} s"
+        )
 
         say(f"starting the Spark Connect server on port {port}; load average {load_average()}")
         settings = SparkSettings(mode="embedded", port=port, work_dir=work / "spark")
@@ -584,13 +789,17 @@ def main(argv: list[str] | None = None) -> int:
 
         feed = feed_settings(url=url, dialect="published", page_size_hint=args.page_size)
         rounds = catch_up(spark, feed, work, args)
-        latency_lines = latency(spark, latency_url, work, args)
+        latency_lines = {
+            STREAM: latency(spark, latency_url, work, args),
+            FEED_STREAM: latency(spark, feed_stream_url, work, args, FEED_STREAM),
+        }
     except Exception:  # noqa: BLE001 - reported, exit 1
         traceback.print_exc()
         return 1
     finally:
         stop_process(catch_up_feed)
         stop_process(latency_feed)
+        stop_process(feed_stream_feed)
         if server is not None:
             server.stop()
         strays = stop_strays(port)
