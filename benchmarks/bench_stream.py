@@ -70,7 +70,7 @@ from typing import Any
 
 import requests
 from bench_sync import load_average, say, start_feed_server
-from procstat import find_free_port, stop_process, stop_strays
+from procstat import find_free_port, release_spark_port, stop_process
 
 from feedapi_dagster.lakehouse.connect_server import ensure_embedded_server
 from feedapi_dagster.lakehouse.datasource import FeedSourceOptions
@@ -802,10 +802,8 @@ def main(argv: list[str] | None = None) -> int:
         stop_process(feed_stream_feed)
         if server is not None:
             server.stop()
-        strays = stop_strays(port)
-        if strays:
+        if strays := release_spark_port(port):
             say(f"stopped a Spark server left on port {port}: {strays}")
-        Path(tempfile.gettempdir(), f"feedapi-dagster-spark-{port}.lock").unlink(missing_ok=True)
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     report(rounds, args, spark_start, latency_lines)

@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
-from procstat import MemoryWatch, proc_cpu, status_mb, stop_process, stop_strays, tree_cpu, wait_with_usage
+from procstat import MemoryWatch, proc_cpu, release_spark_port, status_mb, stop_process, tree_cpu, wait_with_usage
 
 from feedapi_dagster.orchestration.demo_commands import PLANNED_SUBSET_ENV
 from feedapi_dagster.orchestration.loads import listed_partitions
@@ -1003,10 +1003,8 @@ def main(argv: list[str] | None = None) -> int:
             s3.server.stop()
         if spark is not None:
             spark.stop()
-        strays = stop_strays(spark_port)
-        if strays:
+        if strays := release_spark_port(spark_port):
             say(f"stopped a Spark server that a run started on port {spark_port}: {strays}")
-        Path(tempfile.gettempdir(), f"feedapi-dagster-spark-{spark_port}.lock").unlink(missing_ok=True)
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 from pathlib import Path
 
@@ -136,6 +137,14 @@ def stop_process(proc: subprocess.Popen | None) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def release_spark_port(port: int) -> list[int]:
+    """Stops the Spark Connect servers left on `port` (`stop_strays`) and removes the port's start lock
+    file that `ensure_embedded_server` leaves in the temp folder; the pids stopped."""
+    strays = stop_strays(port)
+    Path(tempfile.gettempdir(), f"feedapi-dagster-spark-{port}.lock").unlink(missing_ok=True)
+    return strays
 
 
 def stop_strays(port: int) -> list[int]:
