@@ -10,7 +10,7 @@ import dagster as dg
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 from pydantic import BaseModel, Field
 
-from feedapi_dagster.protocol import FeedInfo, ProtocolError
+from feedapi_dagster.protocol import FeedInfo
 
 from .loads import (
     ACTIVE_STATUSES,
@@ -19,6 +19,7 @@ from .loads import (
     SYNC_TAG,
     FeedBinding,
     active_partitions,
+    failing_clearly,
     latest_metadata_by_partition,
     partition_run_tags,
 )
@@ -126,13 +127,8 @@ def build_discovery_sensor(binding: FeedBinding, job: UnresolvedAssetJobDefiniti
         "partitions, handles splits.",
     )
     def discovery(context: dg.SensorEvaluationContext) -> dg.SensorResult:
-        client = feed.client()
-        try:
+        with failing_clearly(feed.name, "discovery"), feed.client() as client:
             info = client.discover()
-        except ProtocolError as error:
-            raise dg.Failure(f"feed {feed.name}: discovery failed: {error}") from None
-        finally:
-            client.close()
         known = context.instance.get_dynamic_partitions(binding.partitions_name)
         return evaluate_discovery(binding, info, DiscoveryCursor.parse(context.cursor), known, context.log)
 

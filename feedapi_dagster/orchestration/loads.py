@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -346,6 +347,17 @@ def mirror_repairs(
         )
         repairs.extend(materializations(binding, [report], outcome))
     return repairs
+
+
+@contextmanager
+def failing_clearly(feed: str, what: str) -> Iterator[None]:
+    """A `ProtocolError` (the feed's server refused, retries ran out, an answer came cut short every
+    time) as a `dg.Failure` of one line naming feed `feed` and `what` failed, without the chain of
+    `requests` and `urllib3` exceptions beneath it: the client logged each attempt's."""
+    try:
+        yield
+    except ProtocolError as error:
+        raise dg.Failure(f"feed {feed}: {what} failed: {error}") from None
 
 
 def failure(binding: FeedBinding, reports: Iterable[PartitionReport]) -> dg.Failure | None:

@@ -25,6 +25,7 @@ from .loads import (
     FeedBinding,
     LoadConfig,
     active_partitions,
+    failing_clearly,
     failure,
     latest_metadata_by_partition,
     listed_partitions,
@@ -147,17 +148,18 @@ class FeedApiResource(dg.ConfigurableResource):
         if clash := busy & {*config.rebuild, *config.drop}:
             raise dg.Failure(f"feed {binding.name}: partitions {sorted(clash)} are being loaded by another run")
         rebuild = set(config.rebuild) | (set(wanted) if context.run.tags.get(REBUILD_TAG) == "true" else set())
-        loader = FeedLoader(
-            binding.feed.settings,
-            DeltaSink(self.table(binding), run_id=context.run.run_id),
-            binding.feed.load,
-            logger=context.log,
-            ship_package=self._ships_package(),
-        )
-        # a backfill of a closed partition rebuilds it from `_first`
-        outcome = loader.load(
-            wanted, rebuild=rebuild, drop=config.drop, rebuild_closed=BACKFILL_TAG in context.run.tags
-        )
+        with failing_clearly(binding.name, "the load"):  # its token, its discovery
+            loader = FeedLoader(
+                binding.feed.settings,
+                DeltaSink(self.table(binding), run_id=context.run.run_id),
+                binding.feed.load,
+                logger=context.log,
+                ship_package=self._ships_package(),
+            )
+            # a backfill of a closed partition rebuilds it from `_first`
+            outcome = loader.load(
+                wanted, rebuild=rebuild, drop=config.drop, rebuild_closed=BACKFILL_TAG in context.run.tags
+            )
         for report in outcome.reports.values():
             if report.error and report.status not in SUCCEEDED:  # a waiting partition's reason is no error
                 context.log.error("partition %s: %s", report.partition_id, report.error)

@@ -35,7 +35,7 @@ from feedapi_dagster.lakehouse.spark_errors import python_cause
 from feedapi_dagster.lakehouse.watchdog import answering
 from feedapi_dagster.protocol import FeedInfo
 
-from .loads import FeedBinding, materializations
+from .loads import FeedBinding, failing_clearly, materializations
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
@@ -85,7 +85,8 @@ def stream_run(
     with answering(
         spark, f"the stream of feed {binding.name}", unresponsive_seconds=binding.feed.load.spark_unresponsive_seconds
     ):
-        query = stream.start(config.spark_trigger())
+        with failing_clearly(binding.name, "the stream"):  # its discovery
+            query = stream.start(config.spark_trigger())
         assert stream.started_from is not None and stream.info is not None  # set by `start`
         context.log.info(
             "feed %s: stream started (%s, query %s) from the cursor of record: %s",

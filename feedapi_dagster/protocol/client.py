@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import select
 import ssl
 import time
@@ -38,6 +39,8 @@ _TRANSPORT_ERRORS = (
     requests.exceptions.ChunkedEncodingError,
     urllib3.exceptions.HTTPError,
 )
+# credentials in a URL an error quotes (`scheme://user:password@host`)
+_USERINFO = re.compile(r"//[^/@\s]*@")
 
 
 class FeedClient:
@@ -102,9 +105,13 @@ class FeedClient:
         if request is None:
             self._info = self.protocol.discovered(self.feed, None)
             return self._info
-        response, _ = self._request(lambda: (request, self.timeout), partition=None, what="discovery")
-        with response:
-            answer = self._response(response, limit=None)
+        answer, attempt = None, 0
+        while answer is None:  # a body cut short is asked for again
+            response, attempt = self._request(
+                lambda: (request, self.timeout), partition=None, what="discovery", first_attempt=attempt + 1
+            )
+            with response:
+                answer = self._read(response, None, attempt, None, "discovery")
         self._info = self.protocol.discovered(self.feed, answer)
         return self._info
 
@@ -183,7 +190,9 @@ class FeedClient:
             )
             with response:
                 if response.status_code != 200:
-                    refused = self._response(response, limit=_REFUSAL_BYTES)
+                    refused = self._read(response, _REFUSAL_BYTES, attempt, partition_id, "fetch")
+                    if refused is None:
+                        continue
                     raise self.protocol.refusal(self.feed, refused, partition_id, "fetch")
                 try:
                     for run in body.runs(_body_chunks(response)):
@@ -239,6 +248,10 @@ class FeedClient:
                 self._wait_or_raise(attempt, partition, f"{what}: {_describe(error)}", None, error)
                 attempt += 1
                 continue
+            except requests.RequestException as error:  # no retry mends it: a redirect loop, a bad URL
+                raise ProtocolError(
+                    f"{self._where(partition)}: {what}: {_describe(error)}", partition=partition
+                ) from error
             if response.status_code not in TRANSIENT_STATUSES:
                 return response, attempt
             retry_after = response.headers.get("Retry-After")
@@ -249,7 +262,7 @@ class FeedClient:
     def _wait_or_raise(
         self, attempt: int, partition: int | None, reason: str, retry_after: str | None, error: BaseException | None
     ) -> None:
-        where = f"feed {self.safe_url}" + (f" partition {partition}" if partition is not None else "")
+        where = self._where(partition)
         if attempt >= self.feed.retry.max_attempts:
             raise ProtocolError(
                 f"{where}: giving up after {attempt} attempts: {reason}", partition=partition
@@ -258,16 +271,27 @@ class FeedClient:
         log.warning("%s: %s; retry %d/%d in %.2fs", where, reason, attempt, self.feed.retry.max_attempts - 1, delay)
         time.sleep(delay)
 
+    def _where(self, partition: int | None) -> str:
+        return f"feed {self.safe_url}" + (f" partition {partition}" if partition is not None else "")
+
+    def _read(
+        self, response: requests.Response, limit: int | None, attempt: int, partition: int | None, what: str
+    ) -> Response | None:
+        """`response` as its protocol reads it (`_response`), or None when its body was cut short (a
+        proxy dropped the connection): after the wait before attempt `attempt + 1`, or raising when it
+        was the last. A cut body is retried as a failed request is: discovery and a refusal's
+        explanation come whole, or as one `ProtocolError` saying what was cut."""
+        try:
+            return self._response(response, limit)
+        except _TRANSPORT_ERRORS as error:
+            cut = f"{what}: the answer (HTTP {response.status_code}) was cut short: {_describe(error)}"
+            self._wait_or_raise(attempt, partition, cut, None, error)
+            return None
+
     def _response(self, response: requests.Response, limit: int | None) -> Response:
         """`response` as its protocol reads it (the body, or its first `limit` bytes), without the token:
         a server that echoes the request must not put it into an error."""
-        if limit is None:
-            body = response.content
-        else:
-            try:
-                body = response.raw.read(limit, decode_content=True)
-            except _TRANSPORT_ERRORS:
-                body = b""  # a refusal explained by its status alone
+        body = response.content if limit is None else response.raw.read(limit, decode_content=True)
         if self._token:
             body = body.replace(self._token.encode(), b"***")
         return Response(response.status_code, dict(response.headers), body)
@@ -314,4 +338,6 @@ def _arrived(raw: urllib3.BaseHTTPResponse) -> bool:
 
 
 def _describe(error: BaseException) -> str:
-    return f"{type(error).__name__}: {str(error)[:200]}"
+    """`error` in one line, without the credentials a URL in it may hold (`requests` quotes the URL it
+    could not parse)."""
+    return f"{type(error).__name__}: {_USERINFO.sub('//', ' '.join(str(error).split()))[:200]}"

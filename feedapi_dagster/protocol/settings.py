@@ -11,6 +11,7 @@ defs.yaml feed, `FeedConfig`, holds one), the `feedapi` Spark data source's opti
 from __future__ import annotations
 
 import os
+import re
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
@@ -18,6 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from feedapi_dagster.errors import ProtocolError
 
 from .retry import RetryPolicy
+
+# what a bearer token sent in a header may hold: printable ASCII without spaces (RFC 6750's b64token
+# and more)
+_HEADER_TOKEN = re.compile(r"[\x21-\x7e]+")
 
 
 class FeedSettings(BaseModel):
@@ -64,7 +69,7 @@ class FeedSettings(BaseModel):
         """The token: given, or read from `token_env` in this process (the run's, or an executor's);
         `feed`: how an error names the feed (its URL by default)."""
         if self.token is not None:
-            return self.token.get_secret_value()
+            return _header_safe(self.token.get_secret_value(), f"{feed or f'feed {self.safe_url}'}: token")
         if self.token_env is None:
             return None
         token = os.environ.get(self.token_env)
@@ -73,7 +78,7 @@ class FeedSettings(BaseModel):
                 f"{feed or f'feed {self.safe_url}'}: environment variable {self.token_env} "
                 "(token_env) is not set where this runs"
             )
-        return token
+        return _header_safe(token, f"{feed or f'feed {self.safe_url}'}: environment variable {self.token_env}")
 
     def with_token(self, feed: str | None = None) -> FeedSettings:
         """These settings with the token read here, for a read that runs where `token_env` may not be
@@ -85,6 +90,17 @@ class FeedSettings(BaseModel):
     def tls_verify(self) -> bool | str:
         """What `requests` takes as `verify`."""
         return self.ca_bundle or self.verify
+
+
+def _header_safe(token: str, where: str) -> str:
+    """`token` if it can be sent in an Authorization header: `requests` refuses whitespace and control
+    characters quoting the header, token and all, and `http.client` fails on what Latin-1 lacks."""
+    if not _HEADER_TOKEN.fullmatch(token):
+        raise ProtocolError(
+            f"{where}: the bearer token holds a space, a control character (a newline at the end of "
+            "the secret?) or a character outside ASCII; an HTTP header cannot carry it"
+        )
+    return token
 
 
 def redact_url(url: str) -> str:
