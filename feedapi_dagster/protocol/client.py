@@ -205,8 +205,12 @@ class FeedClient:
                         return
                     ended = f"the stream ended {deadline - time.monotonic():.1f}s before its time"
                     self._wait_or_raise(max(attempt, 1), partition_id, ended, None, None)
-                except (MalformedResponse, *_TRANSPORT_ERRORS) as error:
+                except MalformedResponse as error:
                     self._wait_or_raise(max(attempt, 1), partition_id, _describe(error), None, error)
+                except _TRANSPORT_ERRORS as error:
+                    self._wait_or_raise(
+                        max(attempt, 1), partition_id, _cut_short("fetch", response, error), None, error
+                    )
 
     def _fetch_request(
         self, info: FeedInfo, partition_id: int, cursor: str, deadline: float | None
@@ -284,8 +288,7 @@ class FeedClient:
         try:
             return self._response(response, limit)
         except _TRANSPORT_ERRORS as error:
-            cut = f"{what}: the answer (HTTP {response.status_code}) was cut short: {_describe(error)}"
-            self._wait_or_raise(attempt, partition, cut, None, error)
+            self._wait_or_raise(attempt, partition, _cut_short(what, response, error), None, error)
             return None
 
     def _response(self, response: requests.Response, limit: int | None) -> Response:
@@ -335,6 +338,11 @@ def _arrived(raw: urllib3.BaseHTTPResponse) -> bool:
     if isinstance(sock, ssl.SSLSocket) and sock.pending():  # decrypted already, invisible to select
         return True
     return bool(select.select([sock], [], [], 0)[0])
+
+
+def _cut_short(what: str, response: requests.Response, error: BaseException) -> str:
+    """What failed when the body of `response` (to the request `what`) broke off."""
+    return f"{what}: the answer (HTTP {response.status_code}) was cut short: {_describe(error)}"
 
 
 def _describe(error: BaseException) -> str:
