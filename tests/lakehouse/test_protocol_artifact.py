@@ -48,7 +48,9 @@ def load(projects: Path, settings: dict, url: str, table: Path) -> dict:
         text=True,
         timeout=300,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # the data source's error from the workers, else what the JVM's stack trace ends with
+    imported = [line for line in proc.stderr.splitlines() if "cannot be imported here" in line]
+    assert proc.returncode == 0, imported[0] if imported else proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
