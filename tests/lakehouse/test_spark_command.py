@@ -5,6 +5,7 @@ of one installation never uses the server of another (its Python workers run tha
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,7 @@ import pytest
 from feedapi_dagster.errors import SparkError
 from feedapi_dagster.lakehouse.connect_server import ensure_embedded_server, port_open
 from feedapi_dagster.lakehouse.jars import JARS_DIR_ENV, jars_dir
-from feedapi_dagster.lakehouse.server_record import process_group, read_record, write_record
+from feedapi_dagster.lakehouse.server_record import process_group, read_record, record_file, write_record
 from feedapi_dagster.lakehouse.spark_conf import EMBEDDED_PORTS, installation_port
 from tests.ports import LOOPBACK, find_free_port
 from tests.spark_processes import connect_server_pid
@@ -78,6 +80,24 @@ def test_a_port_another_program_holds_is_refused(tmp_path: Path, monkeypatch) ->
     assert str(refused.value) == (
         f"port {port} is taken by a program that is not an embedded Spark server of this user (no "
         f"{tmp_path / f'feedapi-dagster-spark-{port}.json'}): set `spark.port` to a free port"
+    )
+
+
+def test_another_installations_server_on_this_installations_port_is_refused(tmp_path: Path, monkeypatch) -> None:
+    # two virtualenv paths whose ports coincide (1 in 900): the port is taken, by a server that is
+    # not this installation's; a listening socket and its record stand for it (nothing connects)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    with socket.create_server((LOOPBACK, 0)) as listener:
+        port = listener.getsockname()[1]
+        monkeypatch.setattr("feedapi_dagster.lakehouse.connect_server.installation_port", lambda: port)
+        record = write_record(port, os.getpid(), log_path=tmp_path / "server.log", work_dir=tmp_path, detached=True)
+        record_file(port).write_text(json.dumps(asdict(replace(record, installation="/srv/other-project/.venv"))))
+        with pytest.raises(SparkError) as refused:
+            ensure_embedded_server(port)
+    assert str(refused.value) == (
+        f"the embedded Spark server on port {port} (pid {os.getpid()}) belongs to another installation, "
+        "/srv/other-project/.venv, whose Python and packages its workers run; this installation "
+        f"({Path(sys.prefix).resolve()}) does not use it: set `spark.port` to a free port"
     )
 
 
