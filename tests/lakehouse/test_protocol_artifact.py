@@ -2,9 +2,9 @@
 server was started by another process (the test run's `connect_server`), whose environment does not
 have the user's package, which lives in a folder only the loading process has on its path (as a
 Dagster project's `definitions.py` imports it). The load sends the package's sources to the session
-(`artifacts.protocol_zip`); a second load, after an edit of the module, sends them again under another
-name into the same server-side session (every client of the embedded server joins one), as a
-cluster's client (`mode: remote`)."""
+(`artifacts.protocol_zip`), each load of a process again (the same name and bytes: accepted); a
+second process, after an edit of the module, sends them under another name into the same server-side
+session (every client of the embedded server joins one), as a cluster's client (`mode: remote`)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,9 @@ LOAD = textwrap.dedent("""
 
     spark = spark_session(SparkSettings.model_validate_json(settings))
     feed = feed_settings(protocol="jsonlines", url=url, stream="orders", page_size_hint=10)
-    reports = FeedLoader(feed, DeltaSink(FeedTable(spark, table))).sync()
+    sink = DeltaSink(FeedTable(spark, table))
+    FeedLoader(feed, sink)  # a load before this one in the session: the same zip again is no error
+    reports = FeedLoader(feed, sink).sync()
     print(json.dumps({p: [r.events, r.error] for p, r in reports.items()}))
 """)
 
