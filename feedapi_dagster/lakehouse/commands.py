@@ -86,8 +86,7 @@ def _server_ports(args: argparse.Namespace) -> list[int]:
 
 def _spark_status(args: argparse.Namespace) -> int:
     """The embedded servers on the ports, as their records and /proc show them; exit code 1 when none runs."""
-    codes = [_port_status(port) for port in _server_ports(args)]
-    return min(codes)
+    return min(_port_status(port) for port in _server_ports(args))
 
 
 def _port_status(port: int) -> int:

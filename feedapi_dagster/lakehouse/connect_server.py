@@ -6,9 +6,10 @@ started from the pip-installed pyspark with the cached Delta jars (`spark_conf.b
 processes from starting one at once), so a short-lived process (a Dagster run) only pays for a
 client; only a server this installation started (its record: `server_record`), never another
 virtualenv's, whose Python workers would run that installation's code. Each installation has a port
-of its own by default (`spark_conf.installation_port`). The server runs Python for whoever reaches its port, so it requires Spark Connect's
-authentication token: one per server start, in the server's environment (not its command line), and
-handed to its clients through a file only this user can read (`token_file`). A server this process
+of its own by default (`spark_conf.installation_port`). The server runs Python for whoever reaches
+its port, so it requires Spark Connect's authentication token: one per server start, in the server's
+environment (not its command line), and handed to its clients through a file only this user can
+read (`token_file`). A server this process
 stops closes this process's Connect clients of it first (`register_client`).
 """
 

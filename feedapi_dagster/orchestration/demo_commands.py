@@ -57,7 +57,8 @@ def demo_project(
     root: Path, feed_port: int = DEMO_FEED_PORT, spark_port: int | None = None, protocol: str = "feedapi"
 ) -> ProjectConfig:
     """The demo: one feed `demo` on the bundled server of `protocol`, the embedded Spark (on
-    `spark_port`, by default this installation's own), the lakehouse in `root` (the same settings as this repository's `dagster_project/defs/demo_feed/defs.yaml`)."""
+    `spark_port`, by default this installation's own), the lakehouse in `root` (the same settings as
+    this repository's `dagster_project/defs/demo_feed/defs.yaml`)."""
     # flat, as a defs.yaml writes it: the protocol's settings beside the project's keys (`FeedConfig._flat`)
     feed = FeedConfig.model_validate(
         {
