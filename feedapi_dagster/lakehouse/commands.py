@@ -74,25 +74,43 @@ def _spark_server(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
 
 
+def _server_ports(args: argparse.Namespace) -> list[int]:
+    """The port given, or those of the servers this installation started (its own port when none)."""
+    from feedapi_dagster.lakehouse.server_record import installation_records
+    from feedapi_dagster.lakehouse.spark_conf import installation_port
+
+    if args.port is not None:
+        return [args.port]
+    return [record.port for record in installation_records()] or [installation_port()]
+
+
 def _spark_status(args: argparse.Namespace) -> int:
-    """The embedded server on the port, as its record and /proc show it; exit code 1 when none runs."""
+    """The embedded servers on the ports, as their records and /proc show them; exit code 1 when none runs."""
+    return min(_port_status(port) for port in _server_ports(args))
+
+
+def _port_status(port: int) -> int:
     from feedapi_dagster.lakehouse.connect_server import port_open
     from feedapi_dagster.lakehouse.server_record import is_recorded_server, read_record
+    from feedapi_dagster.lakehouse.spark_conf import installation_port
 
-    record = read_record(args.port)
+    record = read_record(port)
     if record is None:
-        if port_open(args.port):
+        if port_open(port):
             print(
-                f"port {args.port}: something listens there, but there is no record of an embedded Spark server "
+                f"port {port}: something listens there, but there is no record of an embedded Spark server "
                 "started there by this user"
             )
         else:
-            print(f"no embedded Spark server on port {args.port}")
+            print(
+                f"no embedded Spark server on port {port}"
+                + (" (this installation's port)" if port == installation_port() else "")
+            )
         return 1
     if not is_recorded_server(record):
         print(
-            f"the embedded Spark server recorded on port {args.port} (pid {record.pid}) is not running; "
-            f"`feedapi-dagster spark stop --port {args.port}` removes its files"
+            f"the embedded Spark server recorded on port {port} (pid {record.pid}) is not running; "
+            f"`feedapi-dagster spark stop --port {port}` removes its files"
         )
         return 1
     print("\n".join(_describe_server(record)))
@@ -100,7 +118,8 @@ def _spark_status(args: argparse.Namespace) -> int:
 
 
 def _describe_server(record: ServerRecord) -> list[str]:
-    from feedapi_dagster.lakehouse.server_record import process_group, resident_bytes, this_installation
+    from feedapi_dagster.lakehouse.server_record import process_group, resident_bytes
+    from feedapi_dagster.lakehouse.spark_conf import this_installation
 
     group = process_group(record.pid)
     started = datetime.fromisoformat(record.started_at)
@@ -140,12 +159,14 @@ def _size(count: int) -> str:
 def _spark_stop(args: argparse.Namespace) -> int:
     from feedapi_dagster.lakehouse.connect_server import ServerNotStopped, stop_recorded_server
 
-    try:
-        print(stop_recorded_server(args.port))
-    except ServerNotStopped as refused:
-        print(f"not stopped: {refused}", file=sys.stderr)
-        return 1
-    return 0
+    code = 0
+    for port in _server_ports(args):
+        try:
+            print(stop_recorded_server(port))
+        except ServerNotStopped as refused:
+            print(f"not stopped: {refused}", file=sys.stderr)
+            code = 1
+    return code
 
 
 def _state(args: argparse.Namespace) -> int:
@@ -257,7 +278,7 @@ def _stderr_to(path: Path) -> Iterator[None]:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from feedapi_dagster.lakehouse.spark_conf import DEFAULT_PORT
+    from feedapi_dagster.lakehouse.spark_conf import installation_port
 
     setup = subparsers.add_parser(
         "setup-jars",
@@ -276,7 +297,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "spark-server",
         help="run the embedded Spark Connect server (Delta enabled, 127.0.0.1 only) until Ctrl-C",
     )
-    server.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    server.add_argument(
+        "--port",
+        type=int,
+        default=installation_port(),
+        help=f"port (default {installation_port()}, this installation's)",
+    )
     server.add_argument(
         "--work-dir",
         type=Path,
@@ -294,7 +320,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ("stop", _spark_stop, "stop it and remove its files (only a server this installation started)"),
     ):
         parser = actions.add_parser(action, help=text)
-        parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"its port (default {DEFAULT_PORT})")
+        parser.add_argument(
+            "--port",
+            type=int,
+            default=None,
+            help=f"its port (default: those of this installation's servers; its own port is {installation_port()})",
+        )
         parser.set_defaults(func=func)
 
     state = subparsers.add_parser(

@@ -4,9 +4,12 @@ started from the pip-installed pyspark with the cached Delta jars (`spark_conf.b
 
 `ensure_embedded_server` reuses a server already listening on the port (`_port_lock` keeps two
 processes from starting one at once), so a short-lived process (a Dagster run) only pays for a
-client. The server runs Python for whoever reaches its port, so it requires Spark Connect's
-authentication token: one per server start, in the server's environment (not its command line), and
-handed to its clients through a file only this user can read (`token_file`). A server this process
+client; only a server this installation started (its record: `server_record`), never another
+virtualenv's, whose Python workers would run that installation's code. Each installation has a port
+of its own by default (`spark_conf.installation_port`). The server runs Python for whoever reaches
+its port, so it requires Spark Connect's authentication token: one per server start, in the server's
+environment (not its command line), and handed to its clients through a file only this user can
+read (`token_file`). A server this process
 stops closes this process's Connect clients of it first (`register_client`).
 """
 
@@ -38,16 +41,16 @@ from feedapi_dagster.lakehouse.server_record import (
     read_record,
     record_file,
     remove_record,
-    this_installation,
     write_record,
 )
 from feedapi_dagster.lakehouse.spark_conf import (
     CONNECT_SERVER_CLASS,
-    DEFAULT_PORT,
     FULL_JIT_JAVA_OPTION,
     LOCAL_MASTER,
     LOOPBACK,
     build_conf,
+    installation_port,
+    this_installation,
 )
 
 log = logging.getLogger(__name__)
@@ -125,7 +128,7 @@ class SparkConnectServer:
 
     def __init__(
         self,
-        port: int = DEFAULT_PORT,
+        port: int,
         *,
         conf: Mapping[str, str] | None = None,
         work_dir: Path | None = None,
@@ -153,7 +156,7 @@ class SparkConnectServer:
     # -- handles ----------------------------------------------------------------------------
 
     @classmethod
-    def attach(cls, port: int = DEFAULT_PORT) -> SparkConnectServer:
+    def attach(cls, port: int) -> SparkConnectServer:
         """A handle for a server already listening on 127.0.0.1:<port> that this process does not own."""
         server = cls(port)
         server._owned = False
@@ -403,7 +406,7 @@ def _port_lock(port: int) -> Iterator[None]:
 
 
 def start_embedded_server(
-    port: int = DEFAULT_PORT,
+    port: int,
     *,
     conf: Mapping[str, str] | None = None,
     work_dir: Path | None = None,
@@ -417,14 +420,15 @@ def start_embedded_server(
 
 
 def ensure_embedded_server(
-    port: int = DEFAULT_PORT,
+    port: int,
     *,
     conf: Mapping[str, str] | None = None,
     work_dir: Path | None = None,
     detach: bool = False,
     startup_timeout: float = 180.0,
 ) -> SparkConnectServer:
-    """Reuse the server listening on 127.0.0.1:<port>, or start one.
+    """Reuse the server listening on 127.0.0.1:<port>, or start one. What listens there and is not an
+    embedded server this installation started is refused (`SparkError`, one line: `_check_reusable`).
 
     A server started here is stopped when this process exits unless ``detach`` (then it keeps
     running for later processes; its files are in ``<tmp>/feedapi-dagster-spark-<port>``). A reused
@@ -435,12 +439,10 @@ def ensure_embedded_server(
     if server is not None and server.is_running():
         return server
     if port_open(port):
-        log.info("Reusing the Spark Connect server on sc://%s:%d", LOOPBACK, port)
-        return SparkConnectServer.attach(port)
+        return _reuse(port)
     with _port_lock(port):
         if port_open(port):
-            log.info("Reusing the Spark Connect server on sc://%s:%d", LOOPBACK, port)
-            return SparkConnectServer.attach(port)
+            return _reuse(port)
         server = start_embedded_server(
             port, conf=conf, work_dir=work_dir, detach=detach, startup_timeout=startup_timeout
         )
@@ -452,8 +454,33 @@ def ensure_embedded_server(
     return server
 
 
+def _reuse(port: int) -> SparkConnectServer:
+    _check_reusable(port)
+    log.info("Reusing the Spark Connect server on sc://%s:%d", LOOPBACK, port)
+    return SparkConnectServer.attach(port)
+
+
+def _check_reusable(port: int) -> None:
+    """Refuse what listens on `port` unless its record says this installation started it: another
+    virtualenv's server runs that installation's Python, packages and jars in its workers."""
+    record = read_record(port)
+    if record is None:
+        raise SparkError(
+            f"port {port} is taken by a program that is not an embedded Spark server of this user (no "
+            f"{record_file(port)}): set `spark.port` to a free port"
+        )
+    if record.installation != this_installation():
+        own = installation_port()
+        advice = "set `spark.port` to a free port" if port == own else f"leave `spark.port` unset (its port is {own})"
+        raise SparkError(
+            f"the embedded Spark server on port {port} (pid {record.pid}) belongs to another installation, "
+            f"{record.installation}, whose Python and packages its workers run; this installation "
+            f"({this_installation()}) does not use it: {advice}"
+        )
+
+
 def _spark_command(action: str, port: int) -> str:
-    return f"feedapi-dagster spark {action}" + (f" --port {port}" if port != DEFAULT_PORT else "")
+    return f"feedapi-dagster spark {action}" + (f" --port {port}" if port != installation_port() else "")
 
 
 def outlives_message(server: SparkConnectServer) -> str:
@@ -469,7 +496,7 @@ class ServerNotStopped(SparkError):
     """`stop_recorded_server` refused, or failed, to stop what runs on a port."""
 
 
-def stop_recorded_server(port: int = DEFAULT_PORT, timeout: float = 30.0) -> str:
+def stop_recorded_server(port: int, timeout: float = 30.0) -> str:
     """Stop the embedded server on `port` that this installation started (SIGTERM to its process
     group, SIGKILL after `timeout`) and remove its token, lock and record files; what was done, for a
     person. Refuses (`ServerNotStopped`) a server another installation started, and anything on the

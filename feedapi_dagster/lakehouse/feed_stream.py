@@ -92,7 +92,7 @@ class FeedStream:
         self.on_moment = on_moment
         self.info: FeedInfo | None = None  # the discovery of the last `start`
         self.started_from: CommittedState | None = None  # the cursor of record it started from
-        register_feed_source(table.spark, ship=ship_package)
+        register_feed_source(table.spark, ship=ship_package, protocol=self.feed.protocol)
 
     def start(self, trigger: dict[str, Any]) -> StreamingQuery:
         """Start the query with `trigger` (`{"availableNow": True}` or `{"processingTime": "10 seconds"}`,

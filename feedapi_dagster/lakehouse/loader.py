@@ -165,7 +165,7 @@ class FeedLoader:
         # the data source is registered here, where it is read, and nowhere else: every load (a
         # Dagster run, a test, a benchmark) reads through this loader, whoever made its session
         with self._answering():
-            register_feed_source(self.spark, ship=ship_package)
+            register_feed_source(self.spark, ship=ship_package, protocol=self.feed.protocol)
 
     def _answering(self):
         return answering(

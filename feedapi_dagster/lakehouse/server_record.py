@@ -15,24 +15,25 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from feedapi_dagster.lakehouse.spark_conf import CONNECT_SERVER_CLASS
+from feedapi_dagster.lakehouse.spark_conf import CONNECT_SERVER_CLASS, this_installation
 
 _PROC = Path("/proc")
 
 
+_RECORD_PREFIX = "feedapi-dagster-spark-"
+
+
+def _temp() -> Path:
+    return Path(tempfile.gettempdir())
+
+
 def record_file(port: int) -> Path:
-    return Path(tempfile.gettempdir()) / f"feedapi-dagster-spark-{port}.json"
-
-
-def this_installation() -> str:
-    """The Python environment this package runs in: one installation per virtualenv."""
-    return str(Path(sys.prefix).resolve())
+    return _temp() / f"{_RECORD_PREFIX}{port}.json"
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,17 @@ def read_record(port: int) -> ServerRecord | None:
         return ServerRecord(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
         return None
+
+
+def installation_records() -> list[ServerRecord]:
+    """The records of the embedded servers this installation started, whatever their port (its own
+    by default, or a project's `spark.port`): what `feedapi-dagster spark status|stop` act on."""
+    names = (path.stem.removeprefix(_RECORD_PREFIX) for path in _temp().glob(f"{_RECORD_PREFIX}*.json"))
+    records = (read_record(int(name)) for name in names if name.isdigit())
+    return sorted(
+        (record for record in records if record is not None and record.installation == this_installation()),
+        key=lambda record: record.port,
+    )
 
 
 def remove_record(port: int) -> None:

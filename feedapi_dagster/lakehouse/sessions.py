@@ -15,7 +15,8 @@ Every session gets the lakehouse's S3 settings and credentials as runtime settin
 of a bucket it opened (endpoint, keys) until it restarts, unless the storage asks for fresh file systems
 (`S3Storage.fresh_file_systems`: keys rotated, another endpoint, on a running server). The `feedapi`
 data source is registered where it is read, by `FeedLoader` (`register_feed_source`; for a cluster,
-with this package as a Spark Connect artifact: `package_zip`), whoever made the session.
+with this package as a Spark Connect artifact, and a user's protocol's package for every Connect
+server: `artifacts.py`), whoever made the session.
 """
 
 from __future__ import annotations
@@ -28,16 +29,17 @@ import shutil
 import sys
 import tempfile
 import weakref
-import zipfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from feedapi_dagster.lakehouse import connect_server
+from feedapi_dagster.lakehouse.artifacts import package_zip, protocol_zip
 from feedapi_dagster.lakehouse.connect_server import ensure_embedded_server, register_client
 from feedapi_dagster.lakehouse.spark_conf import LOCAL_MASTER, LOOPBACK, SparkSettings, build_conf
 from feedapi_dagster.lakehouse.storage import SESSION_KEYS, S3Storage
+from feedapi_dagster.protocol.registry import DEFAULT_PROTOCOL, protocol_module
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -120,34 +122,24 @@ def apply_storage(session: SparkSession, storage: S3Storage | None, conf: Mappin
 _with_source: weakref.WeakSet[SparkSession] = weakref.WeakSet()
 
 
-def register_feed_source(spark: SparkSession, ship: bool = False) -> None:
+def register_feed_source(spark: SparkSession, ship: bool = False, protocol: str = DEFAULT_PROTOCOL) -> None:
     """Register `FeedDataSource` as `feedapi` in the session, once (`FeedLoader` does, before its first
     read). `ship`: also send this package to the session's executors as a Spark Connect artifact (a
     cluster whose Python does not have feedapi-dagster installed; its wheels - msgspec, pyarrow,
-    requests, pydantic - must be there)."""
+    requests, pydantic - must be there). `protocol`: the feed's; a user's protocol's package goes to
+    a Connect session's Python workers with each load (`protocol_zip`; a local session's workers are
+    this process's environment's)."""
     from feedapi_dagster.lakehouse.datasource import FeedDataSource
 
+    module = protocol_module(protocol)
+    if module is not None and is_connect(spark):
+        spark.addArtifacts(str(protocol_zip(module)), pyfile=True)
     if spark in _with_source:
         return
     if ship:
         spark.addArtifacts(str(package_zip()), pyfile=True)
     spark.dataSource.register(FeedDataSource)
     _with_source.add(spark)
-
-
-def package_zip() -> Path:
-    """This package as a zip of its Python sources, made once per installed version of the files."""
-    root = Path(__file__).resolve().parents[1]
-    sources = sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
-    stamp = max(p.stat().st_mtime_ns for p in sources)
-    target = Path(tempfile.gettempdir()) / f"feedapi_dagster-{os.getuid()}-{stamp}.zip"
-    if not target.exists():
-        partial = target.with_suffix(f".{os.getpid()}.part")
-        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
-            for path in sources:
-                archive.write(path, path.relative_to(root.parent))
-        partial.replace(target)
-    return target
 
 
 Logger = logging.Logger | logging.LoggerAdapter

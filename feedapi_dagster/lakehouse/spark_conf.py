@@ -12,6 +12,8 @@ is `sessions`'.
 
 from __future__ import annotations
 
+import hashlib
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -21,7 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from feedapi_dagster.lakehouse.jars import delta_jars
 from feedapi_dagster.lakehouse.storage import S3Storage
 
-DEFAULT_PORT = 15002
+# The embedded server's port when `spark.port` is not set: one per installation (`installation_port`),
+# below the kernel's ephemeral ports (32768 and up), where clients' own sockets come from.
+EMBEDDED_PORTS = range(15100, 16000)
 LOOPBACK = "127.0.0.1"
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
@@ -85,6 +89,19 @@ logger.hiveconf.level = error
 # settings
 
 
+def this_installation() -> str:
+    """The Python environment this package runs in: one installation per virtualenv."""
+    return str(Path(sys.prefix).resolve())
+
+
+def installation_port() -> int:
+    """The embedded server's port of this installation, the same in each of its processes: another
+    project's virtualenv on the machine gets its own port, so its runs never reach this installation's
+    server (whose Python workers run this installation's Python, packages and jars), nor ours its."""
+    digest = hashlib.sha256(this_installation().encode()).digest()
+    return EMBEDDED_PORTS[int.from_bytes(digest[:8], "big") % len(EMBEDDED_PORTS)]
+
+
 class SparkSettings(BaseModel):
     """How to get a Spark session.
 
@@ -94,6 +111,7 @@ class SparkSettings(BaseModel):
     remote and local alike) as runtime settings, read when the session is made.
     ``work_dir``: where the embedded server / local session keep warehouse, Derby, Ivy, scratch and
     log files (default: a temp dir removed when the server stops).
+    ``port``: the embedded server's; by default this installation's own (`installation_port`).
     ``detach_server``: an embedded server started by this process outlives it (for short-lived
     processes sharing one server); otherwise it is stopped when the process exits.
     """
@@ -102,7 +120,7 @@ class SparkSettings(BaseModel):
 
     mode: Literal["embedded", "remote", "local"] = "embedded"
     remote: str | None = None
-    port: int = Field(default=DEFAULT_PORT, ge=1, le=65535)
+    port: int = Field(default_factory=installation_port, ge=1, le=65535)
     conf: dict[str, str] = Field(default_factory=dict)
     work_dir: Path | None = None
     detach_server: bool = False

@@ -31,7 +31,7 @@ from feedapi_dagster.lakehouse.cursor_record import read_committed_state
 from feedapi_dagster.lakehouse.delta import FeedTable
 from feedapi_dagster.lakehouse.delta_maintenance import MaintenanceSettings
 from feedapi_dagster.lakehouse.jars import ensure_delta_jars
-from feedapi_dagster.lakehouse.spark_conf import DEFAULT_PORT, SparkSettings
+from feedapi_dagster.lakehouse.spark_conf import SparkSettings, installation_port
 from feedapi_dagster.protocol import registered_protocols
 
 from .automation import load_request, register_discovered_partitions
@@ -54,10 +54,11 @@ PLANNED_SUBSET_ENV = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
 
 
 def demo_project(
-    root: Path, feed_port: int = DEMO_FEED_PORT, spark_port: int = DEFAULT_PORT, protocol: str = "feedapi"
+    root: Path, feed_port: int = DEMO_FEED_PORT, spark_port: int | None = None, protocol: str = "feedapi"
 ) -> ProjectConfig:
-    """The demo: one feed `demo` on the bundled server of `protocol`, the embedded Spark, the lakehouse
-    in `root` (the same settings as this repository's `dagster_project/defs/demo_feed/defs.yaml`)."""
+    """The demo: one feed `demo` on the bundled server of `protocol`, the embedded Spark (on
+    `spark_port`, by default this installation's own), the lakehouse in `root` (the same settings as
+    this repository's `dagster_project/defs/demo_feed/defs.yaml`)."""
     # flat, as a defs.yaml writes it: the protocol's settings beside the project's keys (`FeedConfig._flat`)
     feed = FeedConfig.model_validate(
         {
@@ -71,7 +72,9 @@ def demo_project(
         }
     )
     return ProjectConfig(
-        lakehouse=str(root / "lakehouse"), spark=SparkSettings(mode="embedded", port=spark_port), feeds=[feed]
+        lakehouse=str(root / "lakehouse"),
+        spark=SparkSettings(mode="embedded", port=spark_port or installation_port()),
+        feeds=[feed],
     )
 
 
@@ -82,7 +85,7 @@ def defs() -> dg.Definitions:
         demo_project(
             Path.cwd(),
             int(os.environ.get(FEED_PORT_ENV, DEMO_FEED_PORT)),
-            int(os.environ.get(SPARK_PORT_ENV, DEFAULT_PORT)),
+            int(os.environ.get(SPARK_PORT_ENV, installation_port())),
             os.environ.get(PROTOCOL_ENV, "feedapi"),
         )
     )
@@ -101,7 +104,10 @@ def register(subparsers: Any) -> None:
             "--feed-port", type=int, default=None, help=f"port of the demo FeedAPI server (default {DEMO_FEED_PORT})"
         )
         command.add_argument(
-            "--spark-port", type=int, default=None, help=f"port of the embedded Spark server (default {DEFAULT_PORT})"
+            "--spark-port",
+            type=int,
+            default=None,
+            help=f"port of the embedded Spark server (default {installation_port()}, this installation's)",
         )
         command.add_argument(
             "--protocol",
@@ -115,7 +121,7 @@ def register(subparsers: Any) -> None:
 
 def _ports(args: argparse.Namespace) -> tuple[int, int]:
     """The demo feed's and the Spark server's ports the command was given, or the defaults."""
-    return args.feed_port or DEMO_FEED_PORT, args.spark_port or DEFAULT_PORT
+    return args.feed_port or DEMO_FEED_PORT, args.spark_port or installation_port()
 
 
 def dagster_home(root: Path) -> Path:

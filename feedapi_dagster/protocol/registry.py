@@ -4,7 +4,8 @@ A protocol module registers its `FeedProtocol` when it is imported (the built-in
 the configuration then accepts `protocol: <its name>` with its settings model's fields. This module
 imports no protocol. Spark's Python workers parse the `feedapi` data source's options in processes
 where a user's protocol module may not have been imported: the options carry its module
-(`protocol_module`), which `import_protocol` imports there.
+(`protocol_module`), which `import_protocol` imports there (a Spark Connect session is sent the
+module's package with each load, so that it can: `lakehouse/artifacts.py`).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from feedapi_dagster.lakehouse.jars import (
     pyspark_jars_dir,
     read_manifest,
 )
-from feedapi_dagster.lakehouse.spark_conf import SparkSettings
+from feedapi_dagster.lakehouse.spark_conf import SparkSettings, installation_port
 from tests.ports import find_free_port
 
 # Java-level proxies that lead nowhere: any HTTP(S) download attempted by the JVM (Ivy) would fail.
@@ -54,7 +54,7 @@ def test_cached_jars_are_complete_and_do_not_duplicate_pyspark_jars() -> None:
 
 
 def test_settings_validation() -> None:
-    assert SparkSettings().mode == "embedded" and SparkSettings().port == 15002
+    assert SparkSettings().mode == "embedded" and SparkSettings().port == installation_port()
     assert SparkSettings(mode="remote", remote="sc://spark:15002").remote == "sc://spark:15002"
     assert SparkSettings(mode="local", conf={"spark.sql.shuffle.partitions": 2}).conf == {
         "spark.sql.shuffle.partitions": "2"

@@ -1,29 +1,41 @@
 """`feedapi-dagster spark status|stop`: the embedded Spark server a run leaves running, as a user
 meets it: the run says so, the command shows it, and stops it only for the installation that
-started it (another project's virtualenv has its own), never an unrelated process by its pid."""
+started it (another project's virtualenv has its own), never an unrelated process by its pid. A run
+of one installation never uses the server of another (its Python workers run that one's code)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
+import textwrap
+from dataclasses import asdict, replace
 from pathlib import Path
 
-from feedapi_dagster.lakehouse.connect_server import port_open
+import pytest
+
+from feedapi_dagster.errors import SparkError
+from feedapi_dagster.lakehouse.connect_server import ensure_embedded_server, port_open
 from feedapi_dagster.lakehouse.jars import JARS_DIR_ENV, jars_dir
-from feedapi_dagster.lakehouse.server_record import process_group, read_record, write_record
-from tests.ports import find_free_port
+from feedapi_dagster.lakehouse.server_record import process_group, read_record, record_file, write_record
+from feedapi_dagster.lakehouse.spark_conf import EMBEDDED_PORTS, installation_port
+from tests.ports import LOOPBACK, find_free_port
 from tests.spark_processes import connect_server_pid
 
 COMMAND = Path(sys.executable).with_name("feedapi-dagster")
 
 
-def other_installation(root: Path) -> Path:
+@pytest.fixture(scope="module")
+def other_installation(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A second virtualenv that has this package (through this one's site-packages): another
-    project's installation. Its Python."""
+    project's installation, with a Python (`sys.prefix`) of its own, which is what tells installations
+    apart; made in ~1 s, where installing the package again would take a minute. Its Python."""
+    root = tmp_path_factory.mktemp("other") / "other-venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
     site = next((root / "lib").glob("python3*/site-packages"))
     (site / "this_checkout.pth").write_text(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
@@ -37,10 +49,64 @@ def run(command: list[str], temp: Path, env: dict[str, str] | None = None) -> su
     )
 
 
-def test_a_run_says_its_server_stays_and_spark_stop_stops_it_for_its_installation_only(tmp_path: Path) -> None:
+# a run's session on the embedded server at a port (its `spark.port`)
+RUN = textwrap.dedent("""
+    import sys
+    from feedapi_dagster.errors import SparkError
+    from feedapi_dagster.lakehouse.sessions import spark_session
+    from feedapi_dagster.lakehouse.spark_conf import SparkSettings
+    try:
+        spark_session(SparkSettings(mode="embedded", port=int(sys.argv[1]))).range(3).collect()
+    except SparkError as error:
+        print(f"SparkError: {error}")
+        sys.exit(3)
+    print("used the server")
+""")
+
+
+def test_each_installation_has_a_port_of_its_own(other_installation: Path) -> None:
+    code = "from feedapi_dagster.lakehouse.spark_conf import SparkSettings; print(SparkSettings().port)"
+    others = subprocess.run([str(other_installation), "-c", code], capture_output=True, text=True, check=True)
+    assert installation_port() in EMBEDDED_PORTS and int(others.stdout) in EMBEDDED_PORTS
+    assert int(others.stdout) != installation_port()
+
+
+def test_a_port_another_program_holds_is_refused(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    with socket.create_server((LOOPBACK, 0)) as listener:
+        port = listener.getsockname()[1]
+        with pytest.raises(SparkError) as refused:
+            ensure_embedded_server(port)
+    assert str(refused.value) == (
+        f"port {port} is taken by a program that is not an embedded Spark server of this user (no "
+        f"{tmp_path / f'feedapi-dagster-spark-{port}.json'}): set `spark.port` to a free port"
+    )
+
+
+def test_another_installations_server_on_this_installations_port_is_refused(tmp_path: Path, monkeypatch) -> None:
+    # two virtualenv paths whose ports coincide (1 in 900): the port is taken, by a server that is
+    # not this installation's; a listening socket and its record stand for it (nothing connects)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    with socket.create_server((LOOPBACK, 0)) as listener:
+        port = listener.getsockname()[1]
+        monkeypatch.setattr("feedapi_dagster.lakehouse.connect_server.installation_port", lambda: port)
+        record = write_record(port, os.getpid(), log_path=tmp_path / "server.log", work_dir=tmp_path, detached=True)
+        record_file(port).write_text(json.dumps(asdict(replace(record, installation="/srv/other-project/.venv"))))
+        with pytest.raises(SparkError) as refused:
+            ensure_embedded_server(port)
+    assert str(refused.value) == (
+        f"the embedded Spark server on port {port} (pid {os.getpid()}) belongs to another installation, "
+        "/srv/other-project/.venv, whose Python and packages its workers run; this installation "
+        f"({Path(sys.prefix).resolve()}) does not use it: set `spark.port` to a free port"
+    )
+
+
+def test_a_run_says_its_server_stays_and_another_installation_neither_uses_nor_stops_it(
+    tmp_path: Path, other_installation: Path
+) -> None:
     temp = tmp_path / "tmp"
     temp.mkdir()
-    other = other_installation(tmp_path / "other-venv")
+    other = other_installation
     port = find_free_port()
     # what a Dagster run of the other project does: start the server on first use, left running
     started = run(
@@ -64,7 +130,7 @@ def test_a_run_says_its_server_stays_and_spark_stop_stops_it_for_its_installatio
 
         status = run([str(COMMAND), "spark", "status", "--port", str(port)], temp)
         assert status.returncode == 0, status.stdout + status.stderr
-        installation = str((tmp_path / "other-venv").resolve())
+        installation = str(other.parent.parent.resolve())
         assert f"embedded Spark server on sc://127.0.0.1:{port}: running" in status.stdout
         assert f"pid           {server_pid}, started " in status.stdout
         assert f"log           {temp / f'feedapi-dagster-spark-{port}' / 'spark-connect-server.log'}" in status.stdout
@@ -76,7 +142,29 @@ def test_a_run_says_its_server_stays_and_spark_stop_stops_it_for_its_installatio
         assert f"was started by the installation {installation}, not this one" in refused.stderr, refused.stderr
         assert port_open(port) and process_group(server_pid)
 
-        stopped = run([str(other), "-m", "feedapi_dagster.cli", "spark", "stop", "--port", str(port)], temp)
+        # a run of this installation whose `spark.port` is that port does not use the other's server
+        used = run([sys.executable, "-c", RUN, str(port)], temp)
+        assert (used.returncode, used.stdout) == (
+            3,
+            f"SparkError: the embedded Spark server on port {port} (pid {server_pid}) belongs to another "
+            f"installation, {installation}, whose Python and packages its workers run; this installation "
+            f"({Path(sys.prefix).resolve()}) does not use it: leave `spark.port` unset (its port is "
+            f"{installation_port()})\n",
+        ), used.stdout + used.stderr[-3000:]
+        assert "Reusing the Spark Connect server" not in used.stderr
+
+        # without --port, each installation's commands find its own server, and only its own
+        ours = run([str(COMMAND), "spark", "status"], temp)
+        assert (ours.returncode, ours.stdout) == (
+            1,
+            f"no embedded Spark server on port {installation_port()} (this installation's port)\n",
+        )
+        theirs = run([str(other), "-m", "feedapi_dagster.cli", "spark", "status"], temp)
+        assert theirs.returncode == 0, theirs.stdout + theirs.stderr
+        assert f"embedded Spark server on sc://127.0.0.1:{port}: running" in theirs.stdout
+        assert f"installation  {installation} (this one)" in theirs.stdout
+
+        stopped = run([str(other), "-m", "feedapi_dagster.cli", "spark", "stop"], temp)
         assert stopped.returncode == 0, stopped.stderr
         assert stopped.stdout.startswith(f"stopped the embedded Spark server on port {port} (pid {server_pid})")
         assert not port_open(port)
