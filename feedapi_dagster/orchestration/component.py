@@ -65,7 +65,7 @@ def _resolve_feeds(context: dg.ResolutionContext, feeds: list[FeedConfig]) -> li
 
 
 def _resolve_feed(context: dg.ResolutionContext, feed: FeedConfig) -> FeedConfig:
-    values = _rendered(context, feed)
+    values = dict(_rendered(context, feed))
     if feed.token is not None:
         values["token"] = _token_text(context.at_path("token"), feed, values.get("token"))
     return _validated(context, FeedConfig, values)
@@ -99,7 +99,7 @@ def _token_text(context: dg.ResolutionContext, feed: FeedConfig, rendered: Any) 
             "leaves `token` out",
             inline=f"{variable['name']} is not set" if variable else "empty",
         )
-    text = rendered if isinstance(rendered, str) else context.resolve_value(_AS_TEXT + template).removeprefix(_AS_TEXT)
+    text = rendered if isinstance(rendered, str) else context.resolve_value(_AS_TEXT + template, as_type=str)[1:]
     if text.strip() == _PLACEHOLDER:
         where = f"set {variable['name']} to the feed's token" if variable else "write the feed's token in its place"
         raise _reported(
