@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 JARS_STAMP := $(VENV)/share/feedapi-dagster/delta-jars/manifest.json
 
-.PHONY: setup demo dev test lint clean browser
+.PHONY: setup demo dev test lint clean browser postgres
 
 setup: $(STAMP) $(JARS_STAMP)
 
@@ -31,6 +31,12 @@ browser:
 	test -x /usr/bin/chromedriver || { SUDO=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
 		$$SUDO apt-get update && $$SUDO apt-get install -y --no-install-recommends chromium chromium-driver; }
 
+# PostgreSQL 15's server for the test of a deployment's Dagster instance on PostgreSQL
+# (tests/orchestration/test_postgres_instance.py starts a throwaway cluster of it); Debian's package.
+postgres:
+	test -x /usr/lib/postgresql/15/bin/pg_ctl || { SUDO=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
+		$$SUDO apt-get update && $$SUDO apt-get install -y --no-install-recommends postgresql-15; }
+
 # Two pytest workers (pytest-xdist), a test file each at a time: much of the suite waits on other
 # processes (Spark servers, the cluster, Dagster runs), and a file's module-scoped servers stay in one
 # worker: the suite takes three quarters of the time of one worker (benchmarks/README.md).
@@ -40,7 +46,7 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: setup browser lint
+test: setup browser postgres lint
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 clean:

@@ -19,6 +19,7 @@ asset runs the component's `execute`, which a subclass may override (as
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -37,6 +38,8 @@ from .definitions import feed_definitions
 from .loads import FeedBinding, LoadConfig
 from .resources import FeedApiResource, shared_resource
 from .translator import FeedApiTranslator, FeedTranslatorData
+
+log = logging.getLogger(__name__)
 
 
 class _ComponentTranslator(FeedApiTranslator):
@@ -62,25 +65,49 @@ def _resolve_feeds(context: dg.ResolutionContext, feeds: list[FeedConfig]) -> li
 
 
 def _resolve_feed(context: dg.ResolutionContext, feed: FeedConfig) -> FeedConfig:
-    values = _rendered(context, feed)
-    if feed.token is not None and not values.get("token"):
+    values = dict(_rendered(context, feed))
+    if feed.token is not None:
+        values["token"] = _token_text(context.at_path("token"), feed, values.get("token"))
+    return _validated(context, FeedConfig, values)
+
+
+# Dagster renders a template natively (jinja2's NativeTemplate): a value that reads as a Python literal
+# becomes one, so a token of digits renders as an int, `0x1F` as 31 and `...` as Ellipsis. A token is
+# text: it is rendered again behind a character that no Python literal holds, which keeps it as written.
+_AS_TEXT = "\x00"
+# what a token written as the README once showed it (`ORDERS_FEED_TOKEN=...`) renders to
+_PLACEHOLDER = "..."
+
+
+def _token_text(context: dg.ResolutionContext, feed: FeedConfig, rendered: Any) -> str:
+    """The feed's token, rendered as the text it is; an unset variable or a placeholder is refused."""
+    assert feed.token is not None
+    template = feed.token.get_secret_value()
+    variable = _ENV_VARIABLE.search(template)
+    if rendered is None or rendered == "":
         # `{{ env.X }}` of a variable that is not set renders to None, which would read the feed
         # without authentication, in silence: a feed that needs none leaves `token` out
-        template = feed.token.get_secret_value()
-        variable = _ENV_VARIABLE.search(template)
         unset = (
             f"the environment variable {variable['name']} is not set (or empty) where the definitions load. "
             f"Set it, or write `token_env: {variable['name']}` to read it in the runs; "
             if variable
             else ""
         )
-        raise _yaml_error(
-            context.at_path("token"),
-            f"feed {values.get('name')!r}: token {template!r} is empty: "
-            f"{unset}a feed that needs no authentication leaves `token` out",
+        raise _reported(
+            context,
+            f"feed {feed.name!r}: token {template!r} is empty: {unset}a feed that needs no authentication "
+            "leaves `token` out",
             inline=f"{variable['name']} is not set" if variable else "empty",
         )
-    return _validated(context, FeedConfig, values)
+    text = rendered if isinstance(rendered, str) else context.resolve_value(_AS_TEXT + template, as_type=str)[1:]
+    if text.strip() == _PLACEHOLDER:
+        where = f"set {variable['name']} to the feed's token" if variable else "write the feed's token in its place"
+        raise _reported(
+            context,
+            f"feed {feed.name!r}: token {template!r} is {_PLACEHOLDER!r}, a placeholder: {where}",
+            inline="a placeholder",
+        )
+    return text
 
 
 _Model = TypeVar("_Model", bound=BaseModel)
@@ -101,6 +128,14 @@ def _validated(context: dg.ResolutionContext, model: type[_Model], rendered: Map
 
 
 _ENV_VARIABLE = re.compile(r"""env(?:\.|\(\s*["'])(?P<name>\w+)""")  # {{ env.X }}, {{ env('X', ...) }}
+
+
+def _reported(context: dg.ResolutionContext, message: str, inline: str) -> ResolutionException:
+    """The error of a value of the defs.yaml, its one plain line also logged as it is raised: Dagster
+    reports a code location that does not load with its stack trace first (`dg check defs`, `dg dev`,
+    a run), where this line would come twentieth."""
+    log.error("%s", message)
+    return _yaml_error(context, message, inline)
 
 
 def _yaml_error(context: dg.ResolutionContext, message: str, inline: str) -> ResolutionException:

@@ -47,6 +47,12 @@ def _literal_rule(pattern: str) -> dict[str, Any]:
 
 FEED_NAME_RULE = _literal_rule(f"^{_FEED_NAME.pattern}$")
 URL_RULE = _literal_rule("^https?://[^/]")
+# A token written as a YAML number is refused as written, saying to quote it: YAML reads 12345, and
+# 0123 or 0x1F as other numbers, so the text the user meant is gone before any validator sees it
+TOKEN_RULE: dict[str, Any] = {
+    "if": {"type": ["string", "null"]},
+    "else": {"const": "the token in quotes, as text (YAML reads 12345, 0123 or 0x1F as numbers)"},
+}
 # s3:// and s3n:// are not the file systems Spark has (`check_lakehouse_uri`); s3a:// needs a bucket
 LAKEHOUSE_URI_RULE: dict[str, Any] = {"if": {"pattern": "^[sS]3[aAnN]?:"}, "then": {"pattern": "^s3a://[^/]"}}
 
@@ -130,6 +136,8 @@ class FeedConfig(BaseModel):
             settings = handler.resolve_ref_schema(handler(protocol.settings.__pydantic_core_schema__))
             properties = {**settings["properties"], **own}
             properties["url"] = {**properties["url"], **URL_RULE}
+            token = {key: value for key, value in properties["token"].items() if key != "anyOf"}
+            properties["token"] = {**token, **TOKEN_RULE}
             chosen: dict[str, Any] = {"properties": {"protocol": {"const": name}}}
             if name != DEFAULT_PROTOCOL:
                 chosen["required"] = ["protocol"]

@@ -26,6 +26,14 @@ import dagster as dg
 from .demo_commands import INSTANCE_TEMPLATE
 
 PARTITION_TAG = "dagster/partition"
+# SQLAlchemy 2.1 maps a bare `postgresql://` to psycopg 3, while dagster-postgres brings psycopg2: an
+# instance whose storage says `postgresql://` (Dagster's documented form) cannot be opened
+PSYCOPG3 = "psycopg"
+PLAIN_POSTGRES_SCHEME = (
+    "dagster.yaml: storage.postgres names the driver-less scheme postgresql://, which SQLAlchemy 2.1 reads as "
+    "psycopg 3 (not installed; dagster-postgres brings psycopg2): write postgres_url: postgresql+psycopg2://... "
+    "or, under postgres_db, scheme: postgresql+psycopg2"
+)
 
 
 @dataclass(frozen=True)
@@ -171,8 +179,14 @@ def run(args: argparse.Namespace) -> int:
             "(it creates it, with the dagster.yaml feedapi-dagster ships)"
         )
         return 1
-    with open_instance(home) as (instance, source):
-        findings = instance_findings(instance)
+    try:
+        with open_instance(home) as (instance, source):
+            findings = instance_findings(instance)
+    except ModuleNotFoundError as error:
+        if error.name != PSYCOPG3:
+            raise
+        print(PLAIN_POSTGRES_SCHEME)
+        return 1
     return report(source, findings, home)
 
 

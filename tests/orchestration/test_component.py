@@ -28,9 +28,18 @@ DG = Path(sys.executable).with_name("dg")
 KEY = dg.AssetKey(["feedapi", "orders"])
 
 
-def dg_command(root: Path, *args: str) -> subprocess.CompletedProcess:
+def dg_command(root: Path, *args: str, merged: bool = False) -> subprocess.CompletedProcess:
+    """`dg` in the project at `root`; `merged`: its stderr in its stdout, in the order they were written."""
     env = {**os.environ, "VIRTUAL_ENV": str(Path(sys.executable).parents[1])}
-    return subprocess.run([str(DG), *args], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [str(DG), *args],
+        cwd=root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merged else subprocess.PIPE,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_one_defs_yaml_adds_the_feed_beside_the_users_assets_and_spark_resource(user_project):

@@ -5,9 +5,11 @@ pydantic's wrapping; exit code 1 for each."""
 
 from __future__ import annotations
 
+import dagster as dg
 import pytest
 from pydantic import ValidationError
 
+from feedapi_dagster.orchestration.component import FeedApiAttributes, FeedApiComponent
 from feedapi_dagster.protocol import feed_settings
 
 from ..user_project import MODULE
@@ -26,6 +28,15 @@ def dagsters_own_warnings(report: str) -> bool:
     return "PreviewWarning" in report or "return attr if isinstance" in report
 
 
+def first_lines_of_ours(report: str) -> list[str]:
+    """The report's lines less Dagster's own warnings and dg's line for the YAML it validated."""
+    return [
+        line
+        for line in report.splitlines()
+        if line.strip() and not dagsters_own_warnings(line) and line != "All component YAML validated successfully."
+    ]
+
+
 @pytest.mark.parametrize("value", [None, ""], ids=["unset", "empty"])
 def test_a_token_whose_variable_is_not_set_is_an_error_naming_the_feed_the_field_and_the_variable(
     user_project, monkeypatch, value
@@ -35,15 +46,70 @@ def test_a_token_whose_variable_is_not_set_is_an_error_naming_the_feed_the_field
     else:
         monkeypatch.setenv("ORDERS_FEED_TOKEN", value)
     path = defs_yaml(user_project)
+    checked = dg_command(user_project, "check", "defs", merged=True)
+    report = checked.stdout
+    assert checked.returncode == 1, report[-3000:]
+    plain = (
+        "feed 'orders': token '{{ env.ORDERS_FEED_TOKEN }}' is empty: the environment variable ORDERS_FEED_TOKEN "
+        "is not set (or empty) where the definitions load. Set it, or write `token_env: ORDERS_FEED_TOKEN` to read "
+        "it in the runs; a feed that needs no authentication leaves `token` out"
+    )
+    # the first line the user reads, before Dagster's report of the code location and its stack trace
+    assert first_lines_of_ours(report)[0] == plain, report[-3000:]
+    assert f"{path}:{line_of(path, 'token:')} - attributes.feeds.0.token: {plain}" in report, report[-3000:]
+
+
+@pytest.mark.parametrize("value", ["12345", "0x1F", "1e3", "True", " spaced-token "])
+def test_a_token_from_the_environment_is_the_text_it_is_set_to(tmp_path, monkeypatch, value):
+    # Dagster renders `{{ env.X }}` natively: 12345 became an int, 0x1F the int 31 ("Input should be a
+    # valid string"); the token is the variable's text, as written
+    monkeypatch.setenv("ORDERS_FEED_TOKEN", value)
+    component = FeedApiComponent.resolve_from_model(
+        dg.ResolutionContext.default(),
+        FeedApiAttributes.model_validate(
+            {
+                "feeds": [
+                    {"name": "orders", "url": "https://feeds.example.com/o", "token": "{{ env.ORDERS_FEED_TOKEN }}"}
+                ]
+            }
+        ),
+    )
+    assert component.feeds[0].bearer_token() == value
+
+
+@pytest.mark.parametrize(
+    "written, variable, said",
+    [
+        ("'{{ env.ORDERS_FEED_TOKEN }}'", "...", "set ORDERS_FEED_TOKEN to the feed's token"),
+        ("'...'", None, "write the feed's token in its place"),
+    ],
+    ids=["variable", "yaml"],
+)
+def test_the_placeholder_token_is_refused_in_one_plain_first_line(user_project, monkeypatch, written, variable, said):
+    monkeypatch.setenv("ORDERS_FEED_TOKEN", variable or "tok")
+    path = defs_yaml(user_project)
+    path.write_text(path.read_text().replace("token: '{{ env.ORDERS_FEED_TOKEN }}'", f"token: {written}"))
+    checked = dg_command(user_project, "check", "defs", merged=True)
+    report = checked.stdout
+    assert checked.returncode == 1, report[-3000:]
+    template = "{{ env.ORDERS_FEED_TOKEN }}" if variable else "..."
+    assert first_lines_of_ours(report)[0] == f"feed 'orders': token '{template}' is '...', a placeholder: {said}", (
+        report[-3000:]
+    )
+    assert "valid string" not in report
+
+
+def test_a_token_written_as_a_yaml_number_is_one_line_saying_to_quote_it(user_project):
+    path = defs_yaml(user_project)
+    path.write_text(path.read_text().replace("token: '{{ env.ORDERS_FEED_TOKEN }}'", "token: 0x1F"))
     checked = dg_command(user_project, "check", "defs")
     report = checked.stdout + checked.stderr
     assert checked.returncode == 1, report[-3000:]
     assert (
-        f"{path}:{line_of(path, 'token:')} - attributes.feeds.0.token: feed 'orders': token "
-        "'{{ env.ORDERS_FEED_TOKEN }}' is empty: the environment variable ORDERS_FEED_TOKEN is not set (or empty) "
-        "where the definitions load. Set it, or write `token_env: ORDERS_FEED_TOKEN` to read it in the runs; "
-        "a feed that needs no authentication leaves `token` out"
-    ) in report, report[-3000:]
+        f"{path}:{line_of(path, 'token:')} - feedapi_dagster.FeedApiComponent attributes.feeds.0.token "
+        "'the token in quotes, as text (YAML reads 12345, 0123 or 0x1F as numbers)' was expected\n"
+    ) in report, report
+    assert "Stack Trace" not in report and "any of the given schemas" not in report
 
 
 def test_a_feed_without_authentication_leaves_the_token_out(user_project, monkeypatch):

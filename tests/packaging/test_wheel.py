@@ -17,6 +17,7 @@ the cache `make setup` made: nothing is resolved from Maven.
 from __future__ import annotations
 
 import ast
+import contextlib
 import email.message
 import email.parser
 import importlib.metadata
@@ -88,7 +89,7 @@ def _copy_source(destination: Path) -> Path:
     return destination
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module")  # one build for the module's tests: keep every test of the wheel here
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert UV.is_file(), f"uv not found at {UV}: run `make setup`"
     root = tmp_path_factory.mktemp("wheel-build")
@@ -295,3 +296,87 @@ def test_installed_wheel_runs_the_demo_from_an_empty_directory(wheel: Path, tmp_
     # the cached jars were used as they are: nothing resolved again, nothing cached in the new virtualenv
     assert manifest.stat().st_mtime_ns == manifest_stamp, f"the Delta jar cache {jars} was rewritten"
     assert not (venv / "share" / "feedapi-dagster").exists(), "the demo set up a jar cache in the new virtualenv"
+
+
+QUICKSTART_MARK = "<!-- quickstart -->"
+README_FEED_PORT = "8765"
+SCAFFOLD_LINE = "dg scaffold defs feedapi_dagster.FeedApiComponent orders_feed"
+
+
+def quickstart_block() -> str:
+    """The README's quick start: the bash block after its `<!-- quickstart -->` mark."""
+    readme = (REPO / "README.md").read_text()
+    assert QUICKSTART_MARK in readme, f"README.md has no {QUICKSTART_MARK} mark before its quick start"
+    block = re.search(r"```bash\n(.*?)```", readme[readme.index(QUICKSTART_MARK) :], re.S)
+    assert block, f"no ```bash block after {QUICKSTART_MARK} in README.md"
+    return block.group(1)
+
+
+@pytest.mark.spark
+def test_the_readme_quick_start_pasted_in_an_empty_folder_loads_a_partition(wheel: Path, tmp_path: Path) -> None:
+    """The quick start as written, from `uv init` to the loaded partition, with the suite's wheel as
+    FEEDAPI_WHEEL. Two edits, for a shared machine: the demo feed's port is a free one, and the
+    scaffolded defs.yaml gets a free Spark port (the README's embedded server takes the default)."""
+    jars = jars_dir()
+    assert (jars / MANIFEST_NAME).is_file(), f"the Delta jar cache {jars} is not set up: run `make setup`"
+    feed_port, spark_port = find_free_port(), find_free_port()
+    while spark_port == feed_port:
+        spark_port = find_free_port()
+    script = quickstart_block()
+    assert script.count(README_FEED_PORT) == 2 and script.count(SCAFFOLD_LINE) == 1, script
+    script = script.replace(README_FEED_PORT, str(feed_port))
+    scaffold = next(line for line in script.splitlines() if SCAFFOLD_LINE in line)
+    script = script.replace(
+        scaffold,
+        f"{scaffold}\nsed -i 's/^    mode: embedded$/    mode: embedded\\n    port: {spark_port}/' "
+        "src/my_feeds/defs/orders_feed/defs.yaml\ngrep -q 'port: [0-9]' src/my_feeds/defs/orders_feed/defs.yaml",
+    )
+
+    # what a new user's shell has: uv, Java and the system's tools; nothing of this repository's venv
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "uv").symlink_to(UV)
+    scratch = tmp_path / "scratch"  # TMPDIR: the Spark server's work dir, token and lock files
+    scratch.mkdir()
+    workdir = tmp_path / "empty"
+    workdir.mkdir()
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DAGSTER_HOME", "PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME", "SPARK_HOME", "SPARK_REMOTE")
+        and not k.startswith(("FEEDAPI_DAGSTER_", "PYSPARK_", "UV_", "ORDERS_"))
+    }
+    env.update(
+        PATH=f"{tools}:/usr/local/bin:/usr/bin:/bin",
+        FEEDAPI_WHEEL=str(wheel),
+        FEEDAPI_DAGSTER_JARS_DIR=str(jars),  # `setup-jars` finds them set up: nothing from Maven
+        TMPDIR=str(scratch),
+    )
+    shell = subprocess.Popen(
+        ["bash", "-c", "set -eo pipefail\n" + script],
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # the demo server it starts in the background is in its group
+    )
+    try:
+        output, _ = shell.communicate(timeout=DEMO_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(shell.pid, signal.SIGKILL)
+        output, _ = shell.communicate()
+        pytest.fail(f"the quick start did not finish in {DEMO_TIMEOUT:.0f} s:\n{output[-6000:]}")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(shell.pid, signal.SIGKILL)
+        pid = connect_server_pid(spark_port)  # the embedded Spark server the run started, detached
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+    assert shell.returncode == 0, f"the quick start failed (exit code {shell.returncode}):\n{output[-8000:]}"
+    assert "feed orders: partitions 0, 1" in output, output[-4000:]
+    row = re.search(r"^\s*0\s+(\d+)\s+(yes|no)\s+\S+\s*$", output, re.M)
+    assert row and int(row.group(1)) > 0, f"no loaded partition 0 in `feedapi-dagster state`:\n{output[-4000:]}"
+    project = workdir / "my-feeds"
+    assert (project / "lakehouse" / "orders" / "_delta_log").is_dir(), output[-4000:]
