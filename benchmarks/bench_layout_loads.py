@@ -19,8 +19,9 @@ hits all of them), each with a new table and its own demo feed server (`feedapi-
   loader's sync (a run's: it reads the cursor of record from the table);
 * the writers (the first repetition): delta-rs 1.6's `DeltaTable.delete` (a GDPR erasure of one row),
   `optimize.compact()`, `write_deltalake(mode="append")` of that row back and `restore` to the version
-  before the DELETE, each timed, or the first line of its refusal; then Spark SQL's DELETE, OPTIMIZE
-  and RESTORE of the same; after them a load must still find every event once (checked).
+  before the incremental load, each timed, or the first line of its refusal; then Spark SQL's DELETE,
+  OPTIMIZE and RESTORE of the same; after them a load reads the incremental events again, and the
+  table must hold every event once (checked).
 
 Every load is checked: the table holds each partition's events at positions 0..n-1 once, and its cursor
 of record's positions add up to the rows. Each figure is printed as measured with `os.getloadavg()`.
@@ -106,8 +107,9 @@ def first_line(error: Exception) -> str:
     return f"refused: {type(error).__name__}: {str(error).splitlines()[0][:120]}"
 
 
-def writers(spark, path: str, result: Result) -> None:
-    """An operator's delta-rs commits, then the same by Spark SQL; each timed, or its refusal."""
+def writers(spark, path: str, before: int, result: Result) -> None:
+    """An operator's delta-rs commits, then the same by Spark SQL, each RESTORE to `before` (the version
+    before the incremental load); each timed, or its refusal."""
     from deltalake import DeltaTable, write_deltalake
 
     def attempt(name: str, operation) -> None:
@@ -121,7 +123,6 @@ def writers(spark, path: str, result: Result) -> None:
         say(f"  {result.layout} {name}: {result.writers[name]}")
 
     one = "partition_id = 7 AND position = 3"
-    before = DeltaTable(path).version()
     row = DeltaTable(path).to_pyarrow_table(filters=[("partition_id", "=", 7), ("position", "=", 3)])
     attempt("delta-rs DELETE", lambda: DeltaTable(path).delete(one))
     attempt("delta-rs optimize.compact()", lambda: DeltaTable(path).optimize.compact())
@@ -154,14 +155,15 @@ def run_layout(spark, work: Path, layout: str, partitions: int, rep: int, result
             partition = i * partitions // CHANGED
             requests.post(admin, json={"count": INCREMENT, "partition": partition}, timeout=30).raise_for_status()
         events += CHANGED * INCREMENT
+        before = DeltaTable(path).version()
         seconds = sync(spark, url, path, layout)
         check(path, events)
         result.incremental.append(seconds)
         result.loads.append(os.getloadavg()[0])
         say(f"{layout} #{rep + 1} incremental load ({CHANGED} x {INCREMENT} new): {seconds:.2f} s (load {load_text()})")
         if probe:
-            writers(spark, path, result)
-            sync(spark, url, path, layout)  # the operator's commits undone by the RESTOREs: every event once
+            writers(spark, path, before, result)
+            sync(spark, url, path, layout)  # the RESTOREs undid the incremental load: read again, every event once
             check(path, events)
     finally:
         stop(server)

@@ -4,6 +4,7 @@ go through the same loads: appends, a user's DELETE, an at-least-once feed's ded
 ids, a rebuild (`replaceWhere` on `partition_id`), OPTIMIZE, and the positions check after each (the
 statistics and the count of users' DELETEs, read by delta-rs from the log or from the two columns)."""
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,9 @@ from deltalake.exceptions import CommitFailedError
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
 from feedapi_dagster.errors import LayoutMismatch
-from feedapi_dagster.lakehouse.cursor_record import read_committed_state
+from feedapi_dagster.lakehouse.cursor_record import METADATA_KEY, read_committed_state
 from feedapi_dagster.lakehouse.deletes import UserDeletes, count_user_deletes
-from feedapi_dagster.lakehouse.delta import DeltaLog
+from feedapi_dagster.lakehouse.delta import DeltaLog, create_table_sql
 from feedapi_dagster.lakehouse.loader import LoadSettings
 from feedapi_dagster.lakehouse.stats import NO_ROWS, PartitionStats, partition_stats
 
@@ -226,3 +227,34 @@ def test_a_table_found_with_another_layout_is_one_line_and_not_loaded(spark, lak
     lakehouse.feed_table(spark, other, read_log=reader, layout="none").ensure_table()
     with pytest.raises(LayoutMismatch, match=r"is none \(no layout\) and the feed's layout is clustered"):
         lakehouse.feed_table(spark, other, read_log=reader, layout="clustered").ensure_table()
+
+
+def test_a_table_moved_to_another_layout_as_the_readme_says_keeps_its_cursor_of_record(spark, make_loader, table_path):
+    """The README's move of a clustered table to `none` (so that delta-rs can write it): the rows copied
+    aside, the table created anew with the layout, the rows inserted back in one commit carrying the
+    cursor of record. The next load goes on from it: every event once."""
+    feed = DemoFeed(partitions=2, events=80, seed=45)
+    aside = f"{table_path}-aside"
+    with DemoFeedServer(feed, dialect="published") as server:
+        make_loader(server, layout="clustered").sync()
+        state = read_committed_state(DeltaLog(table_path)).state
+
+        # the README's steps (the feed's schedule and sensor off, no load running)
+        record = next(
+            h["userMetadata"] for h in DeltaTable(table_path).history() if METADATA_KEY in (h.get("userMetadata") or "")
+        )
+        spark.sql(f"CREATE TABLE delta.`{aside}` USING delta AS SELECT * FROM delta.`{table_path}`")
+        shutil.rmtree(table_path)
+        spark.sql(create_table_sql(table_path, "none"))
+        spark.conf.set("spark.databricks.delta.commitInfo.userMetadata", record)
+        try:
+            spark.sql(f"INSERT INTO delta.`{table_path}` SELECT * FROM delta.`{aside}`")
+        finally:
+            spark.conf.unset("spark.databricks.delta.commitInfo.userMetadata")
+
+        assert DeltaLog(table_path).layout() == "none"
+        assert read_committed_state(DeltaLog(table_path)).state == state
+        feed.append(40)
+        make_loader(server, layout="none").sync()
+    events = {partition: list(enumerate(feed.expected_events(partition))) for partition in range(2)}
+    assert positioned(table_path) == events
