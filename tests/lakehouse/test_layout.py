@@ -172,38 +172,28 @@ def test_an_operators_delta_rs_delete_compaction_and_restore_keep_the_cursor_of_
     assert all(operations[op].startswith("delta-rs") for op in ("DELETE", "OPTIMIZE", "RESTORE")), operations
 
 
-def test_delta_rs_refuses_a_clustered_table_and_spark_sql_does_it(spark, make_loader, table_path):
-    """delta-rs 1.6 writes no clustered table (the README says so, quoting this error, and what to use
-    instead): its DELETE, compaction, append and RESTORE are refused and commit nothing; the same by
-    Spark SQL commit, and the next load brings every event once."""
-    feed = DemoFeed(partitions=2, events=80, seed=44)
+def test_delta_rs_refuses_a_clustered_table_and_the_readme_quotes_it(spark, make_loader, table_path):
+    """delta-rs 1.6 writes no clustered table: its DELETE, compaction, append and RESTORE are refused
+    with the error the README quotes (where it says to use Spark SQL instead: Spark's DELETE and
+    OPTIMIZE of a clustered table between loads are `test_both_layouts_...` above, its RESTORE is
+    `test_durable_state.py`'s), and commit nothing."""
+    feed = DemoFeed(partitions=2, events=40, seed=44)
     with DemoFeedServer(feed, dialect="published") as server:
         make_loader(server, layout="clustered").sync()
-        operator = DeltaTable(table_path)
-        version = operator.version()
-        refused = {
-            "delete": lambda: operator.delete("partition_id = 1 AND position = 3"),
-            "compact": operator.optimize.compact,
-            "append": lambda: write_deltalake(table_path, operator.to_pyarrow_table(), mode="append"),
-            "restore": lambda: operator.restore(version - 1),
-        }
-        for name, write in refused.items():
-            with pytest.raises(CommitFailedError, match=DELTA_RS_REFUSAL):
-                write()
-            assert DeltaTable(table_path).version() == version, name
-        readme = (Path(__file__).parents[2] / "README.md").read_text()
-        assert "CommitFailedError: Unsupported table features required: [DomainMetadata, ClusteredTable]" in readme
-
-        # what the README says to use instead: Spark SQL
-        spark.sql(f"DELETE FROM delta.`{table_path}` WHERE partition_id = 1 AND position = 3")
-        before = DeltaTable(table_path).version()
-        feed.append(40)
-        make_loader(server, layout="clustered").sync()
-        spark.sql(f"RESTORE TABLE delta.`{table_path}` TO VERSION AS OF {before}").collect()
-        spark.sql(f"OPTIMIZE delta.`{table_path}`").collect()
-        make_loader(server, layout="clustered").sync()
-    events = {partition: list(enumerate(feed.expected_events(partition))) for partition in range(2)}
-    assert positioned(table_path) == {p: [e for e in rows if (p, e[0]) != (1, 3)] for p, rows in events.items()}
+    operator = DeltaTable(table_path)
+    version = operator.version()
+    refused = {
+        "delete": lambda: operator.delete("partition_id = 1 AND position = 3"),
+        "compact": operator.optimize.compact,
+        "append": lambda: write_deltalake(table_path, operator.to_pyarrow_table(), mode="append"),
+        "restore": lambda: operator.restore(version - 1),
+    }
+    for name, write in refused.items():
+        with pytest.raises(CommitFailedError, match=DELTA_RS_REFUSAL):
+            write()
+        assert DeltaTable(table_path).version() == version, name
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert "CommitFailedError: Unsupported table features required: [DomainMetadata, ClusteredTable]" in readme
 
 
 @LOG_READERS
