@@ -7,6 +7,7 @@ subclass for one kind of failure.
     │   └── MalformedResponse    a body that is not the protocol's (retried from the last good cursor)
     ├── StorageError             the lakehouse's storage refused or cannot be reached
     ├── StateError               the cursor of record cannot be read or recovered
+    ├── LayoutMismatch           a feed's table exists with another layout than the feed's `layout`
     ├── LoadError                a load could not finish (what was committed before is kept)
     │   ├── CommitExhausted      Delta's optimistic commit lost every retry to other writers
     │   ├── PartitionConflict    another load committed a partition first (`partition_id`)
@@ -58,6 +59,11 @@ class StorageError(FeedApiDagsterError):
 
 class StateError(FeedApiDagsterError):
     """The cursor of record in a feed table's commits cannot be read or recovered."""
+
+
+class LayoutMismatch(FeedApiDagsterError):
+    """A feed's table exists with another layout (clustered, partitioned, none) than the feed's `layout`
+    setting: a Delta table's layout cannot change in place, so nothing is loaded into it."""
 
 
 class LoadError(FeedApiDagsterError):

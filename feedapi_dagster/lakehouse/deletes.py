@@ -9,13 +9,13 @@ remove actions (delta-rs writes none). How the counts are found depends on the t
 
 * a partitioned table (`PARTITIONED BY (partition_id)`, tables created by 0.1.0 and earlier): from the file
   statistics of the two versions (`numRecords` of each partition's files, no scan);
-* a clustered table (`CLUSTER BY (partition_id)`): a file holds rows of many partitions, so delta-rs
-  reads the `partition_id` column of the files the DELETE removed (at the version before it) and of
-  the files it added (at its version), and the partition's rows in the first less those in the
-  second are what it removed (the files both versions hold are the same rows). Only the DELETE's own
-  files are read, not the table; but they must still exist: a DELETE counted only after VACUUM
-  deleted the files it removed (older than the retention, `time_travel_hours`; a count that starts
-  from scratch on a new Dagster instance) cannot be counted, and the count is then not `exact`.
+* a clustered table (`CLUSTER BY (partition_id)`), or one of no layout (`none`): a file holds rows of
+  many partitions, so delta-rs reads the `partition_id` column of the files the DELETE removed (at the
+  version before it) and of the files it added (at its version), and the partition's rows in the first
+  less those in the second are what it removed (the files both versions hold are the same rows). Only
+  the DELETE's own files are read, not the table; but they must still exist: a DELETE counted only after
+  VACUUM deleted the files it removed (older than the retention, `time_travel_hours`; a count that
+  starts from scratch on a new Dagster instance) cannot be counted, and the count is then not `exact`.
 
 Those rows are no loss: the positions check (`positions_contiguous`) expects a
 partition's rows to be its committed position less them. Rows that anything else removed (a data

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
+from feedapi_dagster.errors import LayoutMismatch
+
 from .spark_errors import first_line
 from .storage import explain_storage_error
 from .table import PARTITION_COLUMN, TABLE_SCHEMA, spark_ddl
@@ -41,16 +43,56 @@ ABANDONED_AFTER_SECONDS = 3600
 log = logging.getLogger(__name__)
 
 TABLE_DDL = spark_ddl(TABLE_SCHEMA)
-# A new table is clustered by the feed's partition (liquid clustering): a first load of thousands of
-# small partitions writes a file per read task, not a folder per partition (2,000 partitions: ~1 s
-# against 20-28 s; `benchmarks/README.md`, issue #26). OPTIMIZE lays the files out by `partition_id`.
-# Tables created `PARTITIONED BY (partition_id)` (by 0.1.0 and earlier) keep their layout: every reader here
-# tells the two apart by the table's metadata (`DeltaLog.partitioned`).
-LAYOUT = f"CLUSTER BY ({PARTITION_COLUMN})"
-# File statistics only of what is looked up by them: the clustering column (Delta requires them; data
-# skipping of a partition's files) and positions. Delta's default, the first 32 columns, has every
-# commit compute min/max of each payload too.
-STATS_COLUMNS = f"'delta.dataSkippingStatsColumns' = '{PARTITION_COLUMN},position'"
+# How a feed's table lays out its rows by the feed's partition (the feed's `layout` setting):
+# * `clustered`: liquid clustering, `CLUSTER BY (partition_id)`, the default for a new table. A first load
+#   of thousands of small partitions writes a file per read task, not a folder per partition (2,000
+#   partitions: ~1 s against 20-28 s; `benchmarks/README.md`, issue #26); OPTIMIZE lays the files out by
+#   `partition_id`. Writer features `clustering` and `domainMetadata`: delta-rs 1.6 (and so polars'
+#   `write_delta`) refuses to write it, an operator's DELETE/RESTORE/OPTIMIZE goes through Spark SQL.
+# * `partitioned`: a folder per feed partition, `PARTITIONED BY (partition_id)` (what 0.1.0 and earlier
+#   created): delta-rs writes it; a first load costs a file per partition.
+# * `none`: neither: written as a clustered table is (a file per read task), OPTIMIZE bin-packs; delta-rs
+#   writes it.
+# Every reader here tells them apart by the table's metadata (`DeltaLog.partitioned`), and a table's
+# layout never changes in place (`LayoutMismatch`).
+Layout = Literal["clustered", "partitioned", "none"]
+DEFAULT_LAYOUT: Layout = "clustered"
+LAYOUT_CLAUSE: Mapping[Layout, str] = {
+    "clustered": f"CLUSTER BY ({PARTITION_COLUMN})",
+    "partitioned": f"PARTITIONED BY ({PARTITION_COLUMN})",
+    "none": "",
+}
+# the writer feature of a clustered table (in its protocol, or `DESCRIBE DETAIL`'s `tableFeatures`)
+_CLUSTERING_FEATURE = "clustering"
+
+
+def create_table_sql(path: str, layout: Layout) -> str:
+    """The table's creation with `layout`. File statistics only of what is looked up by them: positions,
+    and the feed's partition where it is not a partition column (whose value is its folder's): Delta
+    requires statistics of clustering columns, and data skipping reads them. Delta's default, the first
+    32 columns, has every commit compute min/max of each payload too."""
+    stats = "position" if layout == "partitioned" else f"{PARTITION_COLUMN},position"
+    return (
+        f"CREATE TABLE IF NOT EXISTS delta.`{path}` ({TABLE_DDL}) USING delta {LAYOUT_CLAUSE[layout]} "
+        f"TBLPROPERTIES ('delta.dataSkippingStatsColumns' = '{stats}')"
+    )
+
+
+def layout_of(partition_columns: Any, writer_features: Any) -> Layout:
+    """A table's layout from its metadata's partition columns and its protocol's writer features."""
+    if PARTITION_COLUMN in (partition_columns or ()):
+        return "partitioned"
+    return "clustered" if _CLUSTERING_FEATURE in (writer_features or ()) else "none"
+
+
+def layout_mismatch(path: str, found: Layout, wanted: Layout) -> LayoutMismatch:
+    return LayoutMismatch(
+        f"the Delta table {path} is {found} ({LAYOUT_CLAUSE[found] or 'no layout'}) and the feed's layout is "
+        f"{wanted}: a table's layout cannot change in place. Set `layout: {found}` (or leave it unset) to go "
+        f'on loading this table, or move it to {wanted} as the README\'s "Table layout" says (a copy whose '
+        "first commit carries the cursor of record)"
+    )
+
 
 # operations of the Delta log that maintenance writes (VACUUM logs a START and an END commit)
 OPTIMIZE = "OPTIMIZE"
@@ -149,9 +191,13 @@ class DeltaLog:
     def partitioned(self, snapshot: Any = None) -> bool:
         """Whether the table (`snapshot`: a version of it) has a folder per feed partition
         (`PARTITIONED BY (partition_id)`: partition values and statistics per partition in the log);
-        else it is clustered by `partition_id` (`LAYOUT`; or has no layout), and a data file holds rows
-        of many partitions."""
+        else it is clustered by `partition_id` or has no layout, and a data file holds rows of many
+        partitions."""
         return PARTITION_COLUMN in (snapshot or self.snapshot()).metadata().partition_columns
+
+    def layout(self) -> Layout:
+        snapshot = self.snapshot()
+        return layout_of(snapshot.metadata().partition_columns, snapshot.protocol().writer_features)
 
     def at(self, version: int) -> Any:
         """A snapshot of a past version of its own (the current one stays as it is)."""
@@ -257,14 +303,18 @@ class FeedTable:
         *,
         read_log: Literal["auto", "spark"] = "auto",
         storage_options: Mapping[str, str] | None = None,
+        layout: Layout | None = None,
     ):
         """`read_log`: `auto` reads the Delta log with delta-rs when this process can open the table
         (decided by `ensure_table`), `spark` always through the Spark session. `storage_options`:
-        delta-rs's, for a table on object storage."""
+        delta-rs's, for a table on object storage. `layout`: the feed's setting, what `ensure_table`
+        creates the table with and finds an existing one in (None: `DEFAULT_LAYOUT` for a new table,
+        an existing one as it is)."""
         self.spark = spark
         self.path = path
         self.read_log = read_log
         self.storage_options = dict(storage_options or {})
+        self.layout = layout
         self._log: DeltaLog | None = None
 
     @property
@@ -275,14 +325,13 @@ class FeedTable:
 
     # ------------------------------------------------------------------ set-up
     def ensure_table(self) -> None:
+        """Creates the table with its layout where there is none; `LayoutMismatch` where one exists with
+        another layout than the feed's setting."""
         # a table delta-rs opens exists: no Spark statement (0.3-0.4 s of every run) to create it
         self._log = self._open_log(quiet=True)
         if self._log is None:
             try:
-                self.spark.sql(
-                    f"CREATE TABLE IF NOT EXISTS delta.`{self.path}` ({TABLE_DDL}) USING delta "
-                    f"{LAYOUT} TBLPROPERTIES ({STATS_COLUMNS})"
-                )
+                self.spark.sql(create_table_sql(self.path, self.layout or DEFAULT_LAYOUT))
             except Exception as error:  # noqa: BLE001 - Spark's error types differ between classic and Connect
                 if (explained := explain_storage_error(self.path, error)) is not None:
                     raise explained from None  # what to set, not Hadoop's stack trace
@@ -291,7 +340,18 @@ class FeedTable:
                 if not self._readable(within_seconds=10):
                     raise
             self._log = self._open_log()
+        if self.layout is not None and (found := self.found_layout()) != self.layout:
+            raise layout_mismatch(self.path, found, self.layout)
         self._remove_abandoned_progress()
+
+    def found_layout(self) -> Layout:
+        """The existing table's layout, from its metadata and protocol (delta-rs, or `DESCRIBE DETAIL`)."""
+        if self._log is not None:
+            return self._log.layout()
+        detail = self.spark.sql(f"DESCRIBE DETAIL delta.`{self.path}`").select("partitionColumns", "tableFeatures")
+        row = detail.first()
+        assert row is not None  # DESCRIBE DETAIL answers one row
+        return layout_of(row[0], row[1])
 
     def _open_log(self, quiet: bool = False) -> DeltaLog | None:
         if self.read_log == "spark":
@@ -388,7 +448,9 @@ class FeedTable:
 
     # ------------------------------------------------------------------ maintenance
     def optimize(self) -> None:
-        """Bin-packs small files into larger ones: one commit that changes no rows (no cursor moves)."""
+        """One commit that changes no rows (no cursor moves): a clustered table's files rewritten by
+        `partition_id` (incrementally: clustered files stay), a partitioned table's small files of each
+        partition bin-packed, a table of no layout's small files bin-packed in write order."""
         self.spark.sql(f"OPTIMIZE delta.`{self.path}`").collect()
 
     def vacuum(self, retention_hours: float, listing_parallelism: int) -> None:

@@ -4,7 +4,7 @@ else from a read of two columns.
 A partitioned table (`PARTITIONED BY (partition_id)`, a folder per feed partition: tables created
 up to 0.1.0): row counts and position bounds of a partition are in the log (`numRecords`, `minValues`,
 `maxValues` of every data file, each of one partition): reading them costs milliseconds whatever the
-table's size. A clustered table (`CLUSTER BY (partition_id)`, what `FeedTable.ensure_table` creates):
+table's size. A clustered table (`CLUSTER BY (partition_id)`, the default layout) or one of no layout:
 a data file holds rows of many partitions, so its statistics give no per-partition count; delta-rs
 reads the columns `partition_id` and `position` of the files whose min/max `partition_id` admit the
 partitions asked for, and Arrow groups them (hundredths of a second for 10,000 small partitions,

@@ -24,6 +24,7 @@ from pydantic import (
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, InitErrorDetails, PydanticCustomError
 
+from feedapi_dagster.lakehouse.delta import Layout
 from feedapi_dagster.lakehouse.delta_maintenance import MaintenanceSettings
 from feedapi_dagster.lakehouse.loader import LoadSettings
 from feedapi_dagster.lakehouse.spark_conf import SparkSettings
@@ -92,6 +93,13 @@ class FeedConfig(BaseModel):
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
     load: LoadSettings = Field(default_factory=LoadSettings)
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
+    layout: Layout | None = Field(
+        default=None,
+        description="how the feed's table lays out its rows by partition: clustered (liquid clustering; "
+        "delta-rs cannot write it), partitioned (a folder per partition) or none; null: clustered for a "
+        "new table, an existing one as it is. An existing table's layout never changes: a table found "
+        "with another layout fails the load",
+    )
     # as its protocol's model, not the base's fields only (the model is the registered protocol's)
     settings: SerializeAsAny[FeedSettings]
 

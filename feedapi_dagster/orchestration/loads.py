@@ -86,7 +86,9 @@ class FeedBinding:
         return self.project.table_path(self.feed)
 
     def table_for(self, spark: SparkSession) -> FeedTable:
-        return FeedTable(spark, self.table_path, storage_options=self.project.storage_options())
+        return FeedTable(
+            spark, self.table_path, storage_options=self.project.storage_options(), layout=self.feed.layout
+        )
 
 
 def partition_run_tags(binding: FeedBinding, partition_ids: Iterable[int], order: Sequence[str]) -> dict[str, str]:

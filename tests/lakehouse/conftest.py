@@ -28,8 +28,10 @@ LOG_READERS = pytest.mark.parametrize("read_log", ["delta-rs", "spark"], indirec
 
 @pytest.fixture
 def make_sink(spark, table_path, read_log, lakehouse):
-    def make(path=None, **kwargs):
-        table = lakehouse.feed_table(spark, path or table_path, read_log="spark" if read_log == "spark" else "auto")
+    def make(path=None, layout=None, **kwargs):
+        table = lakehouse.feed_table(
+            spark, path or table_path, read_log="spark" if read_log == "spark" else "auto", layout=layout
+        )
         return DeltaSink(table, **kwargs)
 
     return make
@@ -42,8 +44,8 @@ def source(url, **options) -> FeedSettings:
 
 @pytest.fixture
 def make_loader(make_sink):
-    def make(server, *, path=None, settings=None, on_moment=None, **options):
-        return FeedLoader(source(server.url, **options), make_sink(path), settings, on_moment=on_moment)
+    def make(server, *, path=None, settings=None, on_moment=None, layout=None, **options):
+        return FeedLoader(source(server.url, **options), make_sink(path, layout), settings, on_moment=on_moment)
 
     return make
 

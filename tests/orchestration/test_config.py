@@ -18,6 +18,7 @@ from feedapi_dagster.orchestration import (
     build_feedapi_definitions,
 )
 from feedapi_dagster.orchestration.component import FeedApiAttributes, FeedApiComponent
+from feedapi_dagster.orchestration.loads import FeedBinding
 from feedapi_dagster.protocol import ProtocolError
 
 GOOD = """
@@ -118,6 +119,7 @@ def test_one_storage_setting_becomes_spark_s3a_settings_and_delta_rs_options(tmp
         (GOOD.replace("https://feeds", "ftp://feeds"), "feeds.0.url", "url must be an http"),
         (GOOD + "    dialect: v1\n", "feeds.0", "dialect v1 needs partition_count"),
         (GOOD + "    page_size_hint: zero\n", "feeds.0.page_size_hint", "valid integer"),
+        (GOOD + "    layout: liquid\n", "feeds.0.layout", "'clustered', 'partitioned' or 'none'"),
         (GOOD + "    token: '{{ env.X }}'\n", "feeds.0", "set token or token_env, not both"),
         (GOOD.replace("mode: local", "mode: remote"), "spark", "sc://"),
         (S3.replace("http://127.0.0.1:9000", "127.0.0.1:9000"), "storage.s3.endpoint", "endpoint must be an http"),
@@ -134,6 +136,14 @@ def test_bad_attributes_name_the_key(text, location, message):
         validate(text)
     report = str(caught.value)
     assert location in report and message in report, report
+
+
+def test_a_feeds_layout_is_what_its_runs_table_is_created_with_and_checked_against(tmp_path):
+    project = FeedApiComponent(**dict(validate(GOOD + "    layout: partitioned\n"))).project_config(tmp_path)
+    binding = FeedBinding(project, project.feeds[0], dg.AssetKey("orders"))
+    assert binding.table_for(spark=None).layout == "partitioned"  # type: ignore[arg-type]  # no Spark call
+    unset = FeedApiComponent(**dict(validate(GOOD))).project_config(tmp_path)
+    assert FeedBinding(unset, unset.feeds[0], dg.AssetKey("orders")).table_for(spark=None).layout is None  # type: ignore[arg-type]
 
 
 def test_duplicate_feed_names_and_a_missing_token_variable(tmp_path, monkeypatch):
