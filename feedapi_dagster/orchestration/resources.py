@@ -12,6 +12,7 @@ from pydantic import Field, PrivateAttr, field_validator
 from feedapi_dagster.lakehouse.delta import FeedTable
 from feedapi_dagster.lakehouse.delta_maintenance import due, maintain
 from feedapi_dagster.lakehouse.loader import FeedLoader
+from feedapi_dagster.lakehouse.progress import logged_heartbeat
 from feedapi_dagster.lakehouse.sessions import is_connect, spark_session
 from feedapi_dagster.lakehouse.sink import DeltaSink
 from feedapi_dagster.lakehouse.spark_conf import SparkSettings
@@ -184,12 +185,11 @@ class FeedApiResource(dg.ConfigurableResource):
         for event in events:
             assert event.partition is not None  # `materializations` names each one's partition
             mirrored[event.partition] = {k: v.value for k, v in event.metadata.items()}
-        yield from feed_check_results(
-            outcome,
-            loaded,
-            mirrored,
-            protocol_of(binding.feed.settings),
-            recorded_user_deletes(context.instance, binding.key),
+        deletes = recorded_user_deletes(context.instance, binding.key)
+        yield from logged_heartbeat(
+            lambda: list(feed_check_results(outcome, loaded, mirrored, protocol_of(binding.feed.settings), deletes)),
+            context.log,
+            f"feed {binding.name}: checking the partitions this load committed",
         )
         # what the loads' commits made due: OPTIMIZE every `optimize_every_commits` commits, VACUUM every
         # `vacuum_every_commits`
@@ -223,8 +223,14 @@ class FeedApiResource(dg.ConfigurableResource):
         # VACUUM keeps what the feed's loads that may still write need
         running = oldest_running_load(context.instance, binding, exclude_run_id=context.run.run_id)
         settings = binding.feed.maintenance
-        report = (
-            maintain(table, settings, running) if operations is None else maintain(table, settings, running, operations)
+        report = logged_heartbeat(
+            lambda: (
+                maintain(table, settings, running)
+                if operations is None
+                else maintain(table, settings, running, operations)
+            ),
+            context.log,
+            f"feed {binding.name}: Delta maintenance",
         )
         context.log.info("feed %s: %s", binding.name, report)
         return maintenance_observation(binding, report)
