@@ -50,7 +50,7 @@ from .datasource import EVENT_DDL, SOURCE_NAME, FeedSourceOptions
 from .dedup import dedup_group, without_stored
 from .delta import FeedTable
 from .feed_read import FeedRead, PartitionEnd, ReadEndsMissing
-from .progress import logged_heartbeat, run_with_progress
+from .progress import run_with_progress
 from .sessions import register_feed_source
 from .sink import DeltaSink
 from .spark_errors import is_kept_read_lost
@@ -420,12 +420,8 @@ class FeedLoader:
         self._log_read(reports, f"read and written by Spark as Delta version {version}", time.monotonic() - started)
         rows_state = rows_commit.state  # rebased on others' commits, if any came first
         committing = time.monotonic()
-        state_version = logged_heartbeat(
-            lambda: self.sink.commit_state(
-                version, FeedState(generation=rows_state.generation, partitions={**rows_state.partitions, **ended})
-            ),
-            self.log,
-            f"committing the cursors of partitions {_listed(ended)}",
+        state_version = self.sink.commit_state(
+            version, FeedState(generation=rows_state.generation, partitions={**rows_state.partitions, **ended})
         )
         self.on_moment(AFTER_COMMIT, ended)
         if state_version is not None:
@@ -488,10 +484,8 @@ class FeedLoader:
         self.on_moment(BEFORE_COMMIT, updates)
         committing = time.monotonic()
         try:
-            version = logged_heartbeat(
-                lambda: self.sink.commit(lambda: rows, updates, expected, replace=[*reports, *drop] if rebuild else []),
-                self.log,
-                f"writing the rows of partitions {_listed(updates)} to Delta",
+            version = self.sink.commit(
+                lambda: rows, updates, expected, replace=[*reports, *drop] if rebuild else []
             ).delta_version
         except Exception as error:  # noqa: BLE001 - Spark's error types differ between classic and Connect
             raise _explained(error, reports) from error
@@ -546,12 +540,6 @@ class FeedLoader:
             return
         version = self.sink.commit(lambda: self.spark.createDataFrame([], EVENT_DDL), {}, {}).delta_version
         self.log.info("feed state (%s) committed again as Delta version %s", base.describe(), version)
-
-
-def _listed(partitions: Iterable[int]) -> str:
-    """Partition ids for a heartbeat line: a few listed, thousands counted."""
-    ids = sorted(partitions)
-    return str(ids) if len(ids) <= 8 else f"{ids[:8]} and {len(ids) - 8} more"
 
 
 def _explained(error: Exception, partitions) -> Exception:

@@ -7,11 +7,6 @@ the time since the Spark job started, and a heartbeat for the ones still reading
 heartbeat alone. No rate per task: a task's own reading time is a small part of the job's (Spark's
 scheduling, its Python workers, the write), and its events/s said nothing true of the load. The notes
 are for people: what is committed comes from the read's own checkpoint rows.
-
-The heartbeat (every 10 s) is also the load's sign of life: every phase of a load that may last
-minutes (the read, the Delta write, the checks' scans, OPTIMIZE and VACUUM) runs under one, so a load
-whose run log stays silent for minutes is one whose process is gone (Dagster's orchestration fails it:
-the feed's stalled-load sensor).
 """
 
 from __future__ import annotations
@@ -38,48 +33,24 @@ def run_with_progress(
     logger: logging.Logger | logging.LoggerAdapter,
     poll_seconds: float = 1.0,
 ) -> T:
-    """Run `job` (the Spark job that reads the feed) with each read task's figures in the log as the
-    task ends, and a heartbeat for the others (`run_with_heartbeat`)."""
+    """Run `job` (the Spark job that reads the feed) in a thread; log from this thread (a Dagster
+    log manager writes to the instance from the thread that owns it) until it ends."""
     notes = ReadNotes(folder)
-
-    def new_notes(seconds: float) -> None:
-        for reads in notes.new():
-            _log_task(logger, reads, len(notes.seen), tasks, seconds)
-
-    def beat(seconds: float) -> None:
-        logger.info("Spark is reading: %d of %d read tasks done after %.0f s", len(notes.seen), tasks, seconds)
-
-    return run_with_heartbeat(job, beat, new_notes, poll_seconds)
-
-
-def run_with_heartbeat(
-    job: Callable[[], T],
-    beat: Callable[[float], None],
-    poll: Callable[[float], None] = lambda seconds: None,
-    poll_seconds: float = 1.0,
-) -> T:
-    """Run `job` in a thread and, from this thread (a Dagster log manager writes to the instance from
-    the thread that owns it), `poll` every `poll_seconds` and `beat` every `HEARTBEAT_SECONDS` until
-    it ends (each with the seconds since it started). The beats are the run's sign of life: a load
-    whose log stays silent for `schedule.stalled_load_seconds` is taken for dead."""
     started = last_beat = time.monotonic()
-    with ThreadPoolExecutor(1, thread_name_prefix="feedapi-job") as pool:
+    with ThreadPoolExecutor(1, thread_name_prefix="feedapi-read") as pool:
         future: Future[T] = pool.submit(job)
         while True:
             finished = _wait(future, poll_seconds)
-            poll(time.monotonic() - started)
+            for reads in notes.new():
+                _log_task(logger, reads, len(notes.seen), tasks, time.monotonic() - started)
             if finished:
                 return future.result()
             now = time.monotonic()
             if now - last_beat >= HEARTBEAT_SECONDS:
                 last_beat = now
-                beat(now - started)
-
-
-def logged_heartbeat(job: Callable[[], T], logger: logging.Logger | logging.LoggerAdapter, doing: str) -> T:
-    """`job` with "<doing>: still at it after N s" in the log every `HEARTBEAT_SECONDS`: a phase of a
-    load that may last minutes (a large Delta write, the checks' scans, OPTIMIZE) without other lines."""
-    return run_with_heartbeat(job, lambda seconds: logger.info("%s: still at it after %.0f s", doing, seconds))
+                logger.info(
+                    "Spark is reading: %d of %d read tasks done after %.0f s", len(notes.seen), tasks, now - started
+                )
 
 
 def _log_task(

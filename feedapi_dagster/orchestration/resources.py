@@ -12,7 +12,6 @@ from pydantic import Field, PrivateAttr, field_validator
 from feedapi_dagster.lakehouse.delta import FeedTable
 from feedapi_dagster.lakehouse.delta_maintenance import due, maintain
 from feedapi_dagster.lakehouse.loader import FeedLoader
-from feedapi_dagster.lakehouse.progress import logged_heartbeat
 from feedapi_dagster.lakehouse.sessions import is_connect, spark_session
 from feedapi_dagster.lakehouse.sink import DeltaSink
 from feedapi_dagster.lakehouse.spark_conf import SparkSettings
@@ -36,6 +35,7 @@ from .loads import (
     oldest_running_load,
     sync_observation,
 )
+from .stalled_loads import signs_of_life
 from .streams import StreamConfig, stream_run
 
 if TYPE_CHECKING:
@@ -130,8 +130,14 @@ class FeedApiResource(dg.ConfigurableResource):
         other run is loading, in one Spark job per wave: the materializations of the partitions it
         committed (and of those it was asked for and found up to date, except in the schedule's syncs),
         one observation of the sync, the checks of what it committed, the maintenance its commits made
-        due; then a `dg.Failure` naming the partitions it could not load."""
-        config = config or LoadConfig()
+        due; then a `dg.Failure` naming the partitions it could not load. Its log is never silent for
+        long while it runs (`stalled_loads.signs_of_life`)."""
+        with signs_of_life(context, binding):
+            yield from self._load(context, binding, config or LoadConfig())
+
+    def _load(
+        self, context: dg.AssetExecutionContext, binding: FeedBinding, config: LoadConfig
+    ) -> Iterator[dg.AssetMaterialization | dg.AssetObservation | dg.AssetCheckResult]:
         keys = [int(key) for key in context.partition_keys]
         if (listed := listed_partitions(context.run.tags)) is not None:  # the sensor's and schedule's runs say which
             keys = [key for key in keys if key in listed]
@@ -185,11 +191,12 @@ class FeedApiResource(dg.ConfigurableResource):
         for event in events:
             assert event.partition is not None  # `materializations` names each one's partition
             mirrored[event.partition] = {k: v.value for k, v in event.metadata.items()}
-        deletes = recorded_user_deletes(context.instance, binding.key)
-        yield from logged_heartbeat(
-            lambda: list(feed_check_results(outcome, loaded, mirrored, protocol_of(binding.feed.settings), deletes)),
-            context.log,
-            f"feed {binding.name}: checking the partitions this load committed",
+        yield from feed_check_results(
+            outcome,
+            loaded,
+            mirrored,
+            protocol_of(binding.feed.settings),
+            recorded_user_deletes(context.instance, binding.key),
         )
         # what the loads' commits made due: OPTIMIZE every `optimize_every_commits` commits, VACUUM every
         # `vacuum_every_commits`
@@ -203,15 +210,17 @@ class FeedApiResource(dg.ConfigurableResource):
     ) -> Iterator[dg.AssetMaterialization]:
         """Run the feed as a Structured Streaming query for the run (`streams.py`): the materializations
         of the partitions each micro-batch's commit moved, as they land."""
-        table = self.table(binding)
-        table.ensure_table()
-        yield from stream_run(context, table, binding, config or StreamConfig(), self._ships_package())
+        with signs_of_life(context, binding):
+            table = self.table(binding)
+            table.ensure_table()
+            yield from stream_run(context, table, binding, config or StreamConfig(), self._ships_package())
 
     def maintain(self, context: dg.OpExecutionContext, binding: FeedBinding) -> dg.AssetObservation:
         """OPTIMIZE and VACUUM of the feed's table; the observation of what they did, for the asset's page."""
-        table = self.table(binding)
-        table.ensure_table()
-        return self._maintain(context, binding, table, operations=None)
+        with signs_of_life(context, binding):
+            table = self.table(binding)
+            table.ensure_table()
+            return self._maintain(context, binding, table, operations=None)
 
     def _maintain(
         self,
@@ -223,14 +232,8 @@ class FeedApiResource(dg.ConfigurableResource):
         # VACUUM keeps what the feed's loads that may still write need
         running = oldest_running_load(context.instance, binding, exclude_run_id=context.run.run_id)
         settings = binding.feed.maintenance
-        report = logged_heartbeat(
-            lambda: (
-                maintain(table, settings, running)
-                if operations is None
-                else maintain(table, settings, running, operations)
-            ),
-            context.log,
-            f"feed {binding.name}: Delta maintenance",
+        report = (
+            maintain(table, settings, running) if operations is None else maintain(table, settings, running, operations)
         )
         context.log.info("feed %s: %s", binding.name, report)
         return maintenance_observation(binding, report)

@@ -8,13 +8,17 @@ restarted container, a rebooted machine), nobody says so: the run stays STARTED 
 feed's pool slot (`feedapi_<feed>`, limit 1) and the schedule skips its partitions. (A worker that
 dies alone is reported failed by its code server within seconds.)
 
-A live load logs at least every 10 s in every phase (`lakehouse.progress`), a stream every minute, so
-the sensor, evaluated by the daemon, takes a STARTED run of the feed whose newest event in the run's
-log is older than `schedule.stalled_load_seconds` for dead, whatever the run launcher: it marks it
-failed with one line in the run's log saying why, and run monitoring
+Every run of the feed that holds its pool (a load, its maintenance, its stream) keeps its log from
+falling silent: while its step runs, a thread of the run worker looks at the run's newest event every
+sixth of `schedule.stalled_load_seconds` and, when the log has been quiet for a third of it (a long
+Delta write, the checks' scans, OPTIMIZE; the read logs every 10 s on its own), says the run is still
+at work (`signs_of_life`). So the sensor, evaluated by the daemon, takes a STARTED run of the feed
+whose newest event is older than `schedule.stalled_load_seconds` for dead, whatever the run launcher:
+it marks it failed with one line in the run's log saying why, and run monitoring
 (`free_slots_after_run_end_seconds` in the shipped dagster.yaml) frees its slot. A run whose step
 waits for the pool's slot logs only every 300 s (Dagster's "Step still blocked by limit for pool"):
-it has those 300 s more.
+it has those 300 s more. A worker that is alive but stuck keeps its signs of life: what bounds a stuck
+load is the load's own bounds (every call to Spark, HTTP or S3 has one), not this sensor.
 
 Not `dagster/max_runtime`: it cuts a run by its age, alive or not. A limit that lets a 30-minute load
 of a large feed finish leaves a dead load holding the feed's slot for as long; one that frees the slot
@@ -23,12 +27,15 @@ within minutes cuts every long load.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import dagster as dg
 
-from .loads import FeedBinding, runs_loading
+from .loads import MAINTENANCE_TAG, FeedBinding, runs_loading
 
 # Dagster's executor logs "Step still blocked by limit for pool" this often while a step waits for a
 # slot (`CONCURRENCY_CLAIM_MESSAGE_INTERVAL` in dagster._core.execution.plan.active; not public)
@@ -43,10 +50,11 @@ class StalledLoad:
 
 
 def stalled_loads(instance: dg.DagsterInstance, binding: FeedBinding, now: float) -> list[StalledLoad]:
-    """The feed's STARTED runs whose log has been silent longer than the feed allows (`now`: a Unix time)."""
+    """The feed's STARTED runs (loads, streams, maintenance: those in its pool) whose log has been silent longer than the feed allows (`now`: a Unix time)."""
     limit = binding.feed.schedule.stalled_load_seconds
     stalled = []
-    for record in runs_loading(instance, binding, runs=_STARTED):
+    maintenance = dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED], tags={MAINTENANCE_TAG: binding.name})
+    for record in [*runs_loading(instance, binding, runs=_STARTED), *instance.get_run_records(maintenance)]:
         # DagsterInstance has no public read of a run's newest event; this is the call its run page makes
         newest = instance.get_records_for_run(record.dagster_run.run_id, limit=1, ascending=False).records
         since = newest[0].event_log_entry.timestamp if newest else (record.start_time or now)
@@ -86,6 +94,37 @@ def fail_stalled_loads(instance: dg.DagsterInstance, binding: FeedBinding, now: 
         instance.report_run_failed(run, message)
         done.append(f"run {run.run_id} marked failed: log silent for {stalled.silent_seconds:.0f} s")
     return done
+
+
+@contextlib.contextmanager
+def signs_of_life(context: dg.AssetExecutionContext | dg.OpExecutionContext, binding: FeedBinding) -> Iterator[None]:
+    """While the block runs, a line in the run's log whenever it has been quiet for a third of
+    `schedule.stalled_load_seconds` (looked at every sixth of it): the run's sign that its process is
+    alive, whatever its step is doing (Dagster's log manager takes lines from any thread)."""
+    limit = binding.feed.schedule.stalled_load_seconds
+    run_id = context.run.run_id
+    stopped = threading.Event()
+
+    def watch() -> None:
+        started = time.monotonic()
+        while not stopped.wait(limit / 6):
+            newest = context.instance.get_records_for_run(run_id, limit=1, ascending=False).records
+            quiet = time.time() - newest[0].event_log_entry.timestamp if newest else limit
+            if quiet >= limit / 3:
+                context.log.info(
+                    "feed %s: still at work after %.0f s (nothing logged for %.0f s)",
+                    binding.name,
+                    time.monotonic() - started,
+                    quiet,
+                )
+
+    watcher = threading.Thread(target=watch, name=f"feedapi-{binding.name}-signs-of-life", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stopped.set()
+        watcher.join(timeout=limit / 6 + 30)  # its look at the run's log, if one is under way
 
 
 def build_stalled_load_sensor(binding: FeedBinding) -> dg.SensorDefinition:

@@ -42,9 +42,6 @@ if TYPE_CHECKING:
 
 # how often the op looks at the query: its progress in the log, its commits as materializations
 POLL_SECONDS = 2
-# how often a stream says it is alive, with or without micro-batches: a run whose log stays silent for
-# `schedule.stalled_load_seconds` is taken for dead (`stalled_loads.py`)
-HEARTBEAT_SECONDS = 60
 
 
 class StreamConfig(dg.Config):
@@ -98,7 +95,7 @@ def stream_run(
             stream.started_from.describe(),
         )
         seen = _Progress(context, binding, table, stream.info, stream.started_from)
-        started = last_beat = time.monotonic()
+        started = time.monotonic()
         failure: str | None = None
         try:
             while True:
@@ -107,14 +104,6 @@ def stream_run(
                 if ended:
                     break
                 waited = time.monotonic() - started
-                if time.monotonic() - last_beat >= HEARTBEAT_SECONDS:
-                    last_beat = time.monotonic()
-                    context.log.info(
-                        "feed %s: the stream is running (%.0f s, %d micro-batches with events)",
-                        binding.name,
-                        waited,
-                        len(seen.logged_batches),
-                    )
                 if config.trigger == "available_now" and waited > config.timeout_seconds:
                     failure = f"the catch-up did not end within timeout_seconds ({config.timeout_seconds:g} s)"
                     break

@@ -53,9 +53,11 @@ class ThrottledServer(DemoFeedServer):
         self.throttled = threading.Event()
         self.throttled.set()
         self.fetched = threading.Event()
+        self.pages = 0
 
     def page(self, fetch):
         self.fetched.set()
+        self.pages += 1
         if self.throttled.is_set():
             time.sleep(PAGE_SECONDS)
         return super().page(fetch)
@@ -79,7 +81,11 @@ def _launch(port: int, feed: str) -> str:
     """A load of partition 0 of `feed` launched as "Materialize" in the UI does: the webserver queues
     it, the daemon launches it through its code server."""
     params = {
-        "selector": {"repositoryLocationName": "user", "repositoryName": "__repository__", "jobName": f"feedapi_{feed}_load"},
+        "selector": {
+            "repositoryLocationName": "user",
+            "repositoryName": "__repository__",
+            "jobName": f"feedapi_{feed}_load",
+        },
         "executionMetadata": {"tags": [{"key": "dagster/partition", "value": "0"}]},
     }
     answer = _graphql(port, LAUNCH, {"params": params})
@@ -134,7 +140,7 @@ def _wait(what: str, check, timeout: float, logs: list[Path]):
 
 def _worker_pid(instance: dg.DagsterInstance, run_id: str) -> int | None:
     for entry in instance.all_logs(run_id):
-        if found := re.match(r"Started process for run \(pid: (\d+)\)", entry.user_message):
+        if found := re.match(r"Started process for run \(pid: (\d+)\)", entry.message):
             return int(found.group(1))
     return None
 
@@ -151,7 +157,7 @@ def _status(instance: dg.DagsterInstance, run_id: str) -> dg.DagsterRunStatus:
 
 
 def _messages(instance: dg.DagsterInstance, run_id: str) -> list[str]:
-    return [entry.user_message for entry in instance.all_logs(run_id)]
+    return [entry.message for entry in instance.all_logs(run_id)]
 
 
 def _longest_silence(instance: dg.DagsterInstance, run_id: str) -> float:
@@ -191,7 +197,9 @@ def test_a_dead_load_is_failed_and_its_slot_freed_while_a_slow_live_load_finishe
         port = find_free_port()
         with running_daemon(project, home, logs[0]), running_webserver(project, home, port, logs[1]):
             dead, alive = _launch(port, "orders"), _launch(port, "slow")
+            launched = time.monotonic()
             _wait("both loads reading", lambda: orders.fetched.is_set() and slow.fetched.is_set(), 180, logs)
+            print(f"\nreading {time.monotonic() - launched:.0f} s after the launch")
             worker = _wait("the worker's pid in its log", lambda: _worker_pid(instance, dead), 30, logs)
             code_server = _parent(worker)
             assert _parent(_worker_pid(instance, alive)) == code_server  # the daemon's code server started both
@@ -199,10 +207,14 @@ def test_a_dead_load_is_failed_and_its_slot_freed_while_a_slow_live_load_finishe
             os.kill(worker, signal.SIGKILL)
             os.kill(code_server, signal.SIGKILL)
             killed = time.monotonic()
+            held = instance.event_log_storage.get_concurrency_info("feedapi_orders").claimed_slots
+            assert [slot.run_id for slot in held] == [dead], held  # the dead load holds the feed's one slot
             # what the killed worker's Spark job still reads goes quickly: it ends before the next load
             orders.throttled.clear()
 
-            _wait("the dead load marked failed", lambda: _status(instance, dead) == dg.DagsterRunStatus.FAILURE, 180, logs)
+            _wait(
+                "the dead load marked failed", lambda: _status(instance, dead) == dg.DagsterRunStatus.FAILURE, 180, logs
+            )
             failed_after = time.monotonic() - killed
             said = _messages(instance, dead)
             assert any(
@@ -217,8 +229,6 @@ def test_a_dead_load_is_failed_and_its_slot_freed_while_a_slow_live_load_finishe
             ), said[-5:]
             assert _status(instance, alive) == dg.DagsterRunStatus.STARTED
 
-            pool = instance.event_log_storage.get_concurrency_info("feedapi_orders")
-            assert pool.claimed_slots, "the dead load's pool slot was not held"
             _wait(
                 "the dead load's pool slot freed",
                 lambda: not instance.event_log_storage.get_concurrency_info("feedapi_orders").claimed_slots,
@@ -234,7 +244,7 @@ def test_a_dead_load_is_failed_and_its_slot_freed_while_a_slow_live_load_finishe
             print(
                 f"\nfailed {failed_after:.0f} s after the kill, slot freed after {freed_after:.0f} s, next load "
                 f"succeeded after {recovered_after:.0f} s; the slow load's longest silence: "
-                f"{_longest_silence(instance, alive):.1f} s"
+                f"{_longest_silence(instance, alive):.1f} s; pages {orders.pages}, {slow.pages}"
             )
         assert instance.get_run_by_id(following).is_success, _messages(instance, following)[-10:]
         slow_run = instance.get_run_record_by_id(alive)
@@ -242,7 +252,11 @@ def test_a_dead_load_is_failed_and_its_slot_freed_while_a_slow_live_load_finishe
         assert slow_run.end_time - slow_run.start_time > 2 * STALL_SECONDS  # it ran past the limit, alive
         assert _longest_silence(instance, alive) < STALL_SECONDS / 2
         for feed, server in (("orders", orders), ("slow", slow)):
-            metadata = instance.fetch_materializations(
-                dg.AssetRecordsFilter(asset_key=dg.AssetKey(["feedapi", feed])), limit=1
-            ).records[0].asset_materialization.metadata
+            metadata = (
+                instance.fetch_materializations(
+                    dg.AssetRecordsFilter(asset_key=dg.AssetKey(["feedapi", feed])), limit=1
+                )
+                .records[0]
+                .asset_materialization.metadata
+            )
             assert metadata["position"].value == len(server.feed.expected_events(0))
