@@ -48,8 +48,9 @@ class ThrottledServer(DemoFeedServer):
     """A demo server whose pages take `PAGE_SECONDS` each while `throttled` is set; `fetched` is set
     at its first page."""
 
-    def __init__(self, feed: DemoFeed):
+    def __init__(self, feed: DemoFeed, page_seconds: float = PAGE_SECONDS):
         super().__init__(feed, dialect="published")
+        self.page_seconds = page_seconds
         self.throttled = threading.Event()
         self.throttled.set()
         self.fetched = threading.Event()
@@ -59,7 +60,7 @@ class ThrottledServer(DemoFeedServer):
         self.fetched.set()
         self.pages += 1
         if self.throttled.is_set():
-            time.sleep(PAGE_SECONDS)
+            time.sleep(self.page_seconds)
         return super().page(fetch)
 
 
@@ -77,8 +78,8 @@ LAUNCH = """mutation($params: ExecutionParams!) { launchRun(executionParams: $pa
   __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message } } }"""
 
 
-def _launch(port: int, feed: str) -> str:
-    """A load of partition 0 of `feed` launched as "Materialize" in the UI does: the webserver queues
+def _launch(port: int, feed: str, partition: str) -> str:
+    """A load of `partition` of `feed` launched as "Materialize" in the UI does: the webserver queues
     it, the daemon launches it through its code server."""
     params = {
         "selector": {
@@ -86,7 +87,7 @@ def _launch(port: int, feed: str) -> str:
             "repositoryName": "__repository__",
             "jobName": f"feedapi_{feed}_load",
         },
-        "executionMetadata": {"tags": [{"key": "dagster/partition", "value": "0"}]},
+        "executionMetadata": {"tags": [{"key": "dagster/partition", "value": partition}]},
     }
     answer = _graphql(port, LAUNCH, {"params": params})
     launched = answer["data"]["launchRun"]
@@ -172,11 +173,14 @@ def test_a_dead_load_is_failed_and_its_slot_freed_while_a_slow_live_load_finishe
     home.mkdir()
     shutil.copy(INSTANCE_TEMPLATE, home / "dagster.yaml")
     logs = [tmp_path / "daemon.log", tmp_path / "webserver.log"]
-    # 1,500 events of 50 a page: 30 s of throttled reading for `orders` (killed within it), 60 s for
-    # `slow` (3,000): twice the stall limit, logging its progress every 10 s
+    # 1,500 events of 50 a page: 30 s of throttled reading for `orders` (killed within it); `slow` reads
+    # a page every 3 s until the dead load has been failed, far longer than the stall limit, logging
+    # its progress every 10 s
     with (
         ThrottledServer(DemoFeed(partitions=1, events=1500, seed=3)) as orders,
-        ThrottledServer(DemoFeed(partitions=1, events=3000, seed=4)) as slow,
+        # the shipped dagster.yaml allows one run per `dagster/partition` value, whatever its feed: the
+        # slow load is of partition 1 so as to run beside the other's partition 0
+        ThrottledServer(DemoFeed(partitions=2, events=3000, seed=4), page_seconds=3) as slow,
         dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home))) as instance,
     ):
         schedule = {"enabled": False, "discovery_enabled": False, "stalled_load_seconds": STALL_SECONDS}
@@ -192,17 +196,18 @@ def test_a_dead_load_is_failed_and_its_slot_freed_while_a_slow_live_load_finishe
         feeds = component["attributes"]["feeds"]
         feeds.append({**feeds[0], "name": "slow", "url": slow.url})
         defs_yaml.write_text(yaml.safe_dump(component, sort_keys=False))
-        for feed in ("orders", "slow"):
-            instance.add_dynamic_partitions(f"feedapi_{feed}", ["0"])
+        instance.add_dynamic_partitions("feedapi_orders", ["0"])
+        instance.add_dynamic_partitions("feedapi_slow", ["0", "1"])
         port = find_free_port()
         with running_daemon(project, home, logs[0]), running_webserver(project, home, port, logs[1]):
-            dead, alive = _launch(port, "orders"), _launch(port, "slow")
-            launched = time.monotonic()
-            _wait("both loads reading", lambda: orders.fetched.is_set() and slow.fetched.is_set(), 180, logs)
-            print(f"\nreading {time.monotonic() - launched:.0f} s after the launch")
+            # one after the other: two runs registering the `feedapi` data source on one Spark server
+            # at the same moment can fail with DATA_SOURCE_ALREADY_EXISTS (sessions.register_feed_source)
+            alive = _launch(port, "slow", "1")
+            _wait("the slow load reading", slow.fetched.is_set, 180, logs)
+            dead = _launch(port, "orders", "0")
+            _wait("the load of orders reading", orders.fetched.is_set, 180, logs)
             worker = _wait("the worker's pid in its log", lambda: _worker_pid(instance, dead), 30, logs)
             code_server = _parent(worker)
-            assert _parent(_worker_pid(instance, alive)) == code_server  # the daemon's code server started both
             time.sleep(3)  # well into the read
             os.kill(worker, signal.SIGKILL)
             os.kill(code_server, signal.SIGKILL)
@@ -228,6 +233,7 @@ def test_a_dead_load_is_failed_and_its_slot_freed_while_a_slow_live_load_finishe
                 for message in said
             ), said[-5:]
             assert _status(instance, alive) == dg.DagsterRunStatus.STARTED
+            slow.throttled.clear()
 
             _wait(
                 "the dead load's pool slot freed",
@@ -237,7 +243,7 @@ def test_a_dead_load_is_failed_and_its_slot_freed_while_a_slow_live_load_finishe
             )
             freed_after = time.monotonic() - killed
 
-            following = _launch(port, "orders")
+            following = _launch(port, "orders", "0")
             _wait("the next load of orders", lambda: instance.get_run_by_id(following).is_finished, 240, logs)
             recovered_after = time.monotonic() - killed
             _wait("the slow load", lambda: instance.get_run_by_id(alive).is_finished, 240, logs)
@@ -251,12 +257,9 @@ def test_a_dead_load_is_failed_and_its_slot_freed_while_a_slow_live_load_finishe
         assert slow_run.dagster_run.is_success, _messages(instance, alive)[-10:]
         assert slow_run.end_time - slow_run.start_time > 2 * STALL_SECONDS  # it ran past the limit, alive
         assert _longest_silence(instance, alive) < STALL_SECONDS / 2
-        for feed, server in (("orders", orders), ("slow", slow)):
-            metadata = (
-                instance.fetch_materializations(
-                    dg.AssetRecordsFilter(asset_key=dg.AssetKey(["feedapi", feed])), limit=1
-                )
-                .records[0]
-                .asset_materialization.metadata
+        for feed, server, partition in (("orders", orders, 0), ("slow", slow, 1)):
+            (record,) = instance.fetch_materializations(dg.AssetKey(["feedapi", feed]), limit=1).records
+            assert record.partition_key == str(partition)
+            assert record.asset_materialization.metadata["position"].value == len(
+                server.feed.expected_events(partition)
             )
-            assert metadata["position"].value == len(server.feed.expected_events(0))
