@@ -1,15 +1,14 @@
 """A load whose process is gone is failed and its pool slot freed; a slow load that is alive is not.
 
 Through `dagster-webserver` and `dagster-daemon` on the shipped dagster.yaml (Dagster's default run
-launcher, which cannot check a run worker's health): two feeds of one user project are loaded at once
-in runs launched from the webserver, both read slowly from throttled demo servers. The run worker of
-`orders` and the daemon's code server that started it (the parent of both workers) are SIGKILLed
-together, as a killed container would lose them: nobody is left to say the run ended. The feed's
-stalled-load sensor (`schedule.stalled_load_seconds: 30` here, evaluated by the daemon on the code
-server it starts again) must mark it FAILURE with its one line, run monitoring must free the feed's
-pool slot, and a next load of `orders` must run and succeed. Meanwhile the load of `slow`, whose worker
-survived its parent's death, reads for longer than the stall limit while logging its progress: it must
-succeed, untouched."""
+launcher, which cannot check a run worker's health): two feeds of one user project are loaded in runs
+launched from the webserver, both reading slowly from throttled demo servers. The run worker of
+`orders` and the daemon's code server that started it are SIGKILLed together, as a killed container
+loses them: nobody is left to say the run ended. The feed's stalled-load sensor
+(`schedule.stalled_load_seconds: 30` here, evaluated by the daemon on the code server it starts
+again) must mark it FAILURE with its one line, run monitoring must free the feed's pool slot, and a
+next load of `orders` must run and succeed. Meanwhile the load of `slow` reads for minutes, far
+longer than the stall limit, its log never silent for long: it must succeed, untouched."""
 
 from __future__ import annotations
 
