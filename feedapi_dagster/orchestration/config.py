@@ -74,6 +74,12 @@ class ScheduleConfig(_Strict):
     # What the schedule runs: `batch` loads of the open partitions, or the feed's `stream` job (an
     # availableNow query per tick). Both keep one cursor of record: switching loses and repeats nothing.
     mode: Literal["batch", "stream"] = "batch"
+    # A load whose run log has been silent this long is taken for dead (its process is gone: a killed
+    # container, a rebooted machine) and marked failed by the feed's stalled-load sensor, which frees
+    # its pool slot. A live load logs every 10 s in every phase; the longest quiet moment is the
+    # embedded Spark server's start (at most 180 s). 300 s, the sensor's interval and run monitoring's
+    # `free_slots_after_run_end_seconds` (30 s, polled every 30 s) free a dead load's slot in ~7 minutes.
+    stalled_load_seconds: int = Field(default=300, ge=30)
 
 
 class FeedConfig(BaseModel):

@@ -1,10 +1,10 @@
 """The factory: a feeds configuration in, the Dagster definitions of its feeds out.
 
 Per feed: the asset (with its checks), a job of that asset, the discovery sensor and the load
-schedule targeting it (or, in stream mode, the stream job), the stream job, and a maintenance job with
-its schedule. The result has no executor and one
-resource, a `FeedApiResource` under a key of its own (`RESOURCE_KEY`), so it merges into any code
-location (`dg.Definitions.merge`).
+schedule targeting it (or, in stream mode, the stream job), the stream job, a maintenance job with
+its schedule, and the stalled-load sensor (it fails the feed's runs whose process is gone). The result
+has no executor and one resource, a `FeedApiResource` under a key of its own (`RESOURCE_KEY`), so it
+merges into any code location (`dg.Definitions.merge`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from .config import ProjectConfig
 from .loads import FeedBinding
 from .maintenance_jobs import build_maintenance_job, build_maintenance_schedule
 from .resources import RESOURCE_KEY, FeedApiResource, shared_resource
+from .stalled_loads import build_stalled_load_sensor
 from .stream_jobs import build_stream_job
 from .translator import FeedApiTranslator, FeedTranslatorData
 
@@ -76,7 +77,7 @@ def feed_definitions(
         stream = build_stream_job(binding)
         assets.append(asset)
         jobs.extend([job, maintenance, stream])
-        sensors.append(build_discovery_sensor(binding, job))
+        sensors.extend([build_discovery_sensor(binding, job), build_stalled_load_sensor(binding)])
         schedules.append(build_load_schedule(binding, job, stream))
         if (maintenance_schedule := build_maintenance_schedule(binding, maintenance)) is not None:
             schedules.append(maintenance_schedule)

@@ -91,7 +91,8 @@ def instance_findings(instance: dg.DagsterInstance) -> list[Finding]:
             bool(frees_slots),
             "run_monitoring: enabled, free_slots_after_run_end_seconds",
             f"a killed run's pool slot is freed after "
-            f"{instance.run_monitoring_settings.get('free_slots_after_run_end_seconds')} s"
+            f"{instance.run_monitoring_settings.get('free_slots_after_run_end_seconds')} s (a load whose "
+            "process died unseen is first failed by sensor feedapi_<feed>_stalled_loads)"
             if frees_slots
             else "not set: a load that is killed (its process, its machine) keeps its feed's pool slot, and "
             "every later load of the feed waits in the queue for good",

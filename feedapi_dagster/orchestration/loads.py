@@ -36,6 +36,7 @@ PARTITIONS_TAG = "feedapi/partitions"  # the partition ids a run of the sensor o
 # longer than this is left out: the run then loads every due partition of its key range.
 MAX_PARTITIONS_TAG_CHARS = 1000
 REBUILD_TAG = "feedapi/rebuild"
+MAINTENANCE_TAG = "feedapi/maintenance"  # on the runs of a feed's maintenance job: the feed's name
 # On the schedule's runs: a sync of every open partition, every few minutes. Its partitions with
 # nothing new get no materialization (thousands of events per sync); the sync's observation says it.
 SYNC_TAG = "feedapi/sync"

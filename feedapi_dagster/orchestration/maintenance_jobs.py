@@ -8,7 +8,7 @@ pool, so with the shipped `concurrency` settings it never runs beside a load.
 
 import dagster as dg
 
-from .loads import FeedBinding
+from .loads import MAINTENANCE_TAG, FeedBinding
 from .resources import FeedApiResource
 
 
@@ -21,7 +21,7 @@ def build_maintenance_job(binding: FeedBinding) -> dg.JobDefinition:
 
     @dg.job(
         name=f"feedapi_{feed.name}_maintenance",
-        tags={"feedapi/maintenance": feed.name},
+        tags={MAINTENANCE_TAG: feed.name},
         executor_def=dg.in_process_executor,
         description=f"OPTIMIZE and VACUUM of the Delta table of feed `{feed.name}` (by Spark).",
     )

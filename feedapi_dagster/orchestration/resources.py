@@ -36,6 +36,7 @@ from .loads import (
     oldest_running_load,
     sync_observation,
 )
+from .stalled_loads import signs_of_life
 from .streams import StreamConfig, stream_run
 
 if TYPE_CHECKING:
@@ -130,8 +131,14 @@ class FeedApiResource(dg.ConfigurableResource):
         other run is loading, in one Spark job per wave: the materializations of the partitions it
         committed (and of those it was asked for and found up to date, except in the schedule's syncs),
         one observation of the sync, the checks of what it committed, the maintenance its commits made
-        due; then a `dg.Failure` naming the partitions it could not load."""
-        config = config or LoadConfig()
+        due; then a `dg.Failure` naming the partitions it could not load. Its log is never silent for
+        long while it runs (`stalled_loads.signs_of_life`)."""
+        with signs_of_life(context, binding):
+            yield from self._load(context, binding, config or LoadConfig())
+
+    def _load(
+        self, context: dg.AssetExecutionContext, binding: FeedBinding, config: LoadConfig
+    ) -> Iterator[dg.AssetMaterialization | dg.AssetObservation | dg.AssetCheckResult]:
         keys = [int(key) for key in context.partition_keys]
         if (listed := listed_partitions(context.run.tags)) is not None:  # the sensor's and schedule's runs say which
             keys = [key for key in keys if key in listed]
@@ -205,15 +212,17 @@ class FeedApiResource(dg.ConfigurableResource):
     ) -> Iterator[dg.AssetMaterialization]:
         """Run the feed as a Structured Streaming query for the run (`streams.py`): the materializations
         of the partitions each micro-batch's commit moved, as they land."""
-        table = self.table(binding)
-        table.ensure_table()
-        yield from stream_run(context, table, binding, config or StreamConfig(), self._ships_package())
+        with signs_of_life(context, binding):
+            table = self.table(binding)
+            table.ensure_table()
+            yield from stream_run(context, table, binding, config or StreamConfig(), self._ships_package())
 
     def maintain(self, context: dg.OpExecutionContext, binding: FeedBinding) -> dg.AssetObservation:
         """OPTIMIZE and VACUUM of the feed's table; the observation of what they did, for the asset's page."""
-        table = self.table(binding)
-        table.ensure_table()
-        return self._maintain(context, binding, table, operations=None)
+        with signs_of_life(context, binding):
+            table = self.table(binding)
+            table.ensure_table()
+            return self._maintain(context, binding, table, operations=None)
 
     def _maintain(
         self,

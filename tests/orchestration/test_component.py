@@ -51,7 +51,7 @@ def test_one_defs_yaml_adds_the_feed_beside_the_users_assets_and_spark_resource(
     assert isinstance(defs.resources[RESOURCE_KEY].spark, SparkResource)
     assert defs.executor is None  # the user's executor choice stays the user's
     repo = defs.get_repository_def()
-    assert {"feedapi_orders_discovery"} == {s.name for s in repo.sensor_defs}
+    assert {"feedapi_orders_discovery", "feedapi_orders_stalled_loads"} == {s.name for s in repo.sensor_defs}
     assert {"feedapi_orders_schedule"} == {s.name for s in repo.schedule_defs}
     # the sensor and the schedule target the asset (its page lists them), through a job of the asset
     job = defs.resolve_job_def("feedapi_orders_load")

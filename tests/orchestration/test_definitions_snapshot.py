@@ -38,7 +38,10 @@ def describe(defs: dg.Definitions) -> dict:
             if not j.name.startswith("__")
         },
         "sensors": {
-            s.name: {"default_status": s.default_status.value, "jobs": sorted(j.name for j in s.jobs)}
+            s.name: {
+                "default_status": s.default_status.value,
+                "jobs": sorted(j.name for j in s.jobs) if s.has_jobs else [],  # the stalled-load sensor has none
+            }
             for s in repo.sensor_defs
         },
         "schedules": {
