@@ -106,8 +106,10 @@ SET_UP = "the set-up of the Spark session"
 # pyspark's Connect client retries a call the server refused or dropped (UNAVAILABLE) for at least 10
 # minutes (`DefaultPolicy`: 15 retries, up to 60 s apart), past any bound of ours, and a client closed
 # by the watchdog only stops once the backoff it sleeps in is over: our clients retry at most
-# `_RETRY_BACKOFF_MS` apart, for about the bound in all.
+# `_RETRY_BACKOFF_MS` apart, for the bound and `_RETRY_PAST_BOUND_MS` more in all (the watchdog, which
+# gives up at the bound, says what happened: `SparkUnresponsive`, not the last retry's gRPC error).
 _RETRY_BACKOFF_MS = 1000
+_RETRY_PAST_BOUND_MS = 5000
 
 
 def _connect_client(url: str, unresponsive_seconds: float) -> SparkSession:
@@ -121,7 +123,7 @@ def _connect_client(url: str, unresponsive_seconds: float) -> SparkSession:
     # `SparkConnectClient.set_retry_policies` and `DefaultPolicy`'s arguments are pyspark's public API
     # for the retries (the builder has no setting for them); the first three backoffs are 0.05, 0.2
     # and 0.8 s, the next ones `_RETRY_BACKOFF_MS`, which also caps a delay the server asks for
-    retries = 3 + math.ceil(unresponsive_seconds * 1000 / _RETRY_BACKOFF_MS)
+    retries = 3 + math.ceil((unresponsive_seconds * 1000 + _RETRY_PAST_BOUND_MS) / _RETRY_BACKOFF_MS)
     session.client.set_retry_policies(
         [DefaultPolicy(max_retries=retries, max_backoff=_RETRY_BACKOFF_MS, max_server_retry_delay=_RETRY_BACKOFF_MS)]
     )
