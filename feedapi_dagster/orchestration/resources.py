@@ -221,7 +221,9 @@ class FeedApiResource(dg.ConfigurableResource):
         )
         # what the loads' commits made due: OPTIMIZE every `optimize_every_commits` commits, VACUUM every
         # `vacuum_every_commits`
-        if operations := due(outcome.table, binding.feed.maintenance):
+        with self._answering(binding, outcome.table):  # through Spark where delta-rs cannot read the log
+            operations = due(outcome.table, binding.feed.maintenance)
+        if operations:
             yield self._maintain(context, binding, outcome.table, operations)
         if problem := failure(binding, outcome.reports.values()):
             raise problem
