@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from .delta import FILE_MAINTENANCE, OPTIMIZE, VACUUM_END, VACUUM_START, FeedTable, HistoryEntry
-from .watchdog import answering
+from .watchdog import DEFAULT_UNRESPONSIVE_SECONDS, answering
 
 # what `maintain` runs (OPTIMIZE is also the operation's name in the Delta log; VACUUM logs two)
 VACUUM = "VACUUM"
@@ -143,13 +143,15 @@ def maintain(
     settings: MaintenanceSettings,
     oldest_running_load: dt.datetime | None,
     operations: Iterable[str] = (OPTIMIZE, VACUUM),
+    *,
+    unresponsive_seconds: float = DEFAULT_UNRESPONSIVE_SECONDS,
 ) -> MaintenanceReport:
     """OPTIMIZE, then VACUUM with the retention `vacuum_retention_hours` gives, by Spark. Neither moves
     a cursor: OPTIMIZE rewrites files without changing rows, VACUUM deletes files no version in the
-    retention uses."""
+    retention uses. A Spark Connect server silent for `unresponsive_seconds` ends it (`answering`)."""
     operations = tuple(operations)
     retention = removed = None
-    with answering(table.spark, f"maintenance of {table.path}"):
+    with answering(table.spark, f"maintenance of {table.path}", unresponsive_seconds=unresponsive_seconds):
         if OPTIMIZE in operations:
             table.optimize()
         if VACUUM in operations:

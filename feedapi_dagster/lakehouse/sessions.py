@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import math
 import os
 import shutil
 import sys
@@ -39,6 +40,7 @@ from feedapi_dagster.lakehouse.artifacts import package_zip, protocol_zip
 from feedapi_dagster.lakehouse.connect_server import ensure_embedded_server, register_client
 from feedapi_dagster.lakehouse.spark_conf import LOCAL_MASTER, LOOPBACK, SparkSettings, build_conf
 from feedapi_dagster.lakehouse.storage import SESSION_KEYS, S3Storage
+from feedapi_dagster.lakehouse.watchdog import DEFAULT_UNRESPONSIVE_SECONDS, answering
 from feedapi_dagster.protocol.registry import DEFAULT_PROTOCOL, protocol_module
 
 if TYPE_CHECKING:
@@ -84,19 +86,74 @@ def is_connect(session: Any) -> bool:
 
 
 def connect_session(
-    url: str, conf: Mapping[str, str] | None = None, *, storage: S3Storage | None = None
+    url: str,
+    conf: Mapping[str, str] | None = None,
+    *,
+    storage: S3Storage | None = None,
+    unresponsive_seconds: float = DEFAULT_UNRESPONSIVE_SECONDS,
 ) -> SparkSession:
     """A Spark Connect client session for ``url`` (``conf``: runtime SQL settings; ``storage``: the
-    lakehouse's S3 settings and credentials, given to the session: `apply_storage`)."""
+    lakehouse's S3 settings and credentials, given to the session: `apply_storage`). Its calls to the
+    server, from the first, are watched (`watchdog.answering`): a server that does not answer them within
+    ``unresponsive_seconds`` ends it with `SparkUnresponsive`."""
+    session = _connect_client(url, unresponsive_seconds)
+    with answering(session, SET_UP, unresponsive_seconds=unresponsive_seconds):
+        _set_runtime_conf(session, url, conf)
+        apply_storage(session, storage, conf)
+    return session
+
+
+SET_UP = "the set-up of the Spark session"
+
+# pyspark's Connect client retries a call the server refused or dropped (UNAVAILABLE) for at least 10
+# minutes (`DefaultPolicy`: 15 retries, up to 60 s apart), past any bound of ours, and a client closed
+# by the watchdog only stops once the backoff it sleeps in is over: our clients retry at most
+# `_RETRY_BACKOFF_MS` apart, for the bound and `_RETRY_PAST_BOUND_MS` more in all (the watchdog, which
+# gives up at the bound, says what happened: `SparkUnresponsive`, not the last retry's gRPC error).
+_RETRY_BACKOFF_MS = 1000
+_RETRY_PAST_BOUND_MS = 5000
+
+
+def _connect_client(url: str, unresponsive_seconds: float) -> SparkSession:
+    """The Connect session for ``url``, before any call to its server (a session the builder makes
+    without settings makes none: the settings are `_set_runtime_conf`'s, under the watchdog), its
+    retries bounded by ``unresponsive_seconds``, closed when this process exits."""
+    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    session = SparkSession.builder.remote(url).getOrCreate()
+    # `SparkConnectClient.set_retry_policies` and `DefaultPolicy`'s arguments are pyspark's public API
+    # for the retries (the builder has no setting for them); the first three backoffs are 0.05, 0.2
+    # and 0.8 s, the next ones `_RETRY_BACKOFF_MS`, which also caps a delay the server asks for
+    retries = 3 + math.ceil((unresponsive_seconds * 1000 + _RETRY_PAST_BOUND_MS) / _RETRY_BACKOFF_MS)
+    session.client.set_retry_policies(
+        [DefaultPolicy(max_retries=retries, max_backoff=_RETRY_BACKOFF_MS, max_server_retry_delay=_RETRY_BACKOFF_MS)]
+    )
+    if session not in _closed_at_exit:
+        # pyspark's exit hook of a client still open makes a call to its server (it cleans the server's
+        # ML cache, which the loads never fill), and waits for ever for one that froze; this hook,
+        # registered after pyspark's, runs before it and closes the client, which skips that call
+        atexit.register(_close, session)
+        _closed_at_exit.add(session)
+    register_client(urlsplit(url).port, session)
+    return session
+
+
+_closed_at_exit: weakref.WeakSet[SparkSession] = weakref.WeakSet()
+
+
+def _close(session: SparkSession) -> None:
+    with contextlib.suppress(Exception):
+        session.client.close()
+
+
+def _set_runtime_conf(session: SparkSession, url: str, conf: Mapping[str, str] | None) -> None:
+    """Give the session the runtime settings ``conf`` as the builder does (a setting the server cannot
+    change at runtime is skipped): the builder sets them on the session it returns, this one."""
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.remote(url)
-    for key, value in (conf or {}).items():
-        builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    register_client(urlsplit(url).port, session)
-    apply_storage(session, storage, conf)
-    return session
+    if conf:
+        SparkSession.builder.remote(url).config(map=dict(conf)).getOrCreate()
 
 
 def apply_storage(session: SparkSession, storage: S3Storage | None, conf: Mapping[str, str] | None = None) -> None:
@@ -145,17 +202,26 @@ def register_feed_source(spark: SparkSession, ship: bool = False, protocol: str 
 Logger = logging.Logger | logging.LoggerAdapter
 
 
-def spark_session(settings: SparkSettings | None = None, logger: Logger | None = None) -> SparkSession:
+def spark_session(
+    settings: SparkSettings | None = None,
+    logger: Logger | None = None,
+    *,
+    unresponsive_seconds: float = DEFAULT_UNRESPONSIVE_SECONDS,
+) -> SparkSession:
     """The session for ``settings.mode`` (embedded: ensure the server runs, then connect), with the
     lakehouse's S3 settings and credentials (``settings.s3``, read now) as its runtime settings.
     ``logger`` (a Dagster run's log) is told what the embedded server's start says (its port, log
     file and pid: the first run after a machine start waits for it, ~40 s), then which Spark the
-    session is and where its UI is."""
+    session is and where its UI is. A Spark Connect server that does not answer the session's set-up
+    within ``unresponsive_seconds`` (it is frozen, or its port takes connections nobody serves) ends it
+    with `SparkUnresponsive` (`watchdog.answering`)."""
     settings = settings or SparkSettings()
     with _server_messages_to(logger):
-        session = _session(settings)
+        session = _session(settings, unresponsive_seconds)
     if logger is not None:
-        logger.info("Spark: %s; Spark UI: %s", _where(settings), spark_ui_url(session, settings) or _no_ui(settings))
+        with answering(session, SET_UP, unresponsive_seconds=unresponsive_seconds):
+            ui = spark_ui_url(session, settings) or _no_ui(settings)
+        logger.info("Spark: %s; Spark UI: %s", _where(settings), ui)
     return session
 
 
@@ -212,20 +278,22 @@ def _server_messages_to(logger: Logger | None) -> Iterator[None]:
         source.setLevel(level)
 
 
-def _session(settings: SparkSettings) -> SparkSession:
+def _session(settings: SparkSettings, unresponsive_seconds: float) -> SparkSession:
     if settings.s3 is not None:
         settings.s3.credentials()  # a variable named by *_env that is not set: StorageError before any JVM
     if settings.mode == "local":
-        session = local_spark_session(settings.conf, work_dir=settings.work_dir, storage=settings.s3)
-    elif settings.mode == "remote":
+        return local_spark_session(settings.conf, work_dir=settings.work_dir, storage=settings.s3)
+    if settings.mode == "remote":
         assert settings.remote is not None
-        session = connect_session(settings.remote, settings.conf, storage=settings.s3)
-    else:
-        # the URL carries the server's token: built here, never part of any configuration; the
-        # server's `conf` (settings.conf) is not the session's
-        server = ensure_embedded_server(
-            settings.port, conf=settings.conf, work_dir=settings.work_dir, detach=settings.detach_server
+        return connect_session(
+            settings.remote, settings.conf, storage=settings.s3, unresponsive_seconds=unresponsive_seconds
         )
-        session = connect_session(server.client_url())
+    # the URL carries the server's token: built here, never part of any configuration; the server's
+    # `conf` (settings.conf) is not the session's (its settings are skipped by `apply_storage`)
+    server = ensure_embedded_server(
+        settings.port, conf=settings.conf, work_dir=settings.work_dir, detach=settings.detach_server
+    )
+    session = _connect_client(server.client_url(), unresponsive_seconds)
+    with answering(session, SET_UP, unresponsive_seconds=unresponsive_seconds):
         apply_storage(session, settings.s3, settings.conf)
     return session

@@ -6,7 +6,8 @@ run and its pool slot for good. `answering` watches the server while a load talk
 `probe_seconds` it asks the server for a setting on the same connection (a `Config` call, which
 Spark Connect answers from its own threads whatever its jobs do); when no answer comes within
 `unresponsive_seconds`, it closes the session's client, which cancels every call in flight, and the
-load fails with `SparkUnresponsive`. A classic in-process session has no server to lose.
+load fails with `SparkUnresponsive`. A classic in-process session has no server to lose. A session's
+set-up is watched too, from its first call (`sessions.connect_session`).
 """
 
 from __future__ import annotations
@@ -85,7 +86,10 @@ class _Watch:
         )
 
     def _run(self) -> None:
-        while not self._stopped.wait(self.probe_seconds):
+        # the first probe at once: a server frozen before the block started is given up on within the bound
+        wait = 0.0
+        while not self._stopped.wait(wait):
+            wait = self.probe_seconds
             answered = threading.Event()
             asked = time.monotonic()
             # the probe runs in a thread of its own: a call to a server that does not answer never returns

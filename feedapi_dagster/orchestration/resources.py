@@ -4,6 +4,7 @@ and dagster-sling's `SlingResource.replicate(context)` a replication; `SparkReso
 session it uses unless given another, made from the project's `SparkSettings`."""
 
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
@@ -15,6 +16,7 @@ from feedapi_dagster.lakehouse.loader import FeedLoader
 from feedapi_dagster.lakehouse.sessions import is_connect, spark_session
 from feedapi_dagster.lakehouse.sink import DeltaSink
 from feedapi_dagster.lakehouse.spark_conf import SparkSettings
+from feedapi_dagster.lakehouse.watchdog import DEFAULT_UNRESPONSIVE_SECONDS, answering
 from feedapi_dagster.protocol.registry import protocol_of
 
 from .checks import feed_check_results, recorded_user_deletes
@@ -86,11 +88,18 @@ class SparkResource(dg.ConfigurableResource):
 
     @property
     def spark_session(self) -> "SparkSession":
+        return self.session()
+
+    def session(self, unresponsive_seconds: float = DEFAULT_UNRESPONSIVE_SECONDS) -> "SparkSession":
+        """The run's session, made on first use; a Spark Connect server that does not answer its set-up
+        within `unresponsive_seconds` ends the run with `SparkUnresponsive`."""
         if self._session is None:
             # the run's log says which Spark it is, where its UI is, and when the embedded server starts
             # (~40 s); a run is a short-lived process: the embedded server it starts stays for the next runs
             settings = self.spark_settings.model_copy(update={"detach_server": True})
-            self._session = spark_session(settings, logger=dg.get_dagster_logger())
+            self._session = spark_session(
+                settings, logger=dg.get_dagster_logger(), unresponsive_seconds=unresponsive_seconds
+            )
         return self._session
 
 
@@ -122,7 +131,23 @@ class FeedApiResource(dg.ConfigurableResource):
         return self.spark.spark_session  # type: ignore[attr-defined]  # checked by `_has_session`
 
     def table(self, binding: FeedBinding) -> FeedTable:
-        return binding.table_for(self.spark_session)
+        return binding.table_for(self._session_for(binding))
+
+    def _session_for(self, binding: FeedBinding) -> "SparkSession":
+        """The run's session, its set-up bounded by the feed's `load.spark_unresponsive_seconds` (a session
+        of the user's own resource is the resource's business)."""
+        if isinstance(self.spark, SparkResource):
+            return self.spark.session(binding.feed.load.spark_unresponsive_seconds)
+        return self.spark_session
+
+    def _answering(self, binding: FeedBinding, table: FeedTable) -> AbstractContextManager[None]:
+        """The block's calls to Spark (a new table created by it) bounded by the feed's
+        `load.spark_unresponsive_seconds` (`answering`)."""
+        return answering(
+            table.spark,
+            f"the table of feed {binding.name}",
+            unresponsive_seconds=binding.feed.load.spark_unresponsive_seconds,
+        )
 
     def load(
         self, context: dg.AssetExecutionContext, binding: FeedBinding, config: LoadConfig | None = None
@@ -155,10 +180,13 @@ class FeedApiResource(dg.ConfigurableResource):
         if clash := busy & {*config.rebuild, *config.drop}:
             raise dg.Failure(f"feed {binding.name}: partitions {sorted(clash)} are being loaded by another run")
         rebuild = set(config.rebuild) | (set(wanted) if context.run.tags.get(REBUILD_TAG) == "true" else set())
+        table = self.table(binding)
+        with self._answering(binding, table):
+            sink = DeltaSink(table, run_id=context.run.run_id)
         with failing_clearly(binding.name, "the load"):  # its token, its discovery
             loader = FeedLoader(
                 binding.feed.settings,
-                DeltaSink(self.table(binding), run_id=context.run.run_id),
+                sink,
                 binding.feed.load,
                 logger=context.log,
                 ship_package=self._ships_package(),
@@ -202,7 +230,9 @@ class FeedApiResource(dg.ConfigurableResource):
         )
         # what the loads' commits made due: OPTIMIZE every `optimize_every_commits` commits, VACUUM every
         # `vacuum_every_commits`
-        if operations := due(outcome.table, binding.feed.maintenance):
+        with self._answering(binding, outcome.table):  # through Spark where delta-rs cannot read the log
+            operations = due(outcome.table, binding.feed.maintenance)
+        if operations:
             yield self._maintain(context, binding, outcome.table, operations)
         if problem := failure(binding, outcome.reports.values()):
             raise problem
@@ -213,15 +243,17 @@ class FeedApiResource(dg.ConfigurableResource):
         """Run the feed as a Structured Streaming query for the run (`streams.py`): the materializations
         of the partitions each micro-batch's commit moved, as they land."""
         with signs_of_life(context, binding):
-            table = self.table(binding)
-            table.ensure_table()
-            yield from stream_run(context, table, binding, config or StreamConfig(), self._ships_package())
+            # the stream's sink ensures the table, under the stream's watchdog (`stream_run`)
+            yield from stream_run(
+                context, self.table(binding), binding, config or StreamConfig(), self._ships_package()
+            )
 
     def maintain(self, context: dg.OpExecutionContext, binding: FeedBinding) -> dg.AssetObservation:
         """OPTIMIZE and VACUUM of the feed's table; the observation of what they did, for the asset's page."""
         with signs_of_life(context, binding):
             table = self.table(binding)
-            table.ensure_table()
+            with self._answering(binding, table):
+                table.ensure_table()
             return self._maintain(context, binding, table, operations=None)
 
     def _maintain(
@@ -234,8 +266,11 @@ class FeedApiResource(dg.ConfigurableResource):
         # VACUUM keeps what the feed's loads that may still write need
         running = oldest_running_load(context.instance, binding, exclude_run_id=context.run.run_id)
         settings = binding.feed.maintenance
+        bound = binding.feed.load.spark_unresponsive_seconds
         report = (
-            maintain(table, settings, running) if operations is None else maintain(table, settings, running, operations)
+            maintain(table, settings, running, unresponsive_seconds=bound)
+            if operations is None
+            else maintain(table, settings, running, operations, unresponsive_seconds=bound)
         )
         context.log.info("feed %s: %s", binding.name, report)
         return maintenance_observation(binding, report)

@@ -73,18 +73,19 @@ def stream_run(
     """Run the feed's stream for the run (see the module docstring): the materializations of the
     partitions its commits moved, as they land; a `dg.Failure` when the query fails or times out."""
     run_id = context.run.run_id
-    stream = FeedStream(
-        binding.feed.settings,
-        table,
-        run_id=run_id,
-        checkpoint=f"{binding.project.lakehouse.rstrip('/')}/_streams/{binding.name}/{run_id}",
-        max_events_per_trigger=config.max_events_per_trigger,
-        ship_package=ship_package,
-    )
     spark = table.spark
     with answering(
         spark, f"the stream of feed {binding.name}", unresponsive_seconds=binding.feed.load.spark_unresponsive_seconds
     ):
+        # its set-up registers the data source (and ships this package) through Spark Connect
+        stream = FeedStream(
+            binding.feed.settings,
+            table,
+            run_id=run_id,
+            checkpoint=f"{binding.project.lakehouse.rstrip('/')}/_streams/{binding.name}/{run_id}",
+            max_events_per_trigger=config.max_events_per_trigger,
+            ship_package=ship_package,
+        )
         with failing_clearly(binding.name, "the stream"):  # its discovery
             query = stream.start(config.spark_trigger())
         assert stream.started_from is not None and stream.info is not None  # set by `start`

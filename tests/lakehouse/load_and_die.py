@@ -39,7 +39,8 @@ def main() -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
 
     options = storage.storage_options() if storage else None
-    sink = DeltaSink(FeedTable(connect_session(connect_url, storage=storage), path, storage_options=options))
+    spark = connect_session(connect_url, storage=storage, unresponsive_seconds=unresponsive)
+    sink = DeltaSink(FeedTable(spark, path, storage_options=options))
     settings = json.loads(feed) if feed.startswith("{") else {"url": feed}
     loader = FeedLoader(
         feed_settings(**{**settings, "page_size_hint": 50}),
