@@ -47,7 +47,7 @@ lint: setup
 	$(BIN)/mypy
 
 test: setup browser postgres lint
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25
 
 clean:
 	rm -rf $(VENV) .cache
