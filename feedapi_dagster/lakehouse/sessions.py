@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from feedapi_dagster.errors import SparkError
 from feedapi_dagster.lakehouse import connect_server
 from feedapi_dagster.lakehouse.artifacts import package_zip, protocol_zip
 from feedapi_dagster.lakehouse.connect_server import ensure_embedded_server, register_client
@@ -121,6 +122,7 @@ def _connect_client(url: str, unresponsive_seconds: float) -> SparkSession:
     from pyspark.sql import SparkSession
     from pyspark.sql.connect.client.retries import DefaultPolicy
 
+    _refuse_token_without_tls(url)
     session = SparkSession.builder.remote(url).getOrCreate()
     # `SparkConnectClient.set_retry_policies` and `DefaultPolicy`'s arguments are pyspark's public API
     # for the retries (the builder has no setting for them); the first three backoffs are 0.05, 0.2
@@ -137,6 +139,25 @@ def _connect_client(url: str, unresponsive_seconds: float) -> SparkSession:
         _closed_at_exit.add(session)
     register_client(urlsplit(url).port, session)
     return session
+
+
+def _refuse_token_without_tls(url: str) -> None:
+    """pyspark sends a token (``;token=`` in the URL, or SPARK_CONNECT_AUTHENTICATE_TOKEN) over TLS
+    only, except to ``localhost`` (gRPC's local credentials): to any other host without ``use_ssl=true``
+    it speaks TLS to a server that does not, and the handshake fails as a server that never answers
+    would (pyspark retried it for 14 minutes; our bound would report the server unresponsive).
+    `DefaultChannelBuilder` is the URL's reading that pyspark's public `SparkSession.Builder.channelBuilder`
+    takes."""
+    from pyspark.sql.connect.client import DefaultChannelBuilder
+
+    channel = DefaultChannelBuilder(url)
+    if channel.token is not None and not channel.use_ssl and channel.host != "localhost":
+        raise SparkError(
+            f"the Spark Connect server at sc://{channel.endpoint}: a token (in the URL or in "
+            "SPARK_CONNECT_AUTHENTICATE_TOKEN) is sent over TLS only, and the URL has no `;use_ssl=true`: "
+            "add it for a TLS endpoint, reach a server on this machine as `localhost`, or unset the token "
+            "for a server without authentication"
+        )
 
 
 _closed_at_exit: weakref.WeakSet[SparkSession] = weakref.WeakSet()

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from feedapi_dagster.lakehouse.connect_server import SparkConnectServer, ensure_embedded_server, port_open
+from feedapi_dagster.lakehouse.connect_server import SparkConnectServer, ensure_embedded_server, port_open, read_token
 from feedapi_dagster.lakehouse.jars import (
     DELTA_SPARK_COORDINATE,
     DELTA_VERSION,
@@ -139,6 +139,46 @@ def test_connect_client_writes_and_reads_delta(connect_server: SparkConnectServe
     # nothing was resolved by the server either
     assert not any((connect_server.work_dir / "ivy").iterdir())
     print(f"connect client: session {result['connect_s']:.2f} s, first action {result['first_action_s']:.2f} s")
+
+
+REMOTE_WITH_TOKEN = textwrap.dedent("""
+    import sys
+    from feedapi_dagster.lakehouse.sessions import spark_session
+    from feedapi_dagster.lakehouse.spark_conf import SparkSettings
+    spark_session(SparkSettings(mode="remote", remote=sys.argv[1]), unresponsive_seconds=8).range(1).collect()
+""")
+
+
+@pytest.mark.spark
+def test_a_token_for_a_server_without_tls_is_refused_at_once(connect_server: SparkConnectServer) -> None:
+    """The deployment guide's `SPARK_CONNECT_AUTHENTICATE_TOKEN` beside a URL without `use_ssl=true`:
+    pyspark speaks TLS to a server that does not (it retried for 14 minutes, a bounded client would
+    call the server unresponsive); the run says what to change, before any call, and never the token."""
+    token = read_token(connect_server.port)
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", REMOTE_WITH_TOKEN, f"sc://127.0.0.1:{connect_server.port}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "SPARK_CONNECT_AUTHENTICATE_TOKEN": token},
+    )
+    elapsed = time.monotonic() - started
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("feedapi_dagster.errors.SparkError: the Spark Connect server at sc://127.0.0.1:"), last
+    assert "is sent over TLS only, and the URL has no `;use_ssl=true`" in last, last
+    assert token not in proc.stderr
+    assert elapsed < 8, f"refused after {elapsed:.1f} s: not before the first call"
+    # the same server reached as `localhost` with the token takes it (gRPC's local credentials)
+    proc = subprocess.run(
+        [sys.executable, "-c", REMOTE_WITH_TOKEN, f"sc://localhost:{connect_server.port}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "SPARK_CONNECT_AUTHENTICATE_TOKEN": token},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def _listening_addresses(pid: int) -> list[ipaddress._BaseAddress]:
