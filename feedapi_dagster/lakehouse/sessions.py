@@ -40,6 +40,7 @@ from feedapi_dagster.lakehouse import connect_server
 from feedapi_dagster.lakehouse.artifacts import package_zip, protocol_zip
 from feedapi_dagster.lakehouse.connect_server import ensure_embedded_server, register_client
 from feedapi_dagster.lakehouse.spark_conf import LOCAL_MASTER, LOOPBACK, SparkSettings, build_conf
+from feedapi_dagster.lakehouse.spark_errors import is_source_name_taken
 from feedapi_dagster.lakehouse.storage import SESSION_KEYS, S3Storage
 from feedapi_dagster.lakehouse.watchdog import DEFAULT_UNRESPONSIVE_SECONDS, answering
 from feedapi_dagster.protocol.registry import DEFAULT_PROTOCOL, protocol_module
@@ -216,7 +217,18 @@ def register_feed_source(spark: SparkSession, ship: bool = False, protocol: str 
         return
     if ship:
         spark.addArtifacts(str(package_zip()), pyfile=True)
-    spark.dataSource.register(FeedDataSource)
+    try:
+        spark.dataSource.register(FeedDataSource)
+    except Exception as error:
+        # Spark checks the name, then registers, without a lock (`DataSourceRegistration.
+        # checkDataSourceExists`): not registered in the session yet, so it looks the name up as any
+        # data source, and finds the `feedapi` that another client of the same server-side session
+        # (every client of the embedded server: `SparkConnectServer.client_url`) registered in between.
+        # Registered now, so the name passes the check this time; a JVM source named `feedapi` (the
+        # check's real purpose) fails it again.
+        if not is_source_name_taken(error):
+            raise
+        spark.dataSource.register(FeedDataSource)
     _with_source.add(spark)
 
 

@@ -33,6 +33,10 @@ COMMIT_CONFLICTS = frozenset(
 # message (use `rdd.checkpoint()`) does not apply to a load
 KEPT_BLOCK_LOST = "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND"
 
+# a data source's name is taken: by a JVM data source, or (Spark's check of the name races with other
+# clients of the session registering it) by the Python data source another client just registered
+SOURCE_NAME_TAKEN = "DATA_SOURCE_ALREADY_EXISTS"
+
 # classic pyspark's first line of a `Py4JJavaError`, before the Java exception's own
 _PY4J_PREAMBLE = "An error occurred while calling"
 
@@ -68,6 +72,11 @@ def is_commit_conflict(error: BaseException) -> bool:
 def is_kept_read_lost(error: BaseException) -> bool:
     """A job that needed blocks of a `localCheckpoint` that are gone."""
     return condition(error) == KEPT_BLOCK_LOST
+
+
+def is_source_name_taken(error: BaseException) -> bool:
+    """A data source's registration refused: its name is a data source's already (`SOURCE_NAME_TAKEN`)."""
+    return condition(error) == SOURCE_NAME_TAKEN
 
 
 class StorageFailure(enum.Enum):

@@ -4,7 +4,7 @@ A Dagster instance is configured by the `dagster.yaml` in its DAGSTER_HOME (`dg 
 dev` read DAGSTER_HOME from the project folder's `.env` too; without one they run a temporary
 instance configured by the `dagster.yaml` of that folder). Loads rely on three of its settings, none of them Dagster's default: a pool limit (every
 feed's load step is in pool `feedapi_<feed>`: one load of a feed at a time), one run per partition
-(a tag concurrency limit on `dagster/partition`), and run monitoring that frees a killed run's pool
+(a tag concurrency limit on `feedapi/partition`, "<feed>/<partition>"), and run monitoring that frees a killed run's pool
 slot. `feedapi-dagster doctor` reads the instance as Dagster does and names what is missing and what
 happens without it; `--write-config` writes the `dagster.yaml` the package ships where there is none.
 """
@@ -24,8 +24,10 @@ from pathlib import Path
 import dagster as dg
 
 from .demo_commands import INSTANCE_TEMPLATE
+from .loads import PARTITION_LIMIT_TAG
 
-PARTITION_TAG = "dagster/partition"
+# the key of the limit up to 0.x's dagster.yaml: one run per partition key, whatever its feed
+DAGSTER_PARTITION_TAG = "dagster/partition"
 # SQLAlchemy 2.1 maps a bare `postgresql://` to psycopg 3, while dagster-postgres brings psycopg2: an
 # instance whose storage says `postgresql://` (Dagster's documented form) cannot be opened
 PSYCOPG3 = "psycopg"
@@ -50,13 +52,14 @@ def instance_findings(instance: dg.DagsterInstance) -> list[Finding]:
     default_limit = config.pool_config.default_pool_limit
     # another run coordinator than the queued one has no run queue, so no tag limit
     tag_limits = config.run_queue_config.tag_concurrency_limits if config.run_queue_config is not None else []
-    one_run_per_partition = any(
-        limit.get("key") == PARTITION_TAG
-        and limit.get("limit") == 1
+    limited_keys = {
+        limit.get("key")
+        for limit in tag_limits
+        if limit.get("limit") == 1
         and isinstance(limit.get("value"), dict)
         and limit["value"].get("applyLimitPerUniqueValue")
-        for limit in tag_limits
-    )
+    }
+    one_run_per_partition = bool(limited_keys & {PARTITION_LIMIT_TAG, DAGSTER_PARTITION_TAG})
     frees_slots = (
         instance.run_monitoring_enabled
         and instance.run_monitoring_settings.get("free_slots_after_run_end_seconds") is not None
@@ -80,8 +83,11 @@ def instance_findings(instance: dg.DagsterInstance) -> list[Finding]:
         ),
         Finding(
             one_run_per_partition,
-            f"concurrency.runs.tag_concurrency_limits: {PARTITION_TAG} (applyLimitPerUniqueValue, limit 1)",
-            "one run per partition at a time"
+            f"concurrency.runs.tag_concurrency_limits: {PARTITION_LIMIT_TAG} (applyLimitPerUniqueValue, limit 1)",
+            "one run per partition of a feed at a time"
+            if PARTITION_LIMIT_TAG in limited_keys
+            else f"{DAGSTER_PARTITION_TAG} is limited instead: one run per partition key whatever its feed, so "
+            f"partition 0 of two feeds wait for each other; the key {PARTITION_LIMIT_TAG} limits runs per feed"
             if one_run_per_partition
             else "not set: two runs of one partition (a backfill and a materialization from the UI) both "
             'start, and the second fails ("another run is loading it") or skips it instead of waiting '

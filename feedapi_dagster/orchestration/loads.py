@@ -35,6 +35,11 @@ PARTITIONS_TAG = "feedapi/partitions"  # the partition ids a run of the sensor o
 # 2,000 ids one by one could not be created. Runs of 3+ ids go as ranges ("0-1999"), and a list still
 # longer than this is left out: the run then loads every due partition of its key range.
 MAX_PARTITIONS_TAG_CHARS = 1000
+# On a run of one partition that the feed's sensor or schedule requests: "<feed>/<partition>", the key of
+# the shipped dagster.yaml's limit of one run per partition of a feed (`dagster/partition` alone is
+# "0" for partition 0 of every feed). Dagster's backfill runs carry only its own tags: the pool
+# `feedapi_<feed>` and the asset's skipping of busy partitions hold them.
+PARTITION_LIMIT_TAG = "feedapi/partition"
 REBUILD_TAG = "feedapi/rebuild"
 MAINTENANCE_TAG = "feedapi/maintenance"  # on the runs of a feed's maintenance job: the feed's name
 # On the schedule's runs: a sync of every open partition, every few minutes. Its partitions with
@@ -101,7 +106,8 @@ def partition_run_tags(binding: FeedBinding, partition_ids: Iterable[int], order
     if len(listed := partitions_tag(int(key) for key in keys)) <= MAX_PARTITIONS_TAG_CHARS:
         tags[PARTITIONS_TAG] = listed
     if len(keys) == 1:
-        tags["dagster/partition"] = next(iter(keys))
+        tags["dagster/partition"] = key = next(iter(keys))
+        tags[PARTITION_LIMIT_TAG] = f"{binding.name}/{key}"
     else:
         ordered = [key for key in order if key in keys]
         tags[RANGE_START_TAG], tags[RANGE_END_TAG] = ordered[0], ordered[-1]

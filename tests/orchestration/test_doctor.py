@@ -90,3 +90,17 @@ def test_dagster_home_from_the_projects_env_file_as_dg_dev_reads_it(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert (project / ".dagster" / "dagster.yaml").read_text() == INSTANCE_TEMPLATE.read_text()
     assert f"DAGSTER_HOME {project / '.dagster'}" in result.stdout
+
+
+def test_the_old_limit_on_dagster_partition_is_enough_with_a_line_saying_it_holds_other_feeds(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    # the dagster.yaml shipped before issue 35: one run per partition key, whatever its feed
+    (home / "dagster.yaml").write_text(
+        INSTANCE_TEMPLATE.read_text().replace('key: "feedapi/partition"', 'key: "dagster/partition"')
+    )
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        findings = {finding.setting.split(":")[0]: finding for finding in instance_findings(instance)}
+    limit = findings["concurrency.runs.tag_concurrency_limits"]
+    assert limit.ok and "partition 0 of two feeds wait for each other" in limit.said
+    assert "the key feedapi/partition limits runs per feed" in limit.said

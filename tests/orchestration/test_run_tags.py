@@ -5,6 +5,7 @@ import dagster as dg
 
 from feedapi_dagster.orchestration.loads import (
     MAX_PARTITIONS_TAG_CHARS,
+    PARTITION_LIMIT_TAG,
     PARTITIONS_TAG,
     listed_partitions,
     partition_run_tags,
@@ -37,3 +38,9 @@ def test_a_run_of_thousands_of_partitions_has_short_tags_and_loads_what_it_asked
     assert PARTITIONS_TAG not in tags and max(map(len, tags.values())) <= MAX_PARTITIONS_TAG_CHARS
     run = dg.DagsterRun(job_name="feedapi_orders_load", tags=tags)
     assert run_partitions(run, order) == set(range(0, 9999))
+
+
+def test_a_run_of_one_partition_is_tagged_with_its_feed_and_partition_for_the_run_queue():
+    tags = partition_run_tags(_Binding(), [3], ["0", "3"])
+    assert tags["dagster/partition"] == "3" and tags[PARTITION_LIMIT_TAG] == "orders/3"
+    assert PARTITION_LIMIT_TAG not in partition_run_tags(_Binding(), [0, 3], ["0", "3"])

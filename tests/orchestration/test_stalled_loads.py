@@ -177,8 +177,8 @@ def test_a_dead_load_is_failed_and_its_slot_freed_while_a_slow_live_load_finishe
     # its progress every 10 s
     with (
         ThrottledServer(DemoFeed(partitions=1, events=1500, seed=3)) as orders,
-        # the shipped dagster.yaml allows one run per `dagster/partition` value, whatever its feed: the
-        # slow load is of partition 1 so as to run beside the other's partition 0
+        # the slow load is of partition 1 (runs of one partition of two feeds run together since the
+        # shipped dagster.yaml limits `feedapi/partition`, but this test does not need that)
         ThrottledServer(DemoFeed(partitions=2, events=3000, seed=4), page_seconds=3) as slow,
         dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home))) as instance,
     ):
