@@ -120,12 +120,19 @@ def test_the_daemon_loads_a_feed_on_an_instance_in_postgresql_with_spark_as_a_re
         assert metadata["position"].value == state.get(int(key)).position
     # the pool of the feed's loads, made by the run's claim from the shipped default_limit
     assert pool.slot_count == 1 and not pool.pending_step_count, pool
-    assert instigators.get("feedapi_orders_schedule") == "DECLARED_IN_CODE", instigators
-    rows = DeltaTable(str(tmp_path / "lakehouse" / "orders")).to_pyarrow_table(columns=["partition_id", "payload"])
+    # both on as the defs.yaml declares them (the status of an instigator running by its default)
+    assert (
+        instigators.get("feedapi_orders_discovery") == instigators.get("feedapi_orders_schedule") == "DECLARED_IN_CODE"
+    )
+    rows = (
+        DeltaTable(str(tmp_path / "lakehouse" / "orders"))
+        .to_pyarrow_table(columns=["partition_id", "position", "payload"])
+        .to_pylist()
+    )
     for partition in range(2):  # every event once, in order
-        payloads = [r["payload"] for r in rows.to_pylist() if r["partition_id"] == partition]
-        assert sorted(payloads) == sorted(feed.expected_events(partition))
-        assert len(payloads) == len(feed.expected_events(partition))
+        stored = sorted((r["position"], r["payload"]) for r in rows if r["partition_id"] == partition)
+        assert [payload for _, payload in stored] == feed.expected_events(partition)
+        assert [position for position, _ in stored] == list(range(len(stored)))
 
 
 def _loads_done(instance: dg.DagsterInstance, daemon: subprocess.Popen, log: Path) -> list[dg.DagsterRun]:
