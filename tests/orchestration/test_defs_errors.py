@@ -9,6 +9,7 @@ import dagster as dg
 import pytest
 from pydantic import ValidationError
 
+from feedapi_dagster.errors import ProtocolError
 from feedapi_dagster.orchestration.component import FeedApiAttributes, FeedApiComponent
 from feedapi_dagster.protocol import feed_settings
 
@@ -62,7 +63,8 @@ def test_a_token_whose_variable_is_not_set_is_an_error_naming_the_feed_the_field
 @pytest.mark.parametrize("value", ["12345", "0x1F", "1e3", "True", " spaced-token "])
 def test_a_token_from_the_environment_is_the_text_it_is_set_to(tmp_path, monkeypatch, value):
     # Dagster renders `{{ env.X }}` natively: 12345 became an int, 0x1F the int 31 ("Input should be a
-    # valid string"); the token is the variable's text, as written
+    # valid string"); the token is the variable's text, as written, and a text no HTTP header can carry
+    # (spaces around it: a secret file's line) is refused in one line that does not quote it
     monkeypatch.setenv("ORDERS_FEED_TOKEN", value)
     component = FeedApiComponent.resolve_from_model(
         dg.ResolutionContext.default(),
@@ -74,7 +76,12 @@ def test_a_token_from_the_environment_is_the_text_it_is_set_to(tmp_path, monkeyp
             }
         ),
     )
-    assert component.feeds[0].bearer_token() == value
+    if value.strip() != value:
+        with pytest.raises(ProtocolError, match="the bearer token holds a space") as refused:
+            component.feeds[0].bearer_token()
+        assert value.strip() not in str(refused.value)
+    else:
+        assert component.feeds[0].bearer_token() == value
 
 
 @pytest.mark.parametrize(
