@@ -180,7 +180,7 @@ def read_feed(spark, shape: Shape, work: Path) -> tuple[subprocess.Popen, Data]:
 
 # ----------------------------------------------------------------------------- one layout, one table
 def create_sql(path: str, layout: str) -> str:
-    from feedapi_dagster.lakehouse.delta import TABLE_DDL
+    from feedapi_dagster.lakehouse.feed_table import TABLE_DDL
 
     if layout == "partitioned":  # FeedTable.ensure_table's up to 0.1.0
         return (
@@ -215,7 +215,7 @@ class Run:
         range_files: int,
         quiet: bool = False,
     ):
-        from feedapi_dagster.lakehouse.delta import FeedTable
+        from feedapi_dagster.lakehouse.feed_table import FeedTable
 
         self.spark, self.path, self.layout, self.data, self.result = spark, path, layout, data, result
         self.label, self.range_files, self.quiet = label, range_files, quiet
@@ -240,7 +240,7 @@ class Run:
 
     # -- helpers
     def write(self, rows, replace: tuple[int, ...] = ()) -> None:
-        from feedapi_dagster.lakehouse.delta import Commit
+        from feedapi_dagster.lakehouse.feed_table import Commit
 
         if self.layout == "sorted":
             rows = rows.repartitionByRange(self.range_files, "partition_id")
@@ -289,7 +289,7 @@ class Run:
 
     # -- the steps
     def run(self) -> None:
-        from feedapi_dagster.lakehouse.delta import DeltaLog
+        from feedapi_dagster.lakehouse.feed_table import DeltaLog
         from feedapi_dagster.lakehouse.stats import _from_log, duplicate_event_ids, partition_stats
 
         data, spark = self.data, self.spark
@@ -476,7 +476,8 @@ def main() -> int:
     import deltalake
     import pyspark
 
-    from feedapi_dagster.lakehouse.sessions import local_spark_session, register_feed_source
+    from feedapi_dagster.read.registration import register_feed_source
+    from feedapi_dagster.spark.sessions import local_spark_session
 
     work = Path(tempfile.mkdtemp(prefix="bench-layout-"))
     started = time.monotonic()

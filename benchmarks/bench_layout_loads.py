@@ -90,7 +90,7 @@ def check(path: str, events: int) -> None:
 
 
 def sync(spark, url: str, path: str, layout: str) -> float:
-    from feedapi_dagster.lakehouse.delta import FeedTable
+    from feedapi_dagster.lakehouse.feed_table import FeedTable
     from feedapi_dagster.lakehouse.loader import FeedLoader
     from feedapi_dagster.lakehouse.sink import DeltaSink
     from feedapi_dagster.protocol import feed_settings
@@ -210,7 +210,7 @@ def main() -> int:
     import deltalake
     import pyspark
 
-    from feedapi_dagster.lakehouse.sessions import local_spark_session
+    from feedapi_dagster.spark.sessions import local_spark_session
 
     work = Path(tempfile.mkdtemp(prefix="bench-layout-loads-"))
     started = time.monotonic()

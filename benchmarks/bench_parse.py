@@ -24,8 +24,8 @@ import time
 import requests
 
 from feedapi_dagster.demo.feedapi import DemoFeed, DemoFeedServer
-from feedapi_dagster.lakehouse.table import EventBatch
 from feedapi_dagster.protocol.feedapi.ndjson import PageReader
+from feedapi_dagster.read.rows import EventBatch
 
 CHUNK = 256 * 1024  # FeedClient's read size
 

@@ -72,16 +72,17 @@ import requests
 from bench_sync import load_average, say, start_feed_server
 from procstat import find_free_port, release_spark_port, stop_process
 
-from feedapi_dagster.lakehouse.connect_server import ensure_embedded_server
-from feedapi_dagster.lakehouse.datasource import FeedSourceOptions
-from feedapi_dagster.lakehouse.delta import FeedTable
-from feedapi_dagster.lakehouse.feed_stream import FeedStream
+from feedapi_dagster.lakehouse.feed_stream import FeedStream, stream_to_delta
+from feedapi_dagster.lakehouse.feed_table import FeedTable
 from feedapi_dagster.lakehouse.loader import FeedLoader
-from feedapi_dagster.lakehouse.sessions import register_feed_source, spark_session
 from feedapi_dagster.lakehouse.sink import DeltaSink
-from feedapi_dagster.lakehouse.spark_conf import SparkSettings
-from feedapi_dagster.lakehouse.stream_source import MAX_EVENTS_PER_TRIGGER, stream_to_delta
 from feedapi_dagster.protocol import FeedSettings, feed_settings
+from feedapi_dagster.read.datasource import FeedSourceOptions
+from feedapi_dagster.read.registration import register_feed_source
+from feedapi_dagster.read.stream_source import MAX_EVENTS_PER_TRIGGER
+from feedapi_dagster.spark.connect_server import ensure_embedded_server
+from feedapi_dagster.spark.sessions import spark_session
+from feedapi_dagster.spark.settings import SparkSettings
 
 # the modes: the batch load, Delta's streaming sink (`stream_to_delta`), and the stream a Dagster stream
 # run runs (`FeedStream`: each micro-batch's rows and the cursor of record in one commit, `foreachBatch`)

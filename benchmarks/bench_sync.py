@@ -283,7 +283,7 @@ class S3Lake:
     bucket: str = "bench"
 
     def storage(self):
-        from feedapi_dagster.lakehouse.storage import S3Storage
+        from feedapi_dagster.spark.storage import S3Storage
 
         return S3Storage(
             endpoint=self.server.url,
@@ -470,9 +470,9 @@ class PostgresServer:
 
 def project_config(base: Path, protocol: str, url: str, page_size: int, spark_port: int, s3: S3Lake | None):
     """The deployment's feeds configuration: one feed `bench`, the lakehouse in `base` or on S3."""
-    from feedapi_dagster.lakehouse.spark_conf import SparkSettings
     from feedapi_dagster.orchestration import FeedConfig, ProjectConfig
     from feedapi_dagster.orchestration.config import StorageConfig
+    from feedapi_dagster.spark.settings import SparkSettings
 
     lakehouse = f"s3a://{s3.bucket}/{base.name}" if s3 else str(base / "lakehouse")
     feed = (
@@ -734,7 +734,7 @@ def stages(
 def start_spark(port: int, work: Path, s3: S3Lake | None):
     """The embedded server as a deployment's first run would start it (the lakehouse's s3a settings and
     credentials come with each run's session, not with the server)."""
-    from feedapi_dagster.lakehouse.connect_server import ensure_embedded_server, port_open
+    from feedapi_dagster.spark.connect_server import ensure_embedded_server, port_open
 
     if port_open(port):
         raise RuntimeError(f"port {port} is taken")

@@ -8,15 +8,15 @@ Dagster side is in `feedapi_dagster.orchestration`.
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from feedapi_dagster.lakehouse.datasource import FeedDataSource
     from feedapi_dagster.orchestration.component import FeedApiComponent
+    from feedapi_dagster.read.datasource import FeedDataSource
 
 __all__ = ["FeedApiComponent", "FeedDataSource"]
 
 # lazy: Spark executors import `feedapi_dagster.protocol` and the data source, never pyspark's
 # session machinery or Dagster
 _LAZY = {
-    "FeedDataSource": "feedapi_dagster.lakehouse.datasource",
+    "FeedDataSource": "feedapi_dagster.read.datasource",
     "FeedApiComponent": "feedapi_dagster.orchestration.component",
 }
 

@@ -15,7 +15,8 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "feedapi_dagster.orchestration.demo_commands",
     "feedapi_dagster.orchestration.doctor",
     "feedapi_dagster.orchestration.discover_command",
-    "feedapi_dagster.lakehouse.commands",
+    "feedapi_dagster.spark.commands",
+    "feedapi_dagster.lakehouse.state_command",
     "feedapi_dagster.demo.feedapi.command",
     "feedapi_dagster.demo.nakadi.command",
 )

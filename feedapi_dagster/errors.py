@@ -17,8 +17,8 @@ subclass for one kind of failure.
         └── SparkUnresponsive    the Spark Connect server stopped answering: the load was abandoned
 
 A few subclasses live beside the code that raises them, for the code that catches them there:
-`DeltaJarsError` and `DeltaJarsNotSetUp` (`lakehouse/jars.py`) and `ServerNotStopped`
-(`lakehouse/connect_server.py`) are `SparkError`s, `RecoveryNeedsSpark` (`lakehouse/cursor_record.py`)
+`DeltaJarsError` and `DeltaJarsNotSetUp` (`spark/jars.py`) and `ServerNotStopped`
+(`spark/connect_server.py`) are `SparkError`s, `RecoveryNeedsSpark` (`lakehouse/cursor_record.py`)
 a `StateError`, `ReadEndsMissing` (`lakehouse/feed_read.py`) a `LoadError`.
 
 Messages name the feed by its URL without credentials and never quote a token. This module is pure

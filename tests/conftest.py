@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from feedapi_dagster.lakehouse.delta import DeltaLog, FeedTable
-from feedapi_dagster.lakehouse.storage import S3Storage
+from feedapi_dagster.lakehouse.feed_table import DeltaLog, FeedTable
+from feedapi_dagster.spark.storage import S3Storage
 from tests.s3_server import TEST_CREDENTIALS, S3Server
 
 BUCKET = "lake"
@@ -56,7 +56,7 @@ def s3_storage(s3_server: S3Server) -> S3Storage:
 def spark(spark_work_dir: Path, s3_storage: S3Storage):
     """The shared classic `local[*]` SparkSession with Delta (cached jars, no network) and the test S3
     server's `s3a` settings and credentials as session settings (as every session of a project gets them)."""
-    from feedapi_dagster.lakehouse.sessions import local_spark_session
+    from feedapi_dagster.spark.sessions import local_spark_session
 
     session = local_spark_session(work_dir=spark_work_dir, storage=s3_storage)
     yield session
@@ -68,7 +68,7 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory):
     """One embedded Spark Connect server for the tests whose loads run in other processes (crash and
     chaos tests): those processes pay a ~3 s client instead of a ~15 s JVM each. No `s3a` setting or
     credentials of its own: a load on S3 brings them with its session (`connect_session(url, storage=...)`)."""
-    from feedapi_dagster.lakehouse.connect_server import start_embedded_server
+    from feedapi_dagster.spark.connect_server import start_embedded_server
     from tests.ports import find_free_port
 
     server = start_embedded_server(find_free_port(), work_dir=tmp_path_factory.mktemp("connect-server"))

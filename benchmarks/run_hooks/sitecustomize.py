@@ -78,7 +78,7 @@ _PATCHES = {
         module, "build_feedapi_definitions", "definitions", only_end=True
     ),
     "feedapi_dagster.orchestration.resources": _resources,
-    "feedapi_dagster.lakehouse.delta": lambda module: _marked(module.FeedTable, "ensure_table", "table"),
+    "feedapi_dagster.lakehouse.feed_table": lambda module: _marked(module.FeedTable, "ensure_table", "table"),
 }
 
 

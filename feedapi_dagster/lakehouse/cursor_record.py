@@ -47,9 +47,8 @@ from typing import Literal
 from pydantic import ValidationError
 
 from feedapi_dagster.errors import StateError
+from feedapi_dagster.lakehouse.feed_table import FILE_MAINTENANCE, DeltaLog, FeedTable, HistoryEntry
 from feedapi_dagster.planning import FeedState, PartitionState
-
-from .delta import FILE_MAINTENANCE, DeltaLog, FeedTable, HistoryEntry
 
 METADATA_KEY = "feedapi_dagster"
 # Commits made by others (OPTIMIZE, manual writes) carry no state; look this far back first.

@@ -27,9 +27,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from feedapi_dagster.errors import LoadError
-
-from .reads import END_COLUMN, ReadEnd
-from .spark_errors import first_line
+from feedapi_dagster.read.read_tasks import END_COLUMN, ReadEnd
+from feedapi_dagster.spark.failures import first_line
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -30,18 +30,17 @@ import shutil
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
+from feedapi_dagster.lakehouse.cursor_record import CommittedState
+from feedapi_dagster.lakehouse.feed_table import FeedTable, local_path
+from feedapi_dagster.lakehouse.loader import AFTER_COMMIT, BEFORE_COMMIT
+from feedapi_dagster.lakehouse.sink import DeltaSink, partition_conflict
 from feedapi_dagster.planning import FeedState, PartitionState
 from feedapi_dagster.protocol import FeedClient, FeedInfo, FeedSettings
-
-from .cursor_record import CommittedState
-from .datasource import SOURCE_NAME, FeedSourceOptions
-from .dedup import dedup_group, without_stored
-from .delta import FeedTable, local_path
-from .loader import AFTER_COMMIT, BEFORE_COMMIT
-from .reads import END_COLUMN
-from .sessions import register_feed_source
-from .sink import DeltaSink, partition_conflict
-from .stream_source import (
+from feedapi_dagster.read.datasource import SOURCE_NAME, FeedSourceOptions
+from feedapi_dagster.read.dedup import dedup_group, without_stored
+from feedapi_dagster.read.read_tasks import END_COLUMN
+from feedapi_dagster.read.registration import register_feed_source
+from feedapi_dagster.read.stream_source import (
     MAX_EVENTS_PER_TRIGGER,
     START_OFFSET,
     PartitionOffset,
@@ -51,7 +50,7 @@ from .stream_source import (
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.streaming import StreamingQuery
+    from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 log = logging.getLogger(__name__)
 
@@ -214,3 +213,22 @@ class MicroBatchCommit:
 def _holds(found: PartitionState | None, end: PartitionOffset) -> bool:
     """Whether the table's state of a partition is where a micro-batch ends it (it committed already)."""
     return found is not None and found.cursor == end.cursor and found.drained == end.drained
+
+
+def stream_to_delta(events: DataFrame, path: str, checkpoint: str, run_id: str = "stream") -> DataStreamWriter:
+    """The stream's writer into the feed table at `path` (created as the batch loads create it, with
+    their columns: `loaded_at` is when Spark ran the micro-batch, `run_id` names the stream), with the
+    query's checkpoint at `checkpoint`. Delta's streaming sink commits each micro-batch once: it records
+    the query's id and batch id in the commit (`txn`) and skips a batch it already committed, so a
+    micro-batch Spark runs again after a restart lands once. Add a trigger and `start()` it."""
+    from pyspark.sql import functions as F
+
+    FeedTable(events.sparkSession, path).ensure_table()
+    return (
+        events.withColumn("loaded_at", F.current_timestamp())
+        .withColumn("run_id", F.lit(run_id))
+        .writeStream.format("delta")
+        .outputMode("append")
+        .option("checkpointLocation", checkpoint)
+        .option("path", path)
+    )

@@ -33,6 +33,10 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from feedapi_dagster.errors import KeptReadLost, RebuildAbandoned
+from feedapi_dagster.lakehouse.cursor_record import CommittedState
+from feedapi_dagster.lakehouse.feed_read import FeedRead, PartitionEnd, ReadEndsMissing
+from feedapi_dagster.lakehouse.feed_table import FeedTable
+from feedapi_dagster.lakehouse.sink import DeltaSink
 from feedapi_dagster.planning import (
     DEFAULT_TASKS,
     FeedState,
@@ -44,17 +48,12 @@ from feedapi_dagster.planning import (
 )
 from feedapi_dagster.protocol import FeedClient, FeedInfo, FeedSettings
 from feedapi_dagster.protocol.models import FIRST
-
-from .cursor_record import CommittedState
-from .datasource import EVENT_DDL, SOURCE_NAME, FeedSourceOptions
-from .dedup import dedup_group, without_stored
-from .delta import FeedTable
-from .feed_read import FeedRead, PartitionEnd, ReadEndsMissing
-from .progress import run_with_progress
-from .sessions import register_feed_source
-from .sink import DeltaSink
-from .spark_errors import is_kept_read_lost
-from .watchdog import DEFAULT_UNRESPONSIVE_SECONDS, answering
+from feedapi_dagster.read.datasource import EVENT_DDL, SOURCE_NAME, FeedSourceOptions
+from feedapi_dagster.read.dedup import dedup_group, without_stored
+from feedapi_dagster.read.progress import run_with_progress
+from feedapi_dagster.read.registration import register_feed_source
+from feedapi_dagster.spark.failures import is_kept_read_lost
+from feedapi_dagster.spark.watchdog import DEFAULT_UNRESPONSIVE_SECONDS, answering
 
 if TYPE_CHECKING:
     pass

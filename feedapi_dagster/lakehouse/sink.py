@@ -10,12 +10,11 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from feedapi_dagster.errors import CommitExhausted, PartitionConflict
+from feedapi_dagster.lakehouse import cursor_record as committed
+from feedapi_dagster.lakehouse.feed_table import Commit, FeedTable
 from feedapi_dagster.planning import FeedState, PartitionState
-
-from . import cursor_record as committed
-from .delta import Commit, FeedTable
-from .spark_errors import is_commit_conflict
-from .table import EVENT_SCHEMA, spark_ddl
+from feedapi_dagster.read.rows import EVENT_SCHEMA, spark_ddl
+from feedapi_dagster.spark.failures import is_commit_conflict
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -78,7 +77,7 @@ class DeltaSink:
         replace: Iterable[int] = (),
         pending: Iterable[int] = (),
     ) -> committed.CommittedState:
-        """Append the rows `rows()` gives (`table.EVENT_SCHEMA`; or, for `replace` partitions, replace
+        """Append the rows `rows()` gives (`rows.EVENT_SCHEMA`; or, for `replace` partitions, replace
         their rows) and advance the state by `updates`, in one Delta commit: the state it carries, at
         its version (rebased on others' commits: not always the state this load read first).
 

@@ -19,9 +19,9 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .delta import DeltaLog, FeedTable, in_partitions
-from .spark_errors import first_line
-from .table import PARTITION_COLUMN
+from feedapi_dagster.lakehouse.feed_table import DeltaLog, FeedTable, in_partitions
+from feedapi_dagster.read.rows import PARTITION_COLUMN
+from feedapi_dagster.spark.failures import first_line
 
 _log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from dagster.components.resolved.errors import ResolutionException
 from dagster.components.utils.translation import TranslationFn, TranslationFnResolver
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from feedapi_dagster.lakehouse.spark_conf import SparkSettings
+from feedapi_dagster.spark.settings import SparkSettings
 
 from .assets import LoadEvent
 from .config import FeedConfig, ProjectConfig, StorageConfig

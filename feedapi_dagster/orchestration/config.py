@@ -24,14 +24,14 @@ from pydantic import (
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, InitErrorDetails, PydanticCustomError
 
-from feedapi_dagster.lakehouse.delta import Layout
-from feedapi_dagster.lakehouse.delta_maintenance import MaintenanceSettings
+from feedapi_dagster.lakehouse.feed_table import Layout
 from feedapi_dagster.lakehouse.loader import LoadSettings
-from feedapi_dagster.lakehouse.spark_conf import SparkSettings
-from feedapi_dagster.lakehouse.storage import S3Storage, check_storage, is_s3
-from feedapi_dagster.lakehouse.table import check_id_field
+from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
 from feedapi_dagster.protocol import FeedClient, FeedSettings, feed_settings, registered_protocols
 from feedapi_dagster.protocol.registry import DEFAULT_PROTOCOL
+from feedapi_dagster.read.rows import check_id_field
+from feedapi_dagster.spark.settings import SparkSettings
+from feedapi_dagster.spark.storage import S3Storage, check_storage, is_s3
 
 _FEED_NAME = re.compile(r"[a-z][a-z0-9_]*")
 _TEMPLATE = re.compile(r"\s*\{\{.*\}\}")  # a defs.yaml template, validated once rendered

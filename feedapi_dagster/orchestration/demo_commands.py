@@ -26,13 +26,13 @@ import dagster as dg
 
 import feedapi_dagster.demo
 from feedapi_dagster.demo.demo_feeds import demo_feed_settings, demo_server
-from feedapi_dagster.lakehouse.connect_server import ensure_embedded_server
 from feedapi_dagster.lakehouse.cursor_record import read_committed_state
-from feedapi_dagster.lakehouse.delta import FeedTable
-from feedapi_dagster.lakehouse.delta_maintenance import MaintenanceSettings
-from feedapi_dagster.lakehouse.jars import ensure_delta_jars
-from feedapi_dagster.lakehouse.spark_conf import SparkSettings, installation_port
+from feedapi_dagster.lakehouse.feed_table import FeedTable
+from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
 from feedapi_dagster.protocol import registered_protocols
+from feedapi_dagster.spark.connect_server import ensure_embedded_server
+from feedapi_dagster.spark.jars import ensure_delta_jars
+from feedapi_dagster.spark.settings import SparkSettings, installation_port
 
 from .automation import load_request, register_discovered_partitions
 from .config import FeedConfig, ProjectConfig, ScheduleConfig

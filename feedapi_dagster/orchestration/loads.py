@@ -18,9 +18,9 @@ import dagster as dg
 # module `__getattr__` lets mypy take `dg.RawMetadataValue` for Any)
 from dagster._core.definitions.metadata import RawMetadataValue
 
-from feedapi_dagster.lakehouse.delta import FeedTable
-from feedapi_dagster.lakehouse.delta_maintenance import RUNNING_LOAD_MARGIN_HOURS, MaintenanceReport
+from feedapi_dagster.lakehouse.feed_table import FeedTable
 from feedapi_dagster.lakehouse.loader import LoadOutcome, PartitionReport
+from feedapi_dagster.lakehouse.maintenance import RUNNING_LOAD_MARGIN_HOURS, MaintenanceReport
 from feedapi_dagster.protocol import ProtocolError
 from feedapi_dagster.protocol.models import FIRST
 

@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Any
 import dagster as dg
 from pydantic import Field, PrivateAttr, field_validator
 
-from feedapi_dagster.lakehouse.delta import FeedTable
-from feedapi_dagster.lakehouse.delta_maintenance import due, maintain
+from feedapi_dagster.lakehouse.feed_table import FeedTable
 from feedapi_dagster.lakehouse.loader import FeedLoader
-from feedapi_dagster.lakehouse.sessions import is_connect, spark_session
+from feedapi_dagster.lakehouse.maintenance import due, maintain
 from feedapi_dagster.lakehouse.sink import DeltaSink
-from feedapi_dagster.lakehouse.spark_conf import SparkSettings
-from feedapi_dagster.lakehouse.watchdog import DEFAULT_UNRESPONSIVE_SECONDS, answering
 from feedapi_dagster.protocol.registry import protocol_of
+from feedapi_dagster.spark.sessions import is_connect, spark_session
+from feedapi_dagster.spark.settings import SparkSettings
+from feedapi_dagster.spark.watchdog import DEFAULT_UNRESPONSIVE_SECONDS, answering
 
 from .checks import feed_check_results, recorded_user_deletes
 from .loads import (

@@ -28,12 +28,12 @@ import dagster as dg
 from pydantic import Field
 
 from feedapi_dagster.lakehouse.cursor_record import CommittedState, read_committed_state
-from feedapi_dagster.lakehouse.delta import FeedTable
 from feedapi_dagster.lakehouse.feed_stream import FeedStream
+from feedapi_dagster.lakehouse.feed_table import FeedTable
 from feedapi_dagster.lakehouse.loader import LoadOutcome, PartitionReport
-from feedapi_dagster.lakehouse.spark_errors import python_cause
-from feedapi_dagster.lakehouse.watchdog import answering
 from feedapi_dagster.protocol import FeedInfo
+from feedapi_dagster.spark.failures import python_cause
+from feedapi_dagster.spark.watchdog import answering
 
 from .loads import FeedBinding, failing_clearly, materializations
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from feedapi_dagster.lakehouse.table import TABLE_SCHEMA
+from feedapi_dagster.read.rows import TABLE_SCHEMA
 
 from .config import FeedConfig
 

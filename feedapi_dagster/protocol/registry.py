@@ -5,7 +5,7 @@ the configuration then accepts `protocol: <its name>` with its settings model's 
 imports no protocol. Spark's Python workers parse the `feedapi` data source's options in processes
 where a user's protocol module may not have been imported: the options carry its module
 (`protocol_module`), which `import_protocol` imports there (a Spark Connect session is sent the
-module's package with each load, so that it can: `lakehouse/artifacts.py`).
+module's package with each load, so that it can: `spark/artifacts.py`).
 """
 
 from __future__ import annotations

@@ -24,17 +24,17 @@ from deltalake import DeltaTable
 
 import feedapi_dagster.demo
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults, NakadiDemoServer, NakadiEventType
-from feedapi_dagster.lakehouse.connect_server import ensure_embedded_server
 from feedapi_dagster.lakehouse.cursor_record import decode
-from feedapi_dagster.lakehouse.delta import FILE_MAINTENANCE
-from feedapi_dagster.lakehouse.delta_maintenance import MaintenanceSettings
+from feedapi_dagster.lakehouse.feed_table import FILE_MAINTENANCE
 from feedapi_dagster.lakehouse.loader import LoadSettings
-from feedapi_dagster.lakehouse.spark_conf import SparkSettings
+from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
 from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, build_feedapi_definitions, feed_bindings
 from feedapi_dagster.orchestration.automation import DiscoveryCursor, evaluate_discovery, load_request
 from feedapi_dagster.orchestration.loads import latest_metadata_by_partition
 from feedapi_dagster.planning import FeedState, PartitionState
 from feedapi_dagster.protocol import FeedClient, RetryPolicy, feed_settings
+from feedapi_dagster.spark.connect_server import ensure_embedded_server
+from feedapi_dagster.spark.settings import SparkSettings
 from tests.ports import find_free_port
 
 from ..spark_processes import connect_server_pid, kill, python_workers

@@ -16,11 +16,11 @@ import sys
 import dagster as dg
 import requests
 
-from feedapi_dagster.lakehouse.spark_conf import SparkSettings
-from feedapi_dagster.lakehouse.storage import S3Storage
 from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, build_feedapi_definitions
 from feedapi_dagster.orchestration.config import StorageConfig
 from feedapi_dagster.protocol import RetryPolicy
+from feedapi_dagster.spark.settings import SparkSettings
+from feedapi_dagster.spark.storage import S3Storage
 from tests.orchestration.conftest import Harness
 
 

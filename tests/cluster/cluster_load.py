@@ -15,12 +15,12 @@ import sys
 import time
 from pathlib import Path
 
-from feedapi_dagster.lakehouse.delta import FeedTable
+from feedapi_dagster.lakehouse.feed_table import FeedTable
 from feedapi_dagster.lakehouse.loader import ROWS_COMMITTED, FeedLoader, LoadSettings
-from feedapi_dagster.lakehouse.sessions import spark_session
 from feedapi_dagster.lakehouse.sink import DeltaSink
-from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.protocol import RetryPolicy, feed_settings
+from feedapi_dagster.spark.sessions import spark_session
+from feedapi_dagster.spark.settings import SparkSettings
 
 
 def main() -> None:

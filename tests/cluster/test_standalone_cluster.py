@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Gate
-from feedapi_dagster.lakehouse.connect_server import SparkConnectServer, port_open, read_token
 from feedapi_dagster.lakehouse.cursor_record import read_committed_state
-from feedapi_dagster.lakehouse.jars import pyspark_home
-from feedapi_dagster.lakehouse.spark_conf import LOOPBACK
+from feedapi_dagster.spark.connect_server import SparkConnectServer, port_open, read_token
+from feedapi_dagster.spark.jars import pyspark_home
+from feedapi_dagster.spark.settings import LOOPBACK
 from tests.ports import find_free_port
 
 from ..conftest import BUCKET

@@ -62,7 +62,7 @@ def payloads(spark, path, partition_id):
 def create_partitioned_table(spark, path):
     """The table as releases up to 0.1.0 created it: a folder per feed partition, statistics of
     `position` only. Loads must go on with it as it is (it is never rewritten)."""
-    from feedapi_dagster.lakehouse.delta import TABLE_DDL
+    from feedapi_dagster.lakehouse.feed_table import TABLE_DDL
 
     spark.sql(
         f"CREATE TABLE delta.`{path}` ({TABLE_DDL}) USING delta PARTITIONED BY (partition_id) "

@@ -9,10 +9,10 @@ TRIGGER: `availableNow` (prints `done` when the query ends) or `processingTime` 
 
 import sys
 
-from feedapi_dagster.lakehouse.delta import FeedTable
 from feedapi_dagster.lakehouse.feed_stream import FeedStream
-from feedapi_dagster.lakehouse.sessions import connect_session
+from feedapi_dagster.lakehouse.feed_table import FeedTable
 from feedapi_dagster.protocol import RetryPolicy, feed_settings
+from feedapi_dagster.spark.sessions import connect_session
 
 
 def main() -> None:

@@ -17,12 +17,12 @@ import os
 import signal
 import sys
 
-from feedapi_dagster.lakehouse.delta import FeedTable
+from feedapi_dagster.lakehouse.feed_table import FeedTable
 from feedapi_dagster.lakehouse.loader import FeedLoader, LoadSettings
-from feedapi_dagster.lakehouse.sessions import connect_session
 from feedapi_dagster.lakehouse.sink import DeltaSink
-from feedapi_dagster.lakehouse.storage import S3Storage
 from feedapi_dagster.protocol import feed_settings
+from feedapi_dagster.spark.sessions import connect_session
+from feedapi_dagster.spark.storage import S3Storage
 
 
 def main() -> None:

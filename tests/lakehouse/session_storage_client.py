@@ -18,11 +18,11 @@ import sys
 import time
 import traceback
 
-from feedapi_dagster.lakehouse.delta import FeedTable
-from feedapi_dagster.lakehouse.spark_conf import SparkSettings
-from feedapi_dagster.lakehouse.storage import S3Storage
+from feedapi_dagster.lakehouse.feed_table import FeedTable
 from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, SparkResource
 from feedapi_dagster.orchestration.config import StorageConfig
+from feedapi_dagster.spark.settings import SparkSettings
+from feedapi_dagster.spark.storage import S3Storage
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from feedapi_dagster.lakehouse.spark_errors import condition, is_commit_conflict, is_kept_read_lost
+from feedapi_dagster.spark.failures import condition, is_commit_conflict, is_kept_read_lost
 
 
 def lost_kept_read(spark: Any, local_dirs: Path) -> BaseException:
@@ -99,7 +99,7 @@ def classified(spark: Any, work_dir: Path, local_dirs: Path) -> dict[str, dict[s
 
 
 def main() -> None:
-    from feedapi_dagster.lakehouse.sessions import connect_session
+    from feedapi_dagster.spark.sessions import connect_session
 
     spark = connect_session(os.environ["FEEDAPI_TEST_CONNECT_URL"])
     try:

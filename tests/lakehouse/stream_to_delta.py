@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from feedapi_dagster import FeedDataSource
-from feedapi_dagster.lakehouse.sessions import connect_session, local_spark_session
-from feedapi_dagster.lakehouse.stream_source import stream_to_delta
+from feedapi_dagster.lakehouse.feed_stream import stream_to_delta
+from feedapi_dagster.spark.sessions import connect_session, local_spark_session
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from feedapi_dagster.errors import SparkError
-from feedapi_dagster.lakehouse.artifacts import protocol_zip
+from feedapi_dagster.spark.artifacts import protocol_zip
 
 
 @pytest.fixture

@@ -6,9 +6,9 @@ import pytest
 
 from feedapi_dagster import FeedDataSource
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults, NakadiDemoServer, NakadiEventType
-from feedapi_dagster.lakehouse.datasource import FeedSourceOptions
-from feedapi_dagster.lakehouse.reads import END_COLUMN, ReadEnd
 from feedapi_dagster.protocol import EventFilter, RetryPolicy, feed_settings
+from feedapi_dagster.read.datasource import FeedSourceOptions
+from feedapi_dagster.read.read_tasks import END_COLUMN, ReadEnd
 
 TOKEN = "tok-datasource-7c1f-secret"
 

@@ -8,15 +8,15 @@ import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
 from feedapi_dagster.lakehouse.cursor_record import read_committed_state
-from feedapi_dagster.lakehouse.delta import OPTIMIZE, FeedTable
-from feedapi_dagster.lakehouse.delta_maintenance import (
+from feedapi_dagster.lakehouse.feed_table import OPTIMIZE, FeedTable
+from feedapi_dagster.lakehouse.loader import READ
+from feedapi_dagster.lakehouse.maintenance import (
     VACUUM,
     MaintenanceSettings,
     due,
     maintain,
     vacuum_retention_hours,
 )
-from feedapi_dagster.lakehouse.loader import READ
 
 from .conftest import payloads, table_rows
 

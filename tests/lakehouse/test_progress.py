@@ -9,8 +9,8 @@ import threading
 import time
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Gate
-from feedapi_dagster.lakehouse.progress import ReadNotes
-from feedapi_dagster.lakehouse.reads import GroupRead, ReadEnd, ReadSettings
+from feedapi_dagster.read.progress import ReadNotes
+from feedapi_dagster.read.read_tasks import GroupRead, ReadEnd, ReadSettings
 
 
 class Lines(logging.Handler):

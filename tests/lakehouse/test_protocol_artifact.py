@@ -15,7 +15,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from feedapi_dagster.lakehouse.connect_server import SparkConnectServer
+from feedapi_dagster.spark.connect_server import SparkConnectServer
 
 from ..protocol.test_third_protocol import JsonLinesServer, events
 from .conftest import payloads
@@ -27,11 +27,11 @@ LOAD = textwrap.dedent("""
     projects, settings, url, table = sys.argv[1:5]
     sys.path.insert(0, projects)  # the user's project: on this process's path only
     import user_protocols.jsonlines  # registers "jsonlines", as the user's definitions.py does
-    from feedapi_dagster.lakehouse.delta import FeedTable
+    from feedapi_dagster.lakehouse.feed_table import FeedTable
     from feedapi_dagster.lakehouse.loader import FeedLoader
-    from feedapi_dagster.lakehouse.sessions import spark_session
+    from feedapi_dagster.spark.sessions import spark_session
     from feedapi_dagster.lakehouse.sink import DeltaSink
-    from feedapi_dagster.lakehouse.spark_conf import SparkSettings
+    from feedapi_dagster.spark.settings import SparkSettings
     from feedapi_dagster.protocol import feed_settings
 
     spark = spark_session(SparkSettings.model_validate_json(settings))

@@ -150,7 +150,7 @@ def test_a_failed_rebuild_replaces_nothing(spark, make_loader, table_path):
 
 
 # two loads in one Spark driver racing for one feed, on local disk and on S3 (where Delta's log store
-# keeps them apart within the one driver: feedapi_dagster/lakehouse/storage.py)
+# keeps them apart within the one driver: feedapi_dagster/spark/storage.py)
 @pytest.mark.parametrize(
     "read_log, lakehouse", [("delta-rs", "local"), ("spark", "local"), ("delta-rs", "s3")], indirect=True
 )
@@ -239,7 +239,7 @@ def _events(partition_id: int, texts: list[str]):
     """Rows as the loader hands them to the sink: a Spark DataFrame (of the shared test session)."""
     from pyspark.sql import SparkSession
 
-    from feedapi_dagster.lakehouse.table import EventBatch
+    from feedapi_dagster.read.rows import EventBatch
 
     batch = EventBatch()
     batch.add(partition_id, 0, [t.encode() for t in texts], [len(texts)], ["c1"])
@@ -367,7 +367,7 @@ def test_a_rebuild_of_a_method1_child_waits_for_its_parent_to_drain(spark, make_
 def test_the_delta_log_is_read_with_deltalake_where_the_run_can_open_the_table(spark, make_loader, tmp_path):
     from deltalake import DeltaTable
 
-    from feedapi_dagster.lakehouse.delta import DeltaLog, FeedTable
+    from feedapi_dagster.lakehouse.feed_table import DeltaLog, FeedTable
 
     path = str(tmp_path / "feed")
     feed = DemoFeed(partitions=2, events=40, seed=3)

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from feedapi_dagster.lakehouse.connect_server import SparkConnectServer, ensure_embedded_server, port_open, read_token
-from feedapi_dagster.lakehouse.jars import (
+from feedapi_dagster.spark.connect_server import SparkConnectServer, ensure_embedded_server, port_open, read_token
+from feedapi_dagster.spark.jars import (
     DELTA_SPARK_COORDINATE,
     DELTA_VERSION,
     _name_version_splits,
@@ -26,7 +26,7 @@ from feedapi_dagster.lakehouse.jars import (
     pyspark_jars_dir,
     read_manifest,
 )
-from feedapi_dagster.lakehouse.spark_conf import SparkSettings, installation_port
+from feedapi_dagster.spark.settings import SparkSettings, installation_port
 from tests.ports import find_free_port
 
 # Java-level proxies that lead nowhere: any HTTP(S) download attempted by the JVM (Ivy) would fail.
@@ -103,8 +103,8 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory):
 CLIENT = textwrap.dedent("""
     import json, sys, time
     started = time.monotonic()
-    from feedapi_dagster.lakehouse.sessions import spark_session
-    from feedapi_dagster.lakehouse.spark_conf import SparkSettings
+    from feedapi_dagster.spark.sessions import spark_session
+    from feedapi_dagster.spark.settings import SparkSettings
     from pyspark.sql import functions as F
     # embedded mode: finds the server already listening on the port and only connects a client
     spark = spark_session(SparkSettings(mode="embedded", port=int(sys.argv[1])))
@@ -143,8 +143,8 @@ def test_connect_client_writes_and_reads_delta(connect_server: SparkConnectServe
 
 REMOTE_WITH_TOKEN = textwrap.dedent("""
     import sys
-    from feedapi_dagster.lakehouse.sessions import spark_session
-    from feedapi_dagster.lakehouse.spark_conf import SparkSettings
+    from feedapi_dagster.spark.sessions import spark_session
+    from feedapi_dagster.spark.settings import SparkSettings
     spark_session(SparkSettings(mode="remote", remote=sys.argv[1]), unresponsive_seconds=8).range(1).collect()
 """)
 
@@ -232,7 +232,7 @@ REMOTE_CLIENT = textwrap.dedent("""
 @pytest.mark.spark
 def test_a_client_without_the_servers_token_is_refused(connect_server: SparkConnectServer) -> None:
     """The server runs Python for its clients: only those holding its token (a 0600 file) get in."""
-    from feedapi_dagster.lakehouse.connect_server import token_file
+    from feedapi_dagster.spark.connect_server import token_file
 
     port = connect_server.port
     assert token_file(port).stat().st_mode & 0o777 == 0o600

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from feedapi_dagster.errors import SparkError
-from feedapi_dagster.lakehouse.connect_server import ensure_embedded_server, port_open
-from feedapi_dagster.lakehouse.jars import JARS_DIR_ENV, jars_dir
-from feedapi_dagster.lakehouse.server_record import process_group, read_record, record_file, write_record
-from feedapi_dagster.lakehouse.spark_conf import EMBEDDED_PORTS, installation_port
+from feedapi_dagster.spark.connect_server import ensure_embedded_server, port_open
+from feedapi_dagster.spark.jars import JARS_DIR_ENV, jars_dir
+from feedapi_dagster.spark.server_record import process_group, read_record, record_file, write_record
+from feedapi_dagster.spark.settings import EMBEDDED_PORTS, installation_port
 from tests.ports import LOOPBACK, find_free_port
 from tests.spark_processes import connect_server_pid
 
@@ -53,8 +53,8 @@ def run(command: list[str], temp: Path, env: dict[str, str] | None = None) -> su
 RUN = textwrap.dedent("""
     import sys
     from feedapi_dagster.errors import SparkError
-    from feedapi_dagster.lakehouse.sessions import spark_session
-    from feedapi_dagster.lakehouse.spark_conf import SparkSettings
+    from feedapi_dagster.spark.sessions import spark_session
+    from feedapi_dagster.spark.settings import SparkSettings
     try:
         spark_session(SparkSettings(mode="embedded", port=int(sys.argv[1]))).range(3).collect()
     except SparkError as error:
@@ -65,7 +65,7 @@ RUN = textwrap.dedent("""
 
 
 def test_each_installation_has_a_port_of_its_own(other_installation: Path) -> None:
-    code = "from feedapi_dagster.lakehouse.spark_conf import SparkSettings; print(SparkSettings().port)"
+    code = "from feedapi_dagster.spark.settings import SparkSettings; print(SparkSettings().port)"
     others = subprocess.run([str(other_installation), "-c", code], capture_output=True, text=True, check=True)
     assert installation_port() in EMBEDDED_PORTS and int(others.stdout) in EMBEDDED_PORTS
     assert int(others.stdout) != installation_port()
@@ -89,7 +89,7 @@ def test_another_installations_server_on_this_installations_port_is_refused(tmp_
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     with socket.create_server((LOOPBACK, 0)) as listener:
         port = listener.getsockname()[1]
-        monkeypatch.setattr("feedapi_dagster.lakehouse.connect_server.installation_port", lambda: port)
+        monkeypatch.setattr("feedapi_dagster.spark.connect_server.installation_port", lambda: port)
         record = write_record(port, os.getpid(), log_path=tmp_path / "server.log", work_dir=tmp_path, detached=True)
         record_file(port).write_text(json.dumps(asdict(replace(record, installation="/srv/other-project/.venv"))))
         with pytest.raises(SparkError) as refused:
@@ -113,7 +113,7 @@ def test_a_run_says_its_server_stays_and_another_installation_neither_uses_nor_s
         [
             str(other),
             "-c",
-            "from feedapi_dagster.lakehouse.connect_server import ensure_embedded_server; "
+            "from feedapi_dagster.spark.connect_server import ensure_embedded_server; "
             f"ensure_embedded_server({port}, detach=True)",
         ],
         temp,

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from feedapi_dagster.lakehouse.spark_errors import COMMIT_CONFLICTS, KEPT_BLOCK_LOST
+from feedapi_dagster.spark.failures import COMMIT_CONFLICTS, KEPT_BLOCK_LOST
 
 from .spark_failures import classified
 

@@ -5,7 +5,7 @@ bucket of its own, so that the file system Spark caches for the tests' bucket is
 import pytest
 
 from feedapi_dagster.errors import StorageError
-from feedapi_dagster.lakehouse.delta import FeedTable
+from feedapi_dagster.lakehouse.feed_table import FeedTable
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ import pytest
 
 from feedapi_dagster import FeedDataSource
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Gate
-from feedapi_dagster.lakehouse.stream_source import stream_to_delta
-from feedapi_dagster.lakehouse.table import TABLE_SCHEMA
+from feedapi_dagster.lakehouse.feed_stream import stream_to_delta
+from feedapi_dagster.read.rows import TABLE_SCHEMA
 
 from ..spark_processes import kill, python_workers
 from .conftest import table_rows

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from feedapi_dagster.lakehouse.table import EVENT_SCHEMA, EventBatch, event_ids
+from feedapi_dagster.read.rows import EVENT_SCHEMA, EventBatch, event_ids
 
 scalars = st.one_of(
     st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.text()

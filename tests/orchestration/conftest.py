@@ -4,9 +4,8 @@ import dagster as dg
 import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
-from feedapi_dagster.lakehouse.delta import DeltaLog
-from feedapi_dagster.lakehouse.delta_maintenance import MaintenanceSettings
-from feedapi_dagster.lakehouse.spark_conf import SparkSettings
+from feedapi_dagster.lakehouse.feed_table import DeltaLog
+from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
 from feedapi_dagster.orchestration import (
     RESOURCE_KEY,
     FeedApiResource,
@@ -18,6 +17,7 @@ from feedapi_dagster.orchestration import (
 from feedapi_dagster.orchestration.config import ScheduleConfig, StorageConfig
 from feedapi_dagster.orchestration.loads import FeedBinding, latest_metadata_by_partition
 from feedapi_dagster.protocol import RetryPolicy
+from feedapi_dagster.spark.settings import SparkSettings
 from tests.conftest import Lakehouse, s3_lakehouse
 from tests.user_project import importable, write_user_project
 

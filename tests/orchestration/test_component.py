@@ -9,7 +9,6 @@ from pathlib import Path
 
 import dagster as dg
 
-from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.orchestration import (
     RESOURCE_KEY,
     FeedApiResource,
@@ -21,6 +20,7 @@ from feedapi_dagster.orchestration import (
     build_feedapi_definitions,
 )
 from feedapi_dagster.orchestration.component import FeedApiComponent
+from feedapi_dagster.spark.settings import SparkSettings
 
 from ..user_project import MODULE, importable, write_user_project
 

@@ -8,7 +8,6 @@ from dagster_pyspark import LazyPySparkResource
 from pydantic import ValidationError
 
 from feedapi_dagster.errors import StorageError
-from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.orchestration import (
     RESOURCE_KEY,
     FeedApiResource,
@@ -20,6 +19,7 @@ from feedapi_dagster.orchestration import (
 from feedapi_dagster.orchestration.component import FeedApiAttributes, FeedApiComponent
 from feedapi_dagster.orchestration.loads import FeedBinding
 from feedapi_dagster.protocol import ProtocolError
+from feedapi_dagster.spark.settings import SparkSettings
 
 GOOD = """
 lakehouse: lh

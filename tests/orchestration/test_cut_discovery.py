@@ -6,8 +6,8 @@ chain of `requests`/`urllib3` exceptions beneath; let through again, the next ti
 import dagster as dg
 import pytest
 
-from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.orchestration import SparkResource, build_feedapi_definitions
+from feedapi_dagster.spark.settings import SparkSettings
 from tests.cutting_proxy import Cut, CuttingProxy
 
 from .conftest import Harness

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from feedapi_dagster.lakehouse.connect_server import port_open
+from feedapi_dagster.spark.connect_server import port_open
 from tests.ports import find_free_port
 
 START_TIMEOUT = 300.0

@@ -232,7 +232,7 @@ def test_every_load_runs_the_checks_and_they_catch_a_stale_mirror(spark, harness
     assert {key.name for key in asset.check_keys} == set(check_results(run))
     # a load committed to Delta but the run died before recording its materialization
     harness.feed.append(20, partition=0)
-    from feedapi_dagster.lakehouse.delta import FeedTable
+    from feedapi_dagster.lakehouse.feed_table import FeedTable
     from feedapi_dagster.lakehouse.loader import FeedLoader
     from feedapi_dagster.lakehouse.sink import DeltaSink
 

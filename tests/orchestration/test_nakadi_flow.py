@@ -12,10 +12,10 @@ import pytest
 from feedapi_dagster.demo import Faults
 from feedapi_dagster.demo.nakadi import NakadiDemoServer, NakadiEventType, parse_offset
 from feedapi_dagster.lakehouse.cursor_record import read_committed_state
-from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.orchestration import FeedConfig, ProjectConfig
 from feedapi_dagster.orchestration.automation import load_request
 from feedapi_dagster.orchestration.checks import NO_DUPLICATES, NO_RETENTION_GAP
+from feedapi_dagster.spark.settings import SparkSettings
 
 from ..lakehouse.conftest import payloads
 from ..user_project import importable, write_user_project

@@ -6,11 +6,11 @@ from pathlib import Path
 import dagster as dg
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
-from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, SparkResource, build_feedapi_definitions
 from feedapi_dagster.orchestration.automation import DiscoveryCursor, evaluate_discovery, load_request
 from feedapi_dagster.orchestration.loads import FeedBinding
 from feedapi_dagster.protocol import ProtocolError
+from feedapi_dagster.spark.settings import SparkSettings
 
 TOKEN = "tok-9f8e7d6c5b4a-secret"
 

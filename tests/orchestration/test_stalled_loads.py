@@ -200,7 +200,7 @@ def test_a_dead_load_is_failed_and_its_slot_freed_while_a_slow_live_load_finishe
         port = find_free_port()
         with running_daemon(project, home, logs[0]), running_webserver(project, home, port, logs[1]):
             # one after the other: two runs registering the `feedapi` data source on one Spark server
-            # at the same moment can fail with DATA_SOURCE_ALREADY_EXISTS (sessions.register_feed_source)
+            # at the same moment can fail with DATA_SOURCE_ALREADY_EXISTS (read.registration.register_feed_source)
             alive = _launch(port, "slow", "1")
             _wait("the slow load reading", slow.fetched.is_set, 180, logs)
             dead = _launch(port, "orders", "0")

@@ -7,9 +7,9 @@ import dagster as dg
 
 from feedapi_dagster.demo.faults import Faults
 from feedapi_dagster.lakehouse.cursor_record import read_committed_state
-from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.orchestration import SparkResource, build_feedapi_definitions
 from feedapi_dagster.orchestration.config import ScheduleConfig
+from feedapi_dagster.spark.settings import SparkSettings
 
 from .test_flow import assert_exactly_once
 

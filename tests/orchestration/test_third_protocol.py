@@ -8,8 +8,8 @@ import importlib
 import json
 
 from feedapi_dagster.lakehouse.cursor_record import read_committed_state
-from feedapi_dagster.lakehouse.spark_conf import SparkSettings
 from feedapi_dagster.orchestration import FeedConfig, ProjectConfig
+from feedapi_dagster.spark.settings import SparkSettings
 
 from ..lakehouse.conftest import payloads
 from ..protocol.test_third_protocol import JsonLinesServer, events

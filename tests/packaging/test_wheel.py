@@ -32,8 +32,8 @@ from pathlib import Path
 
 import pytest
 
-from feedapi_dagster.lakehouse.connect_server import port_open
-from feedapi_dagster.lakehouse.jars import MANIFEST_NAME, jars_dir
+from feedapi_dagster.spark.connect_server import port_open
+from feedapi_dagster.spark.jars import MANIFEST_NAME, jars_dir
 from tests.ports import find_free_port
 
 from ..spark_processes import connect_server_pid

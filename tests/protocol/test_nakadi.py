@@ -10,10 +10,10 @@ import pytest
 from feedapi_dagster.demo import Faults
 from feedapi_dagster.demo.faults import KINDS
 from feedapi_dagster.demo.nakadi import NakadiDemoServer, NakadiEventType
-from feedapi_dagster.lakehouse.table import event_ids
 from feedapi_dagster.protocol import FeedClient, FeedSettings, ProtocolError, RetryPolicy, feed_settings
 from feedapi_dagster.protocol.nakadi.protocol import BATCH_FLUSH_TIMEOUT
 from feedapi_dagster.protocol.registry import registered_protocols
+from feedapi_dagster.read.rows import event_ids
 
 FAST = RetryPolicy(max_attempts=12, base_delay=0.001, max_delay=0.01)
 

@@ -1,12 +1,12 @@
 """The embedded Spark Connect server: a child JVM (``spark-submit --class ...SparkConnectServer``)
-started from the pip-installed pyspark with the cached Delta jars (`spark_conf.build_conf`), bound to
+started from the pip-installed pyspark with the cached Delta jars (`settings.build_conf`), bound to
 127.0.0.1 only.
 
 `ensure_embedded_server` reuses a server already listening on the port (`_port_lock` keeps two
 processes from starting one at once), so a short-lived process (a Dagster run) only pays for a
 client; only a server this installation started (its record: `server_record`), never another
 virtualenv's, whose Python workers would run that installation's code. Each installation has a port
-of its own by default (`spark_conf.installation_port`). The server runs Python for whoever reaches
+of its own by default (`settings.installation_port`). The server runs Python for whoever reaches
 its port, so it requires Spark Connect's authentication token: one per server start, in the server's
 environment (not its command line), and handed to its clients through a file only this user can
 read (`token_file`). A server this process
@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from feedapi_dagster.errors import SparkError
-from feedapi_dagster.lakehouse.jars import log_tail, pyspark_home
-from feedapi_dagster.lakehouse.server_record import (
+from feedapi_dagster.spark.jars import log_tail, pyspark_home
+from feedapi_dagster.spark.server_record import (
     ServerRecord,
     is_recorded_server,
     process_group,
@@ -43,7 +43,7 @@ from feedapi_dagster.lakehouse.server_record import (
     remove_record,
     write_record,
 )
-from feedapi_dagster.lakehouse.spark_conf import (
+from feedapi_dagster.spark.settings import (
     CONNECT_SERVER_CLASS,
     FULL_JIT_JAVA_OPTION,
     LOCAL_MASTER,

@@ -37,8 +37,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from feedapi_dagster.errors import StorageError
-
-from .spark_errors import StorageFailure, first_line, storage_failure
+from feedapi_dagster.spark.failures import StorageFailure, first_line, storage_failure
 
 S3A = "s3a"
 LOG_STORE_KEYS = ("spark.delta.logStore.s3a.impl", "spark.delta.logStore.class")

@@ -1,7 +1,7 @@
 """Progress of a load while Spark reads it: what each finished read task read, as it finishes.
 
 A read task ends by noting each of its partitions' figures (events, pages) in a small file of the
-load's progress folder (`reads.GroupRead`). Where the run can list that folder (a local or mounted
+load's progress folder (`read_tasks.GroupRead`). Where the run can list that folder (a local or mounted
 lakehouse, the embedded server), the run's log shows each task's figures as soon as it is done, with
 the time since the Spark job started, and a heartbeat for the ones still reading. Elsewhere the
 heartbeat alone. No rate per task: a task's own reading time is a small part of the job's (Spark's
@@ -20,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from .reads import ReadEnd
+from feedapi_dagster.read.read_tasks import ReadEnd
 
 T = TypeVar("T")
 HEARTBEAT_SECONDS = 10.0

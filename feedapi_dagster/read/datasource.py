@@ -9,7 +9,7 @@ Discovery runs once, where Spark plans the read (or not at all: a caller hands i
 `discovery`). The feed partitions are spread over the read tasks by expected size
 (`planning.task_groups`): a task reads its group a few partitions at a time with the protocol's
 `FeedClient` (retries, truncated bodies, 409 and rediscovery included), streaming Arrow record batches
-of about `GROUP_EVENTS` events (`reads.py`): an executor holds one batch, not a partition. Options are
+of about `GROUP_EVENTS` events (`read_tasks.py`): an executor holds one batch, not a partition. Options are
 camelCase, as Spark's own sources:
 
 * the feed: the fields of its protocol's settings model, camelCase, JSON for the nested ones, and
@@ -61,9 +61,9 @@ from feedapi_dagster.planning import task_groups
 from feedapi_dagster.protocol import FeedClient, FeedInfo, FeedSettings, ProtocolError, feed_settings
 from feedapi_dagster.protocol.models import FIRST
 from feedapi_dagster.protocol.registry import DEFAULT_PROTOCOL, import_protocol, protocol_module, registered_protocols
-
-from .reads import END_COLUMN, GroupRead, PartitionStart, ReadSettings
-from .stream_source import (
+from feedapi_dagster.read.read_tasks import END_COLUMN, GroupRead, PartitionStart, ReadSettings
+from feedapi_dagster.read.rows import EVENT_SCHEMA, check_id_field, spark_ddl
+from feedapi_dagster.read.stream_source import (
     DEDUP_WINDOW,
     DEFAULT_DEDUP_WINDOW,
     MAX_EVENTS_PER_TRIGGER,
@@ -72,7 +72,6 @@ from .stream_source import (
     FeedStreamReader,
     StreamOffset,
 )
-from .table import EVENT_SCHEMA, check_id_field, spark_ddl
 
 SOURCE_NAME = "feedapi"
 EVENT_DDL = spark_ddl(EVENT_SCHEMA)

@@ -29,7 +29,7 @@ exactly `end.position - start.position` of them (after the same deduplication), 
 run yielded.
 
 **Deduplication** (at-least-once feeds): an event whose id was already read in the same partition
-within the micro-batch (`reads.PartitionRead`), or is among the ids of the partition's newest
+within the micro-batch (`read_tasks.PartitionRead`), or is among the ids of the partition's newest
 `dedupWindow` events (100) of the earlier micro-batches (carried in the offset; a method-2 child starts
 with its ancestor's), is dropped. A repeat of an event older than that window is kept: unlike the
 batch loads, the stream does not join against the Delta table.
@@ -59,13 +59,11 @@ from feedapi_dagster.errors import FeedApiDagsterError
 from feedapi_dagster.planning import FeedState, PartitionState, plan_feed, task_groups
 from feedapi_dagster.protocol import FeedInfo
 from feedapi_dagster.protocol.models import FIRST
-
-from .reads import END_COLUMN, PartitionRead, PartitionStart, ReadEnd, read_schema
-from .table import EVENT_SCHEMA
+from feedapi_dagster.read.read_tasks import END_COLUMN, PartitionRead, PartitionStart, ReadEnd, read_schema
+from feedapi_dagster.read.rows import EVENT_SCHEMA
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
-    from pyspark.sql.streaming import DataStreamWriter
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -415,27 +413,6 @@ class FeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         done = next((i for i, b in enumerate(self._batches) if b.end == end_key), None)
         if done is not None:
             del self._batches[: done + 1]
-
-
-def stream_to_delta(events: DataFrame, path: str, checkpoint: str, run_id: str = "stream") -> DataStreamWriter:
-    """The stream's writer into the feed table at `path` (created as the batch loads create it, with
-    their columns: `loaded_at` is when Spark ran the micro-batch, `run_id` names the stream), with the
-    query's checkpoint at `checkpoint`. Delta's streaming sink commits each micro-batch once: it records
-    the query's id and batch id in the commit (`txn`) and skips a batch it already committed, so a
-    micro-batch Spark runs again after a restart lands once. Add a trigger and `start()` it."""
-    from pyspark.sql import functions as F
-
-    from .delta import FeedTable
-
-    FeedTable(events.sparkSession, path).ensure_table()
-    return (
-        events.withColumn("loaded_at", F.current_timestamp())
-        .withColumn("run_id", F.lit(run_id))
-        .writeStream.format("delta")
-        .outputMode("append")
-        .option("checkpointLocation", checkpoint)
-        .option("path", path)
-    )
 
 
 def micro_batch_offsets_row(start: str, end: str) -> pa.RecordBatch:

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from feedapi_dagster.lakehouse.spark_conf import CONNECT_SERVER_CLASS, this_installation
+from feedapi_dagster.spark.settings import CONNECT_SERVER_CLASS, this_installation
 
 _PROC = Path("/proc")
 

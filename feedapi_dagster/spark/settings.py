@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from feedapi_dagster.lakehouse.jars import delta_jars
-from feedapi_dagster.lakehouse.storage import S3Storage
+from feedapi_dagster.spark.jars import delta_jars
+from feedapi_dagster.spark.storage import S3Storage
 
 # The embedded server's port when `spark.port` is not set: one per installation (`installation_port`),
 # below the kernel's ephemeral ports (32768 and up), where clients' own sockets come from.
@@ -68,7 +68,7 @@ _LOOPBACK_CONF: dict[str, str] = {
 }
 
 _LOG4J2 = """\
-# written by feedapi_dagster.lakehouse.spark_conf: WARN and above, to stderr
+# written by feedapi_dagster.spark.settings: WARN and above, to stderr
 rootLogger.level = warn
 rootLogger.appenderRef.stderr.ref = console
 appender.console.type = Console

@@ -14,9 +14,9 @@ Every session gets the lakehouse's S3 settings and credentials as runtime settin
 (`apply_storage`), so a server started without them serves them. A server keeps the ``s3a`` file system
 of a bucket it opened (endpoint, keys) until it restarts, unless the storage asks for fresh file systems
 (`S3Storage.fresh_file_systems`: keys rotated, another endpoint, on a running server). The `feedapi`
-data source is registered where it is read, by `FeedLoader` (`register_feed_source`; for a cluster,
-with this package as a Spark Connect artifact, and a user's protocol's package for every Connect
-server: `artifacts.py`), whoever made the session.
+data source is registered where it is read, by the loads (`read.registration.register_feed_source`;
+for a cluster, with this package as a Spark Connect artifact, and a user's protocol's package for every
+Connect server: `artifacts.py`), whoever made the session.
 """
 
 from __future__ import annotations
@@ -36,14 +36,11 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from feedapi_dagster.errors import SparkError
-from feedapi_dagster.lakehouse import connect_server
-from feedapi_dagster.lakehouse.artifacts import package_zip, protocol_zip
-from feedapi_dagster.lakehouse.connect_server import ensure_embedded_server, register_client
-from feedapi_dagster.lakehouse.spark_conf import LOCAL_MASTER, LOOPBACK, SparkSettings, build_conf
-from feedapi_dagster.lakehouse.spark_errors import is_source_name_taken
-from feedapi_dagster.lakehouse.storage import SESSION_KEYS, S3Storage
-from feedapi_dagster.lakehouse.watchdog import DEFAULT_UNRESPONSIVE_SECONDS, answering
-from feedapi_dagster.protocol.registry import DEFAULT_PROTOCOL, protocol_module
+from feedapi_dagster.spark import connect_server
+from feedapi_dagster.spark.connect_server import ensure_embedded_server, register_client
+from feedapi_dagster.spark.settings import LOCAL_MASTER, LOOPBACK, SparkSettings, build_conf
+from feedapi_dagster.spark.storage import SESSION_KEYS, S3Storage
+from feedapi_dagster.spark.watchdog import DEFAULT_UNRESPONSIVE_SECONDS, answering
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -195,41 +192,6 @@ def apply_storage(session: SparkSession, storage: S3Storage | None, conf: Mappin
     for key in SESSION_KEYS:
         if key not in settings and key not in own:
             session.conf.unset(key)
-
-
-# Sessions that have the `feedapi` data source (weakly: an id() of a collected session is reused).
-_with_source: weakref.WeakSet[SparkSession] = weakref.WeakSet()
-
-
-def register_feed_source(spark: SparkSession, ship: bool = False, protocol: str = DEFAULT_PROTOCOL) -> None:
-    """Register `FeedDataSource` as `feedapi` in the session, once (`FeedLoader` does, before its first
-    read). `ship`: also send this package to the session's executors as a Spark Connect artifact (a
-    cluster whose Python does not have feedapi-dagster installed; its wheels - msgspec, pyarrow,
-    requests, pydantic - must be there). `protocol`: the feed's; a user's protocol's package goes to
-    a Connect session's Python workers with each load (`protocol_zip`; a local session's workers are
-    this process's environment's)."""
-    from feedapi_dagster.lakehouse.datasource import FeedDataSource
-
-    module = protocol_module(protocol)
-    if module is not None and is_connect(spark):
-        spark.addArtifacts(str(protocol_zip(module)), pyfile=True)
-    if spark in _with_source:
-        return
-    if ship:
-        spark.addArtifacts(str(package_zip()), pyfile=True)
-    try:
-        spark.dataSource.register(FeedDataSource)
-    except Exception as error:
-        # Spark checks the name, then registers, without a lock (`DataSourceRegistration.
-        # checkDataSourceExists`): not registered in the session yet, so it looks the name up as any
-        # data source, and finds the `feedapi` that another client of the same server-side session
-        # (every client of the embedded server: `SparkConnectServer.client_url`) registered in between.
-        # Registered now, so the name passes the check this time; a JVM source named `feedapi` (the
-        # check's real purpose) fails it again.
-        if not is_source_name_taken(error):
-            raise
-        spark.dataSource.register(FeedDataSource)
-    _with_source.add(spark)
 
 
 Logger = logging.Logger | logging.LoggerAdapter

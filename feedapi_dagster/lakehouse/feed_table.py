@@ -25,10 +25,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from feedapi_dagster.errors import LayoutMismatch
-
-from .spark_errors import first_line
-from .storage import explain_storage_error
-from .table import PARTITION_COLUMN, TABLE_SCHEMA, spark_ddl
+from feedapi_dagster.read.rows import PARTITION_COLUMN, TABLE_SCHEMA, spark_ddl
+from feedapi_dagster.spark.failures import first_line
+from feedapi_dagster.spark.storage import explain_storage_error
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -102,7 +101,7 @@ RESTORE = "RESTORE"
 DELETE = "DELETE"  # a DELETE statement's commit (Spark SQL's, delta-rs's `DeltaTable.delete`)
 # commits that rewrite or delete files without changing the table's rows
 FILE_MAINTENANCE = frozenset({OPTIMIZE, VACUUM_START, VACUUM_END})
-# Delta refuses a VACUUM retention under 7 days unless this check is off; `delta_maintenance.py`
+# Delta refuses a VACUUM retention under 7 days unless this check is off; `maintenance.py`
 # computes a retention that covers the time-travel window and running loads, so the check is lifted for it
 _RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
 _VACUUM_LOGGING = "spark.databricks.delta.vacuum.logging.enabled"
@@ -228,7 +227,7 @@ class DeltaLog:
 
             import pyarrow as pa
 
-            # built from a buffer: `pa.array(list)` makes pyarrow import pandas (~1.5 s, `table.py`)
+            # built from a buffer: `pa.array(list)` makes pyarrow import pandas (~1.5 s, `read/rows.py`)
             values = array.array("q", sorted(wanted))
             value_set = pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
             keys = columns[PARTITION_COLUMN].cast(pa.int64())
@@ -454,7 +453,7 @@ class FeedTable:
         self.spark.sql(f"OPTIMIZE delta.`{self.path}`").collect()
 
     def vacuum(self, retention_hours: float, listing_parallelism: int) -> None:
-        """Deletes the files no version of the last `retention_hours` uses (`delta_maintenance.py` decides
+        """Deletes the files no version of the last `retention_hours` uses (`maintenance.py` decides
         the retention), listing them with `listing_parallelism` Spark tasks. Logged in the Delta log
         as VACUUM START and VACUUM END."""
         settings = {_RETENTION_CHECK: "false", _VACUUM_LOGGING: "true", _LISTING_PARALLELISM: str(listing_parallelism)}

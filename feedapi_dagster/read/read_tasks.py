@@ -24,8 +24,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from feedapi_dagster.protocol import FeedClient, FeedInfo, PageRun, ProtocolError, RediscoveryNeeded
-
-from .table import EVENT_SCHEMA, EventBatch, event_ids
+from feedapi_dagster.read.rows import EVENT_SCHEMA, EventBatch, event_ids
 
 # The column of a partition's checkpoint row (`checkpointRows`): JSON of `ReadEnd`; NULL on event rows.
 END_COLUMN = "read_end"
