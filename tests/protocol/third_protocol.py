@@ -58,7 +58,7 @@ class JsonLines(FeedProtocol[JsonLinesSettings]):
         )
 
     def reader(
-        self, feed: JsonLinesSettings, info: FeedInfo, partition_id: int, max_page_bytes: int | None
+        self, feed: JsonLinesSettings, info: FeedInfo, partition_id: int, cursor: str, max_page_bytes: int | None
     ) -> BodyReader:
         return _Lines(partition_id)
 

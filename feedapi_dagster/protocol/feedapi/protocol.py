@@ -69,7 +69,7 @@ class FeedApi(FeedProtocol[FeedApiSettings]):
         return DRAFT.stream_fetch(feed, partition_id, cursor, duration_ms)
 
     def reader(
-        self, feed: FeedApiSettings, info: FeedInfo, partition_id: int, max_page_bytes: int | None
+        self, feed: FeedApiSettings, info: FeedInfo, partition_id: int, cursor: str, max_page_bytes: int | None
     ) -> BodyReader:
         dialect = _dialect(info)
         return _Body(
