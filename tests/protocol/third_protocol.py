@@ -16,20 +16,21 @@ from typing import Literal
 
 from pydantic import Field
 
-from feedapi_dagster.errors import MalformedResponse, ProtocolError
 from feedapi_dagster.protocol import (
+    FIRST,
     BodyReader,
     FeedInfo,
     FeedProtocol,
     FeedSettings,
+    MalformedResponse,
     PageRun,
     Partition,
+    ProtocolError,
     Request,
     Response,
     discovery,
     register_protocol,
 )
-from feedapi_dagster.protocol.models import FIRST
 
 
 class JsonLinesSettings(FeedSettings):
