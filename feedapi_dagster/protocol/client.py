@@ -136,8 +136,8 @@ class FeedClient:
         deadline = None if stream_ms is None else time.monotonic() + stream_ms / 1000
         while cursor != end_cursor:
             advanced = False
-            body = self.protocol.reader(self.feed, info, partition_id, self.max_page_bytes)
-            with closing(self._fetch(body, info, partition_id, cursor, deadline)) as runs:
+            reader: list[BodyReader] = []  # the reader of the fetch's last attempt, which read it to its end
+            with closing(self._fetch(reader, info, partition_id, cursor, deadline)) as runs:
                 for fetched in runs:
                     run = self._progress(fetched, cursor)
                     if run is None:
@@ -149,7 +149,7 @@ class FeedClient:
                     cursor = run.cursor
                     if cursor == end_cursor:
                         return
-            if deadline is not None or not advanced or body.caught_up:
+            if deadline is not None or not advanced or reader[0].caught_up:
                 return
 
     def _progress(self, run: PageRun, cursor: str) -> PageRun | None:
@@ -172,12 +172,17 @@ class FeedClient:
         return run
 
     def _fetch(
-        self, body: BodyReader, info: FeedInfo, partition_id: int, cursor: str, deadline: float | None
+        self, reader: list[BodyReader], info: FeedInfo, partition_id: int, cursor: str, deadline: float | None
     ) -> Generator[PageRun, None, None]:
         """One logical fetch from `cursor`, retried (from the last good cursor) until it completes; a
         stream (until `deadline`, monotonic) completes at its deadline: one that ends before, cleanly
         or not, was cut (an API gateway closing long requests, a server's own limit) and goes on, unless
-        it ended cleanly with nothing new (a closed partition drained: asking again would spin)."""
+        it ended cleanly with nothing new (a closed partition drained: asking again would spin).
+
+        Each attempt's body is read by a reader of its own, made for the cursor it reads after, and
+        held in `reader` (a list of one, for the caller) in place of the one before: what a reader
+        holds (a partial line, `caught_up`, where its answer starts) is of one body, never of a body
+        cut before."""
         attempt = 0
         while True:
             attempt += 1
@@ -194,8 +199,9 @@ class FeedClient:
                     if refused is None:
                         continue
                     raise self.protocol.refusal(self.feed, refused, partition_id, "fetch")
+                reader[:] = [self.protocol.reader(self.feed, info, partition_id, cursor, self.max_page_bytes)]
                 try:
-                    for run in body.runs(_body_chunks(response)):
+                    for run in reader[0].runs(_body_chunks(response)):
                         yield run
                         if run.done:
                             return

@@ -10,7 +10,7 @@ data source, the loader, the Delta commit, Dagster) sees `FeedInfo`, `Partition`
 
 Adding a protocol: a module with a `FeedProtocol` subclass and its settings model (a `FeedSettings`
 subclass whose `protocol` is `Literal["<name>"]`), registered with `registry.register_protocol`
-when the module is imported (README, "Adding a protocol").
+when the module is imported (docs/protocols/adding-a-protocol.md).
 """
 
 from __future__ import annotations
@@ -56,12 +56,19 @@ class Response:
 
 
 class BodyReader:
-    """Reads one response body into the `PageRun`s of one partition. `caught_up` is set when the
-    body said the partition has nothing more now (the client then asks no further)."""
+    """Reads one response body into the `PageRun`s of one partition. The client asks the protocol
+    for a new one for each attempt of a fetch (`FeedProtocol.reader`, with the cursor that attempt
+    reads after), so a reader's state is that of one body: what it carries between chunks, and
+    `caught_up`, which it sets when the body said the partition has nothing more now (the client then
+    asks no further)."""
 
     caught_up: bool = False
 
     def runs(self, chunks: Iterable[bytes]) -> Iterator[PageRun]:
+        """The runs of the body `chunks` (its bytes as they arrive, cut anywhere): each as soon as the
+        bytes that complete it have come, so that a body cut short later loses none of them. Raises
+        `MalformedResponse` for a body that is not the protocol's (the client retries from the last
+        run's cursor)."""
         raise NotImplementedError
 
 
@@ -101,7 +108,12 @@ class FeedProtocol(Generic[Settings]):
         next `duration_ms` milliseconds, in one response (where `stream_ms` is not None)."""
         raise NotImplementedError
 
-    def reader(self, feed: Settings, info: FeedInfo, partition_id: int, max_page_bytes: int | None) -> BodyReader:
+    def reader(
+        self, feed: Settings, info: FeedInfo, partition_id: int, cursor: str, max_page_bytes: int | None
+    ) -> BodyReader:
+        """A reader of one answer to the fetch of `partition_id` after `cursor` (`FIRST`: from the start),
+        made anew for each attempt; `max_page_bytes`: the most payload bytes a page may hold (None: no
+        bound), beyond which the body is malformed."""
         raise NotImplementedError
 
     def read_end(self, info: FeedInfo, partition_id: int) -> str | None:

@@ -3,15 +3,17 @@ discovery document, Nakadi's partition list), events and pages."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 MAX_PARTITION_ID = 32767
 # Cursor values that mean "this partition is finished"; never a resume point.
 DONE_CURSORS = frozenset({"", "_done"})
+# The cursor of a partition never read: a protocol's fetch after it asks for the partition's first event.
 FIRST = "_first"
 
 
@@ -135,6 +137,21 @@ class PageRun:
     cursors: list[str]
     payload_bytes: int
     done: bool = False
+
+    @classmethod
+    def of_pages(
+        cls, partition_id: int, pages: Iterable[tuple[Sequence[bytes | msgspec.Raw], str]], done: bool = False
+    ) -> PageRun:
+        """The run of `pages`, each its events' payloads (raw JSON as the server sent it: `bytes`, or
+        the `msgspec.Raw` of a decoded document) and its cursor."""
+        raws: list[bytes] = []
+        ends: list[int] = []
+        cursors: list[str] = []
+        for events, cursor in pages:
+            raws.extend(map(bytes, events))
+            ends.append(len(raws))
+            cursors.append(cursor)
+        return cls(partition_id, raws, ends, cursors, sum(map(len, raws)), done)
 
     @property
     def cursor(self) -> str:

@@ -16,20 +16,21 @@ from typing import Literal
 
 from pydantic import Field
 
-from feedapi_dagster.errors import MalformedResponse, ProtocolError
 from feedapi_dagster.protocol import (
+    FIRST,
     BodyReader,
     FeedInfo,
     FeedProtocol,
     FeedSettings,
+    MalformedResponse,
     PageRun,
     Partition,
+    ProtocolError,
     Request,
     Response,
     discovery,
     register_protocol,
 )
-from feedapi_dagster.protocol.models import FIRST
 
 
 class JsonLinesSettings(FeedSettings):
@@ -58,7 +59,7 @@ class JsonLines(FeedProtocol[JsonLinesSettings]):
         )
 
     def reader(
-        self, feed: JsonLinesSettings, info: FeedInfo, partition_id: int, max_page_bytes: int | None
+        self, feed: JsonLinesSettings, info: FeedInfo, partition_id: int, cursor: str, max_page_bytes: int | None
     ) -> BodyReader:
         return _Lines(partition_id)
 

@@ -1,8 +1,9 @@
 """FeedAPI (v1/ZeroEventHub, the v2 draft, the published v2) as a `FeedProtocol`.
 
 Discovery (`discovery.py`; the dialect is detected unless configured), the dialects' fetch requests
-(`dialects.py`), NDJSON bodies of events and checkpoints (`ndjson.py`), the published dialect's
-client-side event-type filter (`filters.py`) and its 409 (the discovery token changed).
+(`dialects.py`), NDJSON bodies of events and checkpoints (`ndjson.py`; their lines: `lines.py`), the
+published dialect's client-side event-type filter (`filters.py`) and its 409 (the discovery token
+changed).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class FeedApi(FeedProtocol[FeedApiSettings]):
         return DRAFT.stream_fetch(feed, partition_id, cursor, duration_ms)
 
     def reader(
-        self, feed: FeedApiSettings, info: FeedInfo, partition_id: int, max_page_bytes: int | None
+        self, feed: FeedApiSettings, info: FeedInfo, partition_id: int, cursor: str, max_page_bytes: int | None
     ) -> BodyReader:
         dialect = _dialect(info)
         return _Body(

@@ -69,7 +69,9 @@ class Nakadi(FeedProtocol[NakadiSettings]):
             {"X-Nakadi-Cursors": json.dumps([{"partition": str(partition_id), "offset": offset}])},
         )
 
-    def reader(self, feed: NakadiSettings, info: FeedInfo, partition_id: int, max_page_bytes: int | None) -> BodyReader:
+    def reader(
+        self, feed: NakadiSettings, info: FeedInfo, partition_id: int, cursor: str, max_page_bytes: int | None
+    ) -> BodyReader:
         return EventStream(partition_id, self.read_end(info, partition_id), max_page_bytes)
 
     def read_end(self, info: FeedInfo, partition_id: int) -> str | None:

@@ -35,7 +35,6 @@ class EventStream(BodyReader):
         self.partition_id = partition_id
         self.end = end
         self.max_page_bytes = max_page_bytes
-        self.caught_up = False
 
     def runs(self, chunks: Iterable[bytes]) -> Iterator[PageRun]:
         pending = b""
