@@ -25,7 +25,7 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..protocol.feedapi.lines import json_fields
+from feedapi_dagster.protocol.feedapi.lines import json_fields
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 # What the loader hands the sink: everything but the commit's own columns.
