@@ -17,8 +17,8 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import yaml
 
-from feedapi_dagster.lakehouse.connect_server import SparkConnectServer
 from feedapi_dagster.protocol import FeedClient, ProtocolError, registry
+from feedapi_dagster.spark.connect_server import SparkConnectServer
 
 from .conftest import LocalServer
 
@@ -31,11 +31,11 @@ LOAD = textwrap.dedent("""
     projects, definitions, spark_settings, feed_values, table = sys.argv[1:6]
     sys.path.insert(0, projects)  # the user's package: on this process's path only
     exec(definitions)  # the page's definitions.py line: registers "auditlog"
-    from feedapi_dagster.lakehouse.delta import FeedTable
+    from feedapi_dagster.lakehouse.feed_table import FeedTable
     from feedapi_dagster.lakehouse.loader import FeedLoader
-    from feedapi_dagster.lakehouse.sessions import spark_session
+    from feedapi_dagster.spark.sessions import spark_session
     from feedapi_dagster.lakehouse.sink import DeltaSink
-    from feedapi_dagster.lakehouse.spark_conf import SparkSettings
+    from feedapi_dagster.spark.settings import SparkSettings
     from feedapi_dagster.protocol import feed_settings
 
     spark = spark_session(SparkSettings.model_validate_json(spark_settings))
