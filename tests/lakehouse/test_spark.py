@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from feedapi_dagster.spark.connect_server import SparkConnectServer, ensure_embedded_server, port_open, read_token
+from feedapi_dagster.spark.connect_server import SparkConnectServer, port_open, read_token
+from feedapi_dagster.spark.embedded import ensure_embedded_server
 from feedapi_dagster.spark.jars import (
     DELTA_SPARK_COORDINATE,
     DELTA_VERSION,
