@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from feedapi_dagster.errors import SparkError
-from feedapi_dagster.spark.jars import log_tail, pyspark_home
+from feedapi_dagster.spark.jar_resolution import log_tail, pyspark_home
 from feedapi_dagster.spark.server_record import process_group, read_record, remove_record, write_record
 from feedapi_dagster.spark.settings import (
     CONNECT_SERVER_CLASS,
