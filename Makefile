@@ -46,7 +46,7 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/lint-imports
+	$(BIN)/lint-imports --no-logo
 
 test: setup browser postgres lint
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25
