@@ -40,11 +40,13 @@ postgres:
 # Two pytest workers (pytest-xdist), a test file each at a time: much of the suite waits on other
 # processes (Spark servers, the cluster, Dagster runs), and a file's module-scoped servers stay in one
 # worker: the suite takes three quarters of the time of one worker (benchmarks/README.md).
-# ruff (lint, and the formatter's check) and mypy, configured in pyproject.toml: no findings allowed.
+# ruff (lint, and the formatter's check), mypy and import-linter's contracts (the layers), configured
+# in pyproject.toml: no findings allowed.
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-logo
 
 test: setup browser postgres lint
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25

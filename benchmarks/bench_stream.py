@@ -80,7 +80,7 @@ from feedapi_dagster.protocol import FeedSettings, feed_settings
 from feedapi_dagster.read.datasource import FeedSourceOptions
 from feedapi_dagster.read.registration import register_feed_source
 from feedapi_dagster.read.stream_source import MAX_EVENTS_PER_TRIGGER
-from feedapi_dagster.spark.connect_server import ensure_embedded_server
+from feedapi_dagster.spark.embedded import ensure_embedded_server
 from feedapi_dagster.spark.sessions import spark_session
 from feedapi_dagster.spark.settings import SparkSettings
 

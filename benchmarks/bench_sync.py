@@ -734,7 +734,8 @@ def stages(
 def start_spark(port: int, work: Path, s3: S3Lake | None):
     """The embedded server as a deployment's first run would start it (the lakehouse's s3a settings and
     credentials come with each run's session, not with the server)."""
-    from feedapi_dagster.spark.connect_server import ensure_embedded_server, port_open
+    from feedapi_dagster.spark.connect_server import port_open
+    from feedapi_dagster.spark.embedded import ensure_embedded_server
 
     if port_open(port):
         raise RuntimeError(f"port {port} is taken")

@@ -17,9 +17,9 @@ subclass for one kind of failure.
         └── SparkUnresponsive    the Spark Connect server stopped answering: the load was abandoned
 
 A few subclasses live beside the code that raises them, for the code that catches them there:
-`DeltaJarsError` and `DeltaJarsNotSetUp` (`spark/jars.py`) and `ServerNotStopped`
-(`spark/connect_server.py`) are `SparkError`s, `RecoveryNeedsSpark` (`lakehouse/cursor_record.py`)
-a `StateError`, `ReadEndsMissing` (`lakehouse/feed_read.py`) a `LoadError`.
+`DeltaJarsError` (`spark/jar_resolution.py`), `DeltaJarsNotSetUp` (`spark/jars.py`) and
+`ServerNotStopped` (`spark/embedded.py`) are `SparkError`s, `RecoveryNeedsSpark`
+(`lakehouse/cursor_record.py`) a `StateError`, `ReadEndsMissing` (`lakehouse/feed_read.py`) a `LoadError`.
 
 Messages name the feed by its URL without credentials and never quote a token. This module is pure
 Python: every layer imports it, it imports nothing of the package.

@@ -68,7 +68,7 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory):
     """One embedded Spark Connect server for the tests whose loads run in other processes (crash and
     chaos tests): those processes pay a ~3 s client instead of a ~15 s JVM each. No `s3a` setting or
     credentials of its own: a load on S3 brings them with its session (`connect_session(url, storage=...)`)."""
-    from feedapi_dagster.spark.connect_server import start_embedded_server
+    from feedapi_dagster.spark.embedded import start_embedded_server
     from tests.ports import find_free_port
 
     server = start_embedded_server(find_free_port(), work_dir=tmp_path_factory.mktemp("connect-server"))

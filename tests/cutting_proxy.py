@@ -7,6 +7,7 @@ import http.client
 import socket
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -27,7 +28,7 @@ class Cut:
     done: int = 0  # answers cut so far
 
 
-class CuttingProxy:
+class CuttingProxy(AbstractContextManager["CuttingProxy"]):
     """Forwards to the server of `upstream_url` (the same path on `url`) and cuts the answers a `Cut`
     of `cuts` matches (the first that matches, while it has cuts left); `passed` counts the answers
     let through whole."""
@@ -46,9 +47,6 @@ class CuttingProxy:
 
     def close(self) -> None:
         self._listener.close()
-
-    def __enter__(self) -> CuttingProxy:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()

@@ -103,6 +103,9 @@ class DemoServer:
     when it stops (open streams end). `token` (required as a bearer token when set), `faults` and
     `gate` may be swapped at runtime; `fault_counts` counts the faults it played."""
 
+    # where on the server its model is served, the end of `url` (FeedAPI's feed: /feed)
+    url_path = ""
+
     def __init__(
         self, host: str, port: int, handler: type[DemoHandler], token: str | None = None, faults: Faults | None = None
     ) -> None:
@@ -119,7 +122,7 @@ class DemoServer:
     def url(self) -> str:
         host, port = self._httpd.server_address[:2]
         assert isinstance(host, str)  # an IPv4 address: (host, port)
-        return f"http://{host}:{port}"
+        return f"http://{host}:{port}{self.url_path}"
 
     def admin_actions(self) -> AdminActions:
         """What /admin/ offers: the protocol's actions on the served model, and the faults."""

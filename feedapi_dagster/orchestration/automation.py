@@ -166,15 +166,20 @@ def build_load_schedule(
     of its stream job, an availableNow query."""
     feed = binding.feed
     status = dg.DefaultScheduleStatus.RUNNING if feed.schedule.enabled else dg.DefaultScheduleStatus.STOPPED
-    if feed.schedule.mode == "stream":
 
-        @dg.schedule(
+    def feed_schedule(target: UnresolvedAssetJobDefinition | dg.JobDefinition, description: str):
+        """The feed's one schedule, whichever job it runs: its name, cron and status are the feed's."""
+        return dg.schedule(
             name=f"feedapi_{feed.name}_schedule",
             cron_schedule=feed.schedule.cron,
-            job=stream_job,
+            job=target,
             default_status=status,
-            description=f"Runs feed `{feed.name}`'s stream (an availableNow query) once per tick.",
+            description=description,
         )
+
+    if feed.schedule.mode == "stream":
+
+        @feed_schedule(stream_job, f"Runs feed `{feed.name}`'s stream (an availableNow query) once per tick.")
         def stream_schedule(context: dg.ScheduleEvaluationContext):
             running = context.instance.get_run_records(
                 dg.RunsFilter(job_name=stream_job.name, statuses=ACTIVE_STATUSES), limit=1
@@ -185,13 +190,7 @@ def build_load_schedule(
 
         return stream_schedule
 
-    @dg.schedule(
-        name=f"feedapi_{feed.name}_schedule",
-        cron_schedule=feed.schedule.cron,
-        job=job,
-        default_status=status,
-        description=f"Loads every open partition of feed `{feed.name}` in one run of its asset.",
-    )
+    @feed_schedule(job, f"Loads every open partition of feed `{feed.name}` in one run of its asset.")
     def load_schedule(context: dg.ScheduleEvaluationContext):
         keys = context.instance.get_dynamic_partitions(binding.partitions_name)
         drained = drained_partitions(context.instance, binding, keys)

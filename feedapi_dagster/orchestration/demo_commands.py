@@ -30,7 +30,7 @@ from feedapi_dagster.lakehouse.cursor_record import read_committed_state
 from feedapi_dagster.lakehouse.feed_table import FeedTable
 from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
 from feedapi_dagster.protocol import registered_protocols
-from feedapi_dagster.spark.connect_server import ensure_embedded_server
+from feedapi_dagster.spark.embedded import ensure_embedded_server
 from feedapi_dagster.spark.jars import ensure_delta_jars
 from feedapi_dagster.spark.settings import SparkSettings, installation_port
 

@@ -51,34 +51,35 @@ class PartitionPlan(BaseModel):
 def plan_partition(partition: Partition, info: FeedInfo, state: FeedState) -> PartitionPlan:
     own = state.get(partition.id)
     if own is not None and own.drained:
-        return PartitionPlan(
-            partition_id=partition.id,
-            status=PlanStatus.DRAINED,
-            closed=partition.closed,
-            cursor=own.cursor,
-            position=own.position,
-        )
+        return _at_own_cursor(partition, own, PlanStatus.DRAINED)
     if partition.starts_after is not None:
         waiting = _parent_block(partition.starts_after, info, state)
         if waiting is not None:
-            return PartitionPlan(
-                partition_id=partition.id,
-                status=waiting.status,
-                closed=partition.closed,
-                cursor=own.cursor if own else FIRST,
-                position=own.position if own else 0,
-                reason=waiting.reason,
-            )
+            return _at_own_cursor(partition, own, waiting.status, reason=waiting.reason)
     if own is not None:
-        return PartitionPlan(
-            partition_id=partition.id,
-            status=PlanStatus.DUE,
-            closed=partition.closed,
-            cursor=own.cursor,
-            position=own.position,
-            inherited_from=own.inherited_from,
-        )
+        return _at_own_cursor(partition, own, PlanStatus.DUE, inherited_from=own.inherited_from)
     return _from_ancestor(partition, state, "continues from partition {}'s cursor (method-2 split)")
+
+
+def _at_own_cursor(
+    partition: Partition,
+    own: PartitionState | None,
+    status: PlanStatus,
+    *,
+    reason: str = "",
+    inherited_from: int | None = None,
+) -> PartitionPlan:
+    """A plan at the partition's own committed cursor and position (`_first` and 0 without one)."""
+    own = own if own is not None else PartitionState()
+    return PartitionPlan(
+        partition_id=partition.id,
+        status=status,
+        closed=partition.closed,
+        cursor=own.cursor,
+        position=own.position,
+        inherited_from=inherited_from,
+        reason=reason,
+    )
 
 
 class _Block(NamedTuple):
@@ -123,18 +124,8 @@ def plan_rebuilds(
     plans = []
     for partition in partitions:
         if partition.id in blocked:
-            own = state.get(partition.id)
             waiting = blocked[partition.id]
-            plans.append(
-                PartitionPlan(
-                    partition_id=partition.id,
-                    status=waiting.status,
-                    closed=partition.closed,
-                    cursor=own.cursor if own else FIRST,
-                    position=own.position if own else 0,
-                    reason=waiting.reason,
-                )
-            )
+            plans.append(_at_own_cursor(partition, state.get(partition.id), waiting.status, reason=waiting.reason))
         else:
             plans.append(plan_rebuild(partition, state, replaced))
     return plans

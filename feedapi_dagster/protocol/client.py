@@ -12,7 +12,7 @@ import select
 import ssl
 import time
 from collections.abc import Callable, Generator, Iterator
-from contextlib import closing
+from contextlib import AbstractContextManager, closing
 from dataclasses import replace
 from functools import partial
 from urllib.parse import urlsplit
@@ -43,7 +43,7 @@ _TRANSPORT_ERRORS = (
 _USERINFO = re.compile(r"//[^/@\s]*@")
 
 
-class FeedClient:
+class FeedClient(AbstractContextManager["FeedClient"]):
     """Reads one feed. One HTTP session per client, so connections are reused across pages.
 
     The bearer token is sent in the Authorization header only and kept out of reprs, logs and errors.
@@ -87,9 +87,6 @@ class FeedClient:
 
     def close(self) -> None:
         self._session.close()
-
-    def __enter__(self) -> FeedClient:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()

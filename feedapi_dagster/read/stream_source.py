@@ -4,7 +4,7 @@
     events = spark.readStream.format("feedapi").option("url", url).option("maxEventsPerTrigger", "50000").load()
     stream_to_delta(events, "lakehouse/orders", "lakehouse/_checkpoints/orders").trigger(availableNow=True).start()
 
-**Offsets** are the partitions' cursors (`StreamOffset`, JSON): per partition the cursor to resume
+**Offsets** are the partitions' cursors (`stream_offsets.StreamOffset`, JSON): per partition the cursor to resume
 after, the position its next event gets, whether it is drained, the ancestor a method-2 child took its
 cursor from, and (at-least-once feeds) the ids of its newest events. A partition not in an offset
 starts from `_first` (or from its method-2 ancestor's cursor), as the batch loads plan it
@@ -43,10 +43,8 @@ import logging
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -56,14 +54,18 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from feedapi_dagster.errors import FeedApiDagsterError
-from feedapi_dagster.planning import FeedState, PartitionState, plan_feed, task_groups
+from feedapi_dagster.planning import plan_feed, task_groups
 from feedapi_dagster.protocol import FeedInfo
-from feedapi_dagster.protocol.models import FIRST
 from feedapi_dagster.read.read_tasks import END_COLUMN, PartitionRead, PartitionStart, ReadEnd, read_schema
 from feedapi_dagster.read.rows import EVENT_SCHEMA
-
-if TYPE_CHECKING:
-    pass
+from feedapi_dagster.read.stream_offsets import (
+    PartitionOffset,
+    StreamOffset,
+    drop_recent,
+    newest_ids,
+    renumbered,
+    without_recent,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,66 +78,6 @@ STREAM_OPTIONS = frozenset({MAX_EVENTS_PER_TRIGGER.lower(), DEDUP_WINDOW.lower()
 
 class StreamReplayFailed(FeedApiDagsterError):
     """A micro-batch read again after a restart did not find the events it read the first time."""
-
-
-@dataclass(frozen=True)
-class PartitionOffset:
-    cursor: str = FIRST
-    position: int = 0
-    drained: bool = False
-    inherited_from: int | None = None
-    recent_ids: tuple[str, ...] = ()  # the ids of its newest events (at-least-once feeds)
-
-    def to_json(self) -> dict:
-        fields: dict = {"cursor": self.cursor, "position": self.position, "drained": self.drained}
-        if self.inherited_from is not None:
-            fields["inheritedFrom"] = self.inherited_from
-        if self.recent_ids:
-            fields["recentIds"] = list(self.recent_ids)
-        return fields
-
-    @classmethod
-    def from_json(cls, fields: dict) -> PartitionOffset:
-        return cls(
-            str(fields["cursor"]),
-            int(fields["position"]),
-            bool(fields.get("drained", False)),
-            fields.get("inheritedFrom"),
-            tuple(fields.get("recentIds", ())),
-        )
-
-    def state(self) -> PartitionState:
-        return PartitionState(
-            cursor=self.cursor, position=self.position, drained=self.drained, inherited_from=self.inherited_from
-        )
-
-
-@dataclass(frozen=True)
-class StreamOffset:
-    """Where each partition a stream has read stands; absent partitions have read nothing yet."""
-
-    partitions: dict[int, PartitionOffset]
-
-    def to_json(self) -> dict:
-        return {"partitions": {str(pid): p.to_json() for pid, p in sorted(self.partitions.items())}}
-
-    @classmethod
-    def from_json(cls, fields: dict) -> StreamOffset:
-        return cls({int(pid): PartitionOffset.from_json(p) for pid, p in fields.get("partitions", {}).items()})
-
-    def feed_state(self) -> FeedState:
-        return FeedState(partitions={pid: p.state() for pid, p in self.partitions.items()})
-
-    def start_of(self, partition_id: int, inherited_from: int | None) -> PartitionOffset:
-        """Where a micro-batch starting here reads `partition_id` from (`inherited_from`: the method-2
-        ancestor whose cursor a partition new to the stream takes)."""
-        own = self.partitions.get(partition_id)
-        if own is not None:
-            return own
-        ancestor = self.partitions.get(inherited_from) if inherited_from is not None else None
-        if ancestor is None:
-            return PartitionOffset()
-        return PartitionOffset(ancestor.cursor, 0, False, inherited_from, ancestor.recent_ids)
 
 
 class PrefetchedRows(InputPartition):
@@ -276,14 +218,14 @@ class FeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 raise FeedApiDagsterError(read_end.error if where in read_end.error else f"{where}: {read_end.error}")
             events = [b.drop_columns([END_COLUMN]) for b in rows]
             if not exactly_once:
-                events = _without_recent(events, start)
+                events = without_recent(events, start)
             kept = sum(b.num_rows for b in events)
             end = PartitionOffset(
                 end_row.column("cursor")[0].as_py(),
                 start.position + kept,
                 read_end.drained,
                 start.inherited_from,
-                _recent(start.recent_ids, events, self.dedup_window) if not exactly_once else (),
+                newest_ids(start.recent_ids, events, self.dedup_window) if not exactly_once else (),
             )
             return pid, (events, end, read_end.bounded)
 
@@ -321,7 +263,7 @@ class FeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     cursor=cursors[keep - 1],
                     position=start.position + keep,
                     drained=False,
-                    recent_ids=_recent(start.recent_ids, kept, self.dedup_window) if end.recent_ids else (),
+                    recent_ids=newest_ids(start.recent_ids, kept, self.dedup_window) if end.recent_ids else (),
                 )
             admitted[pid] = (kept, end, True)
             total += keep
@@ -394,10 +336,10 @@ class FeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             read = PartitionRead(settings, client, PartitionStart(pid, start.cursor, start.position))
             for batch in read.batches():  # left unfinished at the end: the client's session closes
                 if not info.exactly_once:
-                    batch = _drop_recent(batch, start.recent_ids)
+                    batch = drop_recent(batch, start.recent_ids)
                 taken = batch.slice(0, min(left, batch.num_rows))
                 if taken.num_rows:
-                    yield _renumbered(taken, start.position + events - left)
+                    yield renumbered(taken, start.position + events - left)
                 left -= taken.num_rows
                 if not left:
                     return
@@ -435,39 +377,3 @@ def _ipc(batches: list[pa.RecordBatch]) -> bytes:
         for batch in batches:
             writer.write_batch(batch)
     return sink.getvalue()
-
-
-def _without_recent(batches: list[pa.RecordBatch], start: PartitionOffset) -> list[pa.RecordBatch]:
-    """The rows whose id is not among the partition's newest ids of earlier micro-batches, positions
-    renumbered from the start's."""
-    if not start.recent_ids:
-        return batches
-    renumbered = []
-    position = start.position
-    for batch in batches:
-        kept = _drop_recent(batch, start.recent_ids)
-        renumbered.append(_renumbered(kept, position))
-        position += kept.num_rows
-    return renumbered
-
-
-def _drop_recent(batch: pa.RecordBatch, recent_ids: tuple[str, ...]) -> pa.RecordBatch:
-    if not recent_ids or not batch.num_rows:
-        return batch
-    repeated = pc.fill_null(pc.is_in(batch.column("event_id"), pa.array(recent_ids, pa.string())), False)
-    return batch.filter(pc.invert(repeated))
-
-
-def _renumbered(batch: pa.RecordBatch, first: int) -> pa.RecordBatch:
-    index = batch.schema.get_field_index("position")
-    positions = pa.array(range(first, first + batch.num_rows), pa.int64())
-    return batch.set_column(index, "position", positions)
-
-
-def _recent(previous: tuple[str, ...], batches: list[pa.RecordBatch], window: int) -> tuple[str, ...]:
-    if window <= 0:
-        return ()
-    ids = [*previous]
-    for batch in batches:
-        ids.extend(i for i in batch.column("event_id").to_pylist() if i is not None)
-    return tuple(ids[-window:])

@@ -5,7 +5,7 @@ cluster's endpoint, a local session); `spark_session` makes the one session of a
 bounds every call into Spark; the Delta and s3a jars are resolved once (`ensure_delta_jars`).
 """
 
-from feedapi_dagster.spark.connect_server import ensure_embedded_server
+from feedapi_dagster.spark.embedded import ensure_embedded_server
 from feedapi_dagster.spark.jars import ensure_delta_jars
 from feedapi_dagster.spark.sessions import is_connect, local_spark_session, spark_session
 from feedapi_dagster.spark.settings import SparkSettings, installation_port

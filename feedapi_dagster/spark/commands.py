@@ -152,7 +152,7 @@ def _size(count: int) -> str:
 
 
 def _spark_stop(args: argparse.Namespace) -> int:
-    from feedapi_dagster.spark.connect_server import ServerNotStopped, stop_recorded_server
+    from feedapi_dagster.spark.embedded import ServerNotStopped, stop_recorded_server
 
     code = 0
     for port in _server_ports(args):

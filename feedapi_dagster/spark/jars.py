@@ -2,8 +2,8 @@
 uses), resolved from Maven once and cached next to the virtualenv.
 
 Spark re-resolves ``spark.jars.packages`` at every start (network, ~30 s). Instead, `setup_delta_jars`
-resolves the coordinates ONCE (Spark's own Ivy resolver in a child process, falling back to
-``mvn dependency:copy-dependencies``), drops every jar that pyspark already ships (same artifact
+resolves the coordinates ONCE (`jar_resolution`: Spark's own Ivy resolver in a child process, falling
+back to ``mvn dependency:copy-dependencies``), drops every jar that pyspark already ships (same artifact
 name, whatever the version, or every class already provided by ``pyspark/jars``), copies the rest
 into the cache folder and writes ``manifest.json``. Spark sessions then get ``spark.jars`` =
 `delta_jars()` and never need the network.
@@ -22,19 +22,21 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
-import textwrap
 import zipfile
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
-from feedapi_dagster.errors import SparkError
+from feedapi_dagster.spark.jar_resolution import (
+    DeltaJarsError,
+    ResolvedJar,
+    Resolver,
+    name_version_splits,
+    pyspark_home,
+    resolve_jars,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,34 +58,13 @@ MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = 1
 NOT_SET_UP_MESSAGE = "Delta and s3a jars not set up: run `make setup` or `feedapi-dagster setup-jars`"
 
-Resolver = Literal["auto", "ivy", "maven"]
-
-
-class DeltaJarsError(SparkError):
-    """Resolving or locating the Delta jars failed."""
-
 
 class DeltaJarsNotSetUp(DeltaJarsError):
     """The jar cache is missing or incomplete."""
 
 
-@dataclass(frozen=True)
-class ResolvedJar:
-    group: str
-    artifact: str
-    version: str
-    path: Path
-
-
 # --------------------------------------------------------------------------------------------
 # locations
-
-
-def pyspark_home() -> Path:
-    """The pip-installed pyspark distribution (it is a complete SPARK_HOME)."""
-    import pyspark
-
-    return Path(pyspark.__file__).resolve().parent
 
 
 def pyspark_jars_dir() -> Path:
@@ -106,18 +87,9 @@ def _pyspark_artifact_versions() -> dict[str, str]:
     """artifact name -> version for every jar in pyspark/jars (all ``name-version`` splits)."""
     found: dict[str, str] = {}
     for jar in pyspark_jars_dir().glob("*.jar"):
-        for name, version in _name_version_splits(jar.name):
+        for name, version in name_version_splits(jar.name):
             found.setdefault(name, version)
     return found
-
-
-def _name_version_splits(file_name: str) -> list[tuple[str, str]]:
-    """Every way to read ``<artifact>-<version>.jar``: the version starts with a digit after a '-'.
-
-    ``log4j-1.2-api-2.25.4.jar`` -> [("log4j", "1.2-api-2.25.4"), ("log4j-1.2-api", "2.25.4")]
-    """
-    stem = file_name[: -len(".jar")] if file_name.endswith(".jar") else file_name
-    return [(stem[: m.start()], stem[m.start() + 1 :]) for m in re.finditer(r"-(?=\d)", stem)]
 
 
 def delta_coordinates() -> list[str]:
@@ -217,7 +189,7 @@ def setup_delta_jars(
     directory.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="feedapi-dagster-jars-") as tmp:
         work = Path(tmp)
-        resolved, used = _resolve(coordinates, work, resolver)
+        resolved, used = resolve_jars(coordinates, EXCLUDED, work, resolver)
         staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
         try:
             manifest = _stage(resolved, coordinates, used, staging)
@@ -233,155 +205,6 @@ def setup_delta_jars(
         len(jars),
         len(manifest["dropped"]),
     )
-    return jars
-
-
-# --------------------------------------------------------------------------------------------
-# resolution
-
-
-def _resolve(coordinates: list[str], work: Path, resolver: Resolver) -> tuple[list[ResolvedJar], str]:
-    order = {"auto": ["ivy", "maven"], "ivy": ["ivy"], "maven": ["maven"]}[resolver]
-    errors = []
-    for name in order:
-        log.info("Resolving %s with %s ...", ", ".join(coordinates), name)
-        try:
-            if name == "ivy":
-                jars = _resolve_with_ivy(coordinates, work / "ivy")
-            else:
-                jars = _resolve_with_maven(coordinates, work / "maven")
-        except DeltaJarsError as exc:
-            log.warning("%s resolution failed: %s", name, exc)
-            errors.append(f"{name}: {exc}")
-            continue
-        return jars, name
-    raise DeltaJarsError("could not resolve the Delta jars:\n" + "\n".join(errors))
-
-
-def _run(cmd: list[str], *, cwd: Path, env: dict[str, str] | None, log_path: Path, timeout: float) -> None:
-    with open(log_path, "wb") as out:
-        try:
-            proc = subprocess.run(
-                cmd,
-                cwd=cwd,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                timeout=timeout,
-                check=False,
-            )
-        except FileNotFoundError as exc:
-            raise DeltaJarsError(f"cannot run {cmd[0]}: {exc}") from exc
-        except subprocess.TimeoutExpired as exc:
-            raise DeltaJarsError(f"{cmd[0]} timed out after {timeout:.0f} s; log tail:\n{log_tail(log_path)}") from exc
-    if proc.returncode != 0:
-        raise DeltaJarsError(f"{Path(cmd[0]).name} exited with {proc.returncode}; log tail:\n{log_tail(log_path)}")
-
-
-def log_tail(path: Path, lines: int = 30) -> str:
-    """The last `lines` lines of a child process's log (what a failure message quotes)."""
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def _resolve_with_ivy(coordinates: list[str], work: Path, timeout: float = 900) -> list[ResolvedJar]:
-    """spark-submit --packages with a private Ivy home and a no-op Python app."""
-    work.mkdir(parents=True)
-    ivy = work / "ivy-home"
-    app = work / "noop.py"
-    app.write_text("# resolution happens in spark-submit before this runs\n")
-    home = pyspark_home()
-    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED")}
-    env.update(SPARK_HOME=str(home), PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-    cmd = [
-        str(home / "bin" / "spark-submit"),
-        "--master",
-        "local[1]",
-        "--conf",
-        f"spark.jars.ivy={ivy}",
-        "--conf",
-        "spark.ui.enabled=false",
-        "--packages",
-        ",".join(coordinates),
-        "--exclude-packages",
-        ",".join(EXCLUDED),
-        str(app),
-    ]
-    _run(cmd, cwd=work, env=env, log_path=work / "spark-submit.log", timeout=timeout)
-    retrieved = sorted((ivy / "jars").glob("*.jar"))
-    if not retrieved:
-        raise DeltaJarsError(f"Ivy retrieved no jars; log tail:\n{log_tail(work / 'spark-submit.log')}")
-    return [_parse_ivy_jar(p, ivy / "cache") for p in retrieved]
-
-
-def _parse_ivy_jar(path: Path, cache: Path) -> ResolvedJar:
-    """Ivy retrieves as ``<org>_<artifact>-<rev>.jar``; the cache tells where the artifact name ends."""
-    group, _, rest = path.name.partition("_")
-    stem = rest[: -len(".jar")]
-    artifacts = [d.name for d in (cache / group).iterdir() if d.is_dir()] if (cache / group).is_dir() else []
-    matches = [a for a in artifacts if stem.startswith(a + "-")]
-    if matches:
-        artifact = max(matches, key=len)
-        return ResolvedJar(group, artifact, stem[len(artifact) + 1 :], path)
-    splits = _name_version_splits(rest)
-    if not splits:
-        raise DeltaJarsError(f"cannot parse the retrieved jar name {path.name}")
-    artifact, version = splits[-1]
-    return ResolvedJar(group, artifact, version, path)
-
-
-def _resolve_with_maven(coordinates: list[str], work: Path, timeout: float = 900) -> list[ResolvedJar]:
-    """``mvn dependency:copy-dependencies`` on a generated pom, repository layout kept."""
-    work.mkdir(parents=True)
-    exclusions = "".join(
-        f"<exclusion><groupId>{excluded.split(':')[0]}</groupId>"
-        f"<artifactId>{excluded.split(':')[1]}</artifactId></exclusion>"
-        for excluded in EXCLUDED
-    )
-    deps = []
-    for coordinate in coordinates:
-        group, artifact, version = coordinate.split(":")
-        deps.append(
-            f"<dependency><groupId>{group}</groupId><artifactId>{artifact}</artifactId>"
-            f"<version>{version}</version><exclusions>{exclusions}</exclusions></dependency>"
-        )
-    pom = textwrap.dedent("""\
-        <project xmlns="http://maven.apache.org/POM/4.0.0">
-          <modelVersion>4.0.0</modelVersion>
-          <groupId>feedapi-dagster</groupId>
-          <artifactId>delta-jars</artifactId>
-          <version>0</version>
-          <packaging>pom</packaging>
-          <dependencies>
-            {deps}
-          </dependencies>
-        </project>
-        """).format(deps="\n    ".join(deps))
-    (work / "pom.xml").write_text(pom)
-    out = work / "out"
-    cmd = [
-        shutil.which("mvn") or "mvn",
-        "-B",
-        "-q",
-        "-f",
-        str(work / "pom.xml"),
-        "org.apache.maven.plugins:maven-dependency-plugin:3.6.1:copy-dependencies",
-        f"-DoutputDirectory={out}",
-        "-Dmdep.useRepositoryLayout=true",
-        "-DincludeScope=runtime",
-    ]
-    _run(cmd, cwd=work, env=None, log_path=work / "mvn.log", timeout=timeout)
-    jars = []
-    for path in sorted(out.rglob("*.jar")):
-        parts = path.relative_to(out).parts  # group/as/dirs/artifact/version/file.jar
-        if len(parts) < 4:
-            raise DeltaJarsError(f"unexpected layout from maven: {path}")
-        jars.append(ResolvedJar(".".join(parts[:-3]), parts[-3], parts[-2], path))
-    if not jars:
-        raise DeltaJarsError(f"maven copied no jars; log tail:\n{log_tail(work / 'mvn.log')}")
     return jars
 
 

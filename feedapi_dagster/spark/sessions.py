@@ -3,7 +3,7 @@
 * ``remote``: a Spark Connect client for ``sc://host:port`` (production clusters; Delta is the
   cluster's business).
 * ``embedded`` (default): a thin Connect client of the embedded Spark Connect server
-  (`connect_server.ensure_embedded_server` starts it on first use, or reuses the one running).
+  (`embedded.ensure_embedded_server` starts it on first use, or reuses the one running).
 * ``local``: a classic in-process ``local[*]`` SparkSession with the same Delta configuration (tests).
 
 A classic session and a Connect session cannot live in one Python process (pyspark refuses the
@@ -36,8 +36,9 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from feedapi_dagster.errors import SparkError
-from feedapi_dagster.spark import connect_server
-from feedapi_dagster.spark.connect_server import ensure_embedded_server, register_client
+from feedapi_dagster.spark import connect_server, embedded
+from feedapi_dagster.spark.connect_server import register_client
+from feedapi_dagster.spark.embedded import ensure_embedded_server
 from feedapi_dagster.spark.settings import LOCAL_MASTER, LOOPBACK, SparkSettings, build_conf
 from feedapi_dagster.spark.storage import SESSION_KEYS, S3Storage
 from feedapi_dagster.spark.watchdog import DEFAULT_UNRESPONSIVE_SECONDS, answering
@@ -256,21 +257,24 @@ class _Forward(logging.Handler):
 
 @contextlib.contextmanager
 def _server_messages_to(logger: Logger | None) -> Iterator[None]:
-    """What `connect_server` says while the session is made (a server started, where its log is, that
-    it stays) goes to `logger` as well."""
+    """What `connect_server` and `embedded` say while the session is made (a server started or reused,
+    where its log is, that it stays) goes to `logger` as well."""
     if logger is None:
         yield
         return
-    source = logging.getLogger(connect_server.__name__)
-    level, forward = source.level, _Forward(logger)
-    source.addHandler(forward)
-    if not source.isEnabledFor(logging.INFO):
-        source.setLevel(logging.INFO)
+    forward = _Forward(logger)
+    sources = [logging.getLogger(module.__name__) for module in (connect_server, embedded)]
+    levels = [source.level for source in sources]
+    for source in sources:
+        source.addHandler(forward)
+        if not source.isEnabledFor(logging.INFO):
+            source.setLevel(logging.INFO)
     try:
         yield
     finally:
-        source.removeHandler(forward)
-        source.setLevel(level)
+        for source, level in zip(sources, levels, strict=True):
+            source.removeHandler(forward)
+            source.setLevel(level)
 
 
 def _session(settings: SparkSettings, unresponsive_seconds: float) -> SparkSession:

@@ -33,7 +33,7 @@ from feedapi_dagster.orchestration.automation import DiscoveryCursor, evaluate_d
 from feedapi_dagster.orchestration.loads import latest_metadata_by_partition
 from feedapi_dagster.planning import FeedState, PartitionState
 from feedapi_dagster.protocol import FeedClient, RetryPolicy, feed_settings
-from feedapi_dagster.spark.connect_server import ensure_embedded_server
+from feedapi_dagster.spark.embedded import ensure_embedded_server
 from feedapi_dagster.spark.settings import SparkSettings
 from tests.ports import find_free_port
 

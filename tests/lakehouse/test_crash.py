@@ -212,7 +212,7 @@ def test_a_python_worker_killed_mid_read_is_retried_and_its_read_lands_once(spar
 
 
 def test_the_spark_connect_server_killed_mid_read_commits_nothing_then_resume(spark, make_loader, table_path, tmp_path):
-    from feedapi_dagster.spark.connect_server import start_embedded_server
+    from feedapi_dagster.spark.embedded import start_embedded_server
     from tests.ports import find_free_port
 
     feed = DemoFeed(partitions=2, events=300, seed=23)
@@ -244,7 +244,7 @@ def test_a_stopped_spark_connect_server_ends_the_load_with_a_clear_error_not_a_h
     # load ever returns. The load's watchdog gives up after its bound, the load fails saying why, and
     # its process ends (a Dagster run's slot is freed). Nothing was committed meanwhile; the next load
     # goes on, every event once.
-    from feedapi_dagster.spark.connect_server import start_embedded_server
+    from feedapi_dagster.spark.embedded import start_embedded_server
     from tests.ports import find_free_port
 
     feed = DemoFeed(partitions=2, events=300, seed=24)

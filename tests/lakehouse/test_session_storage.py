@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from feedapi_dagster.spark.connect_server import start_embedded_server
+from feedapi_dagster.spark.embedded import start_embedded_server
 from feedapi_dagster.spark.storage import S3Storage
 from tests.ports import find_free_port
 from tests.s3_server import S3Server

@@ -17,12 +17,13 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from feedapi_dagster.spark.connect_server import SparkConnectServer, ensure_embedded_server, port_open, read_token
+from feedapi_dagster.spark.connect_server import SparkConnectServer, port_open, read_token
+from feedapi_dagster.spark.embedded import ensure_embedded_server
 from feedapi_dagster.spark.jars import (
     DELTA_SPARK_COORDINATE,
     DELTA_VERSION,
-    _name_version_splits,
     delta_jars,
+    name_version_splits,
     pyspark_jars_dir,
     read_manifest,
 )
@@ -47,7 +48,7 @@ def test_cached_jars_are_complete_and_do_not_duplicate_pyspark_jars() -> None:
     artifacts = {entry["artifact"] for entry in manifest["jars"]}
     assert {"delta-spark_2.13", "delta-storage"} <= artifacts
 
-    shipped = {name for jar in pyspark_jars_dir().glob("*.jar") for name, _ in _name_version_splits(jar.name)}
+    shipped = {name for jar in pyspark_jars_dir().glob("*.jar") for name, _ in name_version_splits(jar.name)}
     duplicates = sorted(artifacts & shipped)
     assert not duplicates, f"jars that pyspark already ships: {duplicates}"
     assert {"jackson-core", "jackson-databind", "parquet-hadoop"} <= {d["artifact"] for d in manifest["dropped"]}

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from feedapi_dagster.errors import SparkError
-from feedapi_dagster.spark.connect_server import ensure_embedded_server, port_open
+from feedapi_dagster.spark.connect_server import port_open
+from feedapi_dagster.spark.embedded import ensure_embedded_server
 from feedapi_dagster.spark.jars import JARS_DIR_ENV, jars_dir
 from feedapi_dagster.spark.server_record import process_group, read_record, record_file, write_record
 from feedapi_dagster.spark.settings import EMBEDDED_PORTS, installation_port
@@ -89,7 +90,7 @@ def test_another_installations_server_on_this_installations_port_is_refused(tmp_
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     with socket.create_server((LOOPBACK, 0)) as listener:
         port = listener.getsockname()[1]
-        monkeypatch.setattr("feedapi_dagster.spark.connect_server.installation_port", lambda: port)
+        monkeypatch.setattr("feedapi_dagster.spark.embedded.installation_port", lambda: port)
         record = write_record(port, os.getpid(), log_path=tmp_path / "server.log", work_dir=tmp_path, detached=True)
         record_file(port).write_text(json.dumps(asdict(replace(record, installation="/srv/other-project/.venv"))))
         with pytest.raises(SparkError) as refused:
@@ -113,7 +114,7 @@ def test_a_run_says_its_server_stays_and_another_installation_neither_uses_nor_s
         [
             str(other),
             "-c",
-            "from feedapi_dagster.spark.connect_server import ensure_embedded_server; "
+            "from feedapi_dagster.spark.embedded import ensure_embedded_server; "
             f"ensure_embedded_server({port}, detach=True)",
         ],
         temp,

@@ -11,12 +11,11 @@ from __future__ import annotations
 import base64
 import bisect
 import json
-import random
-import threading
 import zlib
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from feedapi_dagster.demo.seeded import SeededFeed
 from feedapi_dagster.protocol.models import MAX_PARTITION_ID
 
 EVENT_TYPES = ("order.created", "order.paid", "order.shipped")
@@ -81,7 +80,7 @@ def _hash(key: str) -> int:
     return zlib.crc32(key.encode())
 
 
-class DemoFeed:
+class DemoFeed(SeededFeed):
     """A thread-safe feed of generated (or given) events over dynamic partitions."""
 
     def __init__(
@@ -99,13 +98,8 @@ class DemoFeed:
             raise ValueError("string_ratio and duplicate_ratio must be in [0, 1]")
         if exactly_once and duplicate_ratio:
             raise ValueError("an exactly-once feed cannot publish duplicates")
+        super().__init__(seed, duplicate_ratio)
         self.exactly_once = exactly_once
-        self._duplicate_ratio = duplicate_ratio
-        self._rng = random.Random(seed)
-        self._lock = threading.RLock()
-        # notified on every write, for the streams that wait for new events (`wait_for_change`)
-        self._changed = threading.Condition(self._lock)
-        self._changes = 0
         self._partitions = {pid: _Partition(pid) for pid in range(partitions)}
         self._roots = list(range(partitions))
         self._aggregate_names = [(f"agg-{i}", f"agg-{i}".encode()) for i in range(max(16, 8 * partitions))]
@@ -140,11 +134,11 @@ class DemoFeed:
                     due = [e for target, e in pending[pid] if target <= length]
                     pending[pid] = [(target, e) for target, e in pending[pid] if target > length]
                     seqs.extend(self._publish(pid, e) for e in due)
-                if event.id is not None and self._duplicate_ratio and self._rng.random() < self._duplicate_ratio:
+                if event.id is not None and self._republishes():
                     pending.setdefault(pid, []).append((length + self._rng.randint(1, 5), event))
             for pid, later in pending.items():
                 seqs.extend(self._publish(pid, e) for _, e in later)
-            self._changed_now()
+            self.changes.bump()
             return seqs
 
     def add_event(self, payload_text: str, partition: int | None = None, aggregate: str | None = None) -> int:
@@ -167,7 +161,7 @@ class DemoFeed:
             if partition is not None:
                 self._open(partition)
             seq = self._publish(partition if partition is not None else self._home(event.aggregate), event)
-            self._changed_now()
+            self.changes.bump()
             return seq
 
     def close(self, partition: int) -> None:
@@ -175,7 +169,7 @@ class DemoFeed:
         with self._lock:
             self._visible(partition).closed = True
             self._homes.clear()
-            self._changed_now()
+            self.changes.bump()
 
     def split_method1(self, partition: int, children: int = 2) -> list[int]:
         """Close the open `partition` and open empty children that start after it."""
@@ -229,17 +223,6 @@ class DemoFeed:
             p = self._visible(partition)
             start = bisect.bisect_right(p.seqs, after_seq)
             return list(zip(p.seqs[start : start + limit], p.events[start : start + limit], strict=True))
-
-    @property
-    def changes(self) -> int:
-        """How many writes the feed has had: what `wait_for_change` compares with."""
-        with self._lock:
-            return self._changes
-
-    def wait_for_change(self, seen: int, timeout: float) -> None:
-        """Return once the feed has had a write since it had `seen` (`changes`), or after `timeout` s."""
-        with self._changed:
-            self._changed.wait_for(lambda: self._changes != seen, timeout)
 
     def is_closed(self, partition: int) -> bool:
         with self._lock:
@@ -297,10 +280,6 @@ class DemoFeed:
         payload = _OBJECT_TEMPLATES[kind] % (n, aggregate_bytes, self._last_seq + 1, 1 + (bits >> 16) % 99999, n % 100)
         return Event(f"e-{n:09d}", EVENT_TYPES[kind], aggregate, payload)
 
-    def _changed_now(self) -> None:
-        self._changes += 1
-        self._changed.notify_all()
-
     def _publish(self, partition: int, event: Event) -> int:
         self._last_seq += 1
         p = self._partitions[partition]
@@ -344,7 +323,7 @@ class DemoFeed:
         parent.children = ids
         self.version += 1
         self._homes.clear()
-        self._changed_now()
+        self.changes.bump()
         return ids
 
     def _check_split(self, children: int) -> None:

@@ -35,6 +35,8 @@ FILTER_SCAN_FACTOR = 10
 class DemoFeedServer(DemoServer):
     """Serves `feed` on http://host:port/feed until stopped; use as a context manager."""
 
+    url_path = "/feed"
+
     def __init__(
         self,
         feed: DemoFeed,
@@ -63,10 +65,6 @@ class DemoFeedServer(DemoServer):
         self._token_nonce = secrets.token_hex(4)
         self._token_epoch = 0
         super().__init__(host, port, FeedHandler, token, faults)
-
-    @property
-    def url(self) -> str:
-        return f"{super().url}/feed"
 
     @property
     def discovery_token(self) -> str:

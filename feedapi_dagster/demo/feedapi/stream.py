@@ -47,7 +47,7 @@ def stream(handler: DemoHandler, server: StreamSource, fetch: Fetch, after: int,
     written = -math.inf  # when the last line went out: never, so a checkpoint opens the stream
     try:
         while not server.closing.is_set():
-            seen = feed.changes
+            seen = feed.changes.count
             lines, after = server.lines(fetch, after)
             now = time.monotonic()
             if lines:
@@ -59,7 +59,7 @@ def stream(handler: DemoHandler, server: StreamSource, fetch: Fetch, after: int,
             if now >= end or (not lines and feed.is_closed(partition)):  # a closed partition is drained
                 break
             if not lines:  # caught up: sleep until an append, the keep-alive or the end
-                feed.wait_for_change(seen, max(0.0, min(_POLL, end - now, written + KEEP_ALIVE_SECONDS - now)))
+                feed.changes.wait(seen, max(0.0, min(_POLL, end - now, written + KEEP_ALIVE_SECONDS - now)))
         out.finish()
     except _Ended:
         pass

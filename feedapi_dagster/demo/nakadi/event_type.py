@@ -6,8 +6,6 @@ as stored. The spec is `spec/nakadi-event-bus-api.yaml`.
 from __future__ import annotations
 
 import json
-import random
-import threading
 import uuid
 import zlib
 from collections.abc import Mapping, Sequence
@@ -15,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from feedapi_dagster.demo.nakadi.offsets import BEGIN, format_offset, parse_offset
+from feedapi_dagster.demo.seeded import SeededFeed
 
 # orders are drawn from a small pool so that an order has several events (in one partition, in order)
 ORDER_POOL = 250
@@ -41,7 +40,7 @@ class _Partition:
         return self.first + len(self.events)
 
 
-class NakadiEventType:
+class NakadiEventType(SeededFeed):
     """A seeded, thread-safe, in-memory Nakadi event type of business events ("order" events)."""
 
     def __init__(
@@ -56,12 +55,8 @@ class NakadiEventType:
             raise ValueError("partitions must be >= 1")
         if not 0.0 <= duplicate_ratio <= 1.0:
             raise ValueError("duplicate_ratio must be in [0, 1]")
+        super().__init__(seed, duplicate_ratio)
         self.name = name
-        self._duplicate_ratio = duplicate_ratio
-        self._rng = random.Random(seed)
-        self._lock = threading.RLock()
-        self._changed = threading.Condition(self._lock)  # streams wait on it for new events
-        self._version = 0
         self._partitions = [_Partition() for _ in range(partitions)]
         self._all: dict[str, bytes] = {}  # eid -> bytes of every event ever published
         self._published = 0
@@ -77,9 +72,9 @@ class NakadiEventType:
             for _ in range(count):
                 partition, eid, data = self._generate()
                 self._publish(partition, eid, data)
-                if self._duplicate_ratio and self._rng.random() < self._duplicate_ratio:
+                if self._republishes():
                     self._publish(partition, eid, data)  # at-least-once: the same event, the next offset
-            self._bump()
+            self.changes.bump()
 
     def repartition(self, count: int) -> list[int]:
         """Raise the partition count to `count` (Nakadi cannot lower it); returns the new partition ids.
@@ -91,7 +86,7 @@ class NakadiEventType:
             if count <= old:
                 raise ValueError(f"partitions can only be raised: the event type has {old}, asked for {count}")
             self._partitions.extend(_Partition() for _ in range(count - old))
-            self._bump()
+            self.changes.bump()
             return list(range(old, count))
 
     def expire(self, partition: int, keep_last: int) -> None:
@@ -103,20 +98,9 @@ class NakadiEventType:
             drop = max(0, len(p.events) - keep_last)
             del p.events[:drop]
             p.first += drop
-            self._bump()
+            self.changes.bump()
 
     # ---- reading -------------------------------------------------------------------------------
-
-    @property
-    def version(self) -> int:
-        """Bumped on every change; pass it to `wait_for_change`."""
-        with self._lock:
-            return self._version
-
-    def wait_for_change(self, version: int, timeout: float) -> bool:
-        """Wait up to `timeout` seconds for a change after `version`; True if there was one."""
-        with self._changed:
-            return self._changed.wait_for(lambda: self._version != version, max(0.0, timeout))
 
     def partition_count(self) -> int:
         with self._lock:
@@ -249,10 +233,6 @@ class NakadiEventType:
         p.eids.append(eid)
         self._all[eid] = data
         self._published += 1
-
-    def _bump(self) -> None:
-        self._version += 1
-        self._changed.notify_all()
 
     def _partition(self, partition: int) -> _Partition:
         if not 0 <= partition < len(self._partitions):

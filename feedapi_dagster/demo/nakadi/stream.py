@@ -37,7 +37,7 @@ def stream(handler: DemoHandler, request: StreamRequest, kind: str | None) -> No
     sent = 0
     try:
         while not demo.closing.is_set():
-            version = event_type.version
+            version = event_type.changes.count
             now = time.monotonic()
             lines: list[bytes] = []
             delivered = done = False
@@ -73,7 +73,7 @@ def stream(handler: DemoHandler, request: StreamRequest, kind: str | None) -> No
                 timeout = min(flushed.values()) + wait - time.monotonic()
                 if deadline is not None:
                     timeout = min(timeout, deadline - time.monotonic())
-                event_type.wait_for_change(version, min(timeout, _POLL))
+                event_type.changes.wait(version, min(timeout, _POLL))
         out.finish(_batch_line(order[0], label[order[0]], None))
     except _Ended:
         pass
