@@ -19,7 +19,7 @@ subclass for one kind of failure.
 A few subclasses live beside the code that raises them, for the code that catches them there:
 `DeltaJarsError` and `DeltaJarsNotSetUp` (`spark/jars.py`) and `ServerNotStopped`
 (`spark/connect_server.py`) are `SparkError`s, `RecoveryNeedsSpark` (`lakehouse/cursor_record.py`)
-a `StateError`, `ReadEndsMissing` (`lakehouse/feed_read.py`) a `LoadError`.
+and `UnreadableMetadata` (`orchestration/metadata.py`) `StateError`s, `ReadEndsMissing` (`lakehouse/feed_read.py`) a `LoadError`.
 
 Messages name the feed by its URL without credentials and never quote a token. This module is pure
 Python: every layer imports it, it imports nothing of the package.
