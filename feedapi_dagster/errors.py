@@ -19,7 +19,8 @@ subclass for one kind of failure.
 A few subclasses live beside the code that raises them, for the code that catches them there:
 `DeltaJarsError` (`spark/jar_resolution.py`), `DeltaJarsNotSetUp` (`spark/jars.py`) and
 `ServerNotStopped` (`spark/embedded.py`) are `SparkError`s, `RecoveryNeedsSpark`
-(`lakehouse/cursor_record.py`) a `StateError`, `ReadEndsMissing` (`lakehouse/feed_read.py`) a `LoadError`.
+(`lakehouse/cursor_record.py`) and `UnreadableMetadata` (`orchestration/metadata.py`) `StateError`s,
+`ReadEndsMissing` (`lakehouse/feed_read.py`) a `LoadError`.
 
 Messages name the feed by its URL without credentials and never quote a token. This module is pure
 Python: every layer imports it, it imports nothing of the package.

@@ -48,9 +48,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from feedapi_dagster.lakehouse.cursor_record import decode, replaced_partitions
-from feedapi_dagster.lakehouse.feed_table import DELETE, DeltaLog, HistoryEntry, data_files, partition_files
+from feedapi_dagster.lakehouse.feed_table import DELETE, DeltaLog, HistoryEntry
 from feedapi_dagster.read.rows import PARTITION_COLUMN
 
 # the write mode of a commit that replaced rows (a load's rebuild of partitions, `replaceWhere`)
@@ -141,7 +142,7 @@ def _count_delete(log: DeltaLog, version: int, count: _Count) -> None:
 
 def _removed_rows(log: DeltaLog, version: int) -> dict[int, int]:
     """Each partition's rows at the version before `version` less its rows at `version`."""
-    before, after = log.at(version - 1), log.at(version)
+    before, after = _snapshot_at(log, version - 1), _snapshot_at(log, version)
     if log.partitioned():
         had, has = _rows(partition_files(before)), _rows(partition_files(after))
     else:  # clustered: the rows of the files the commit removed, less those of the files it added
@@ -155,7 +156,8 @@ def _count_rewrite(log: DeltaLog, entry: HistoryEntry, count: _Count) -> None:
     """A load's overwrite (a rebuild): the partitions it rewrote start again from 0."""
     try:
         if log.partitioned():  # the partitions whose files it removed
-            before, after = partition_files(log.at(entry.version - 1)), partition_files(log.at(entry.version))
+            before = partition_files(_snapshot_at(log, entry.version - 1))
+            after = partition_files(_snapshot_at(log, entry.version))
             rewritten = {partition for partition, files in before.items() if set(files) - set(after.get(partition, {}))}
         else:  # a clustered table's files hold many partitions: the commit names those it replaced
             named = replaced_partitions(entry.user_metadata)
@@ -167,7 +169,7 @@ def _count_rewrite(log: DeltaLog, entry: HistoryEntry, count: _Count) -> None:
         return
     for partition in rewritten:
         count.rows.pop(partition, None)
-        count.rewritten.add(partition)
+    count.rewritten |= rewritten
 
 
 def _rows(files: Mapping[int, dict[str, int]]) -> dict[int, int]:
@@ -178,3 +180,34 @@ def _counts(columns) -> dict[int, int]:  # noqa: ANN001 - a pyarrow Table
     """Rows per partition of a read of the `partition_id` column."""
     counted = columns[PARTITION_COLUMN].value_counts().to_pylist()
     return {int(c["values"]): c["counts"] for c in counted if c["values"] is not None}
+
+
+# The table's files at a version, read by delta-rs: what only the count of DELETEs needs of the log
+
+
+def _snapshot_at(log: DeltaLog, version: int) -> Any:
+    """A snapshot of a past version of the table, of its own (the log's current one stays as it is)."""
+    from deltalake import DeltaTable
+
+    return DeltaTable(log.path, version=version, storage_options=log.storage_options or None)
+
+
+def partition_files(snapshot: Any) -> dict[int, dict[str, int]]:
+    """Each partition's data files in a partitioned table's snapshot and their row counts."""
+    import pyarrow as pa
+
+    actions = pa.table(snapshot.get_add_actions(flatten=True)).to_pydict()
+    files: dict[int, dict[str, int]] = {}
+    for partition, path, rows in zip(
+        actions.get(f"partition.{PARTITION_COLUMN}", ()), actions["path"], actions["num_records"], strict=True
+    ):
+        if partition is not None:
+            files.setdefault(int(partition), {})[path] = rows
+    return files
+
+
+def data_files(snapshot: Any) -> set[str]:
+    """The paths of a snapshot's data files, as its add actions (and its Arrow dataset's fragments) name them."""
+    import pyarrow as pa
+
+    return set(pa.table(snapshot.get_add_actions(flatten=True)).column("path").to_pylist())

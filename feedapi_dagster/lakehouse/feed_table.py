@@ -198,12 +198,6 @@ class DeltaLog:
         snapshot = self.snapshot()
         return layout_of(snapshot.metadata().partition_columns, snapshot.protocol().writer_features)
 
-    def at(self, version: int) -> Any:
-        """A snapshot of a past version of its own (the current one stays as it is)."""
-        from deltalake import DeltaTable
-
-        return DeltaTable(self.path, version=version, storage_options=self.storage_options or None)
-
     def partition_columns(
         self, snapshot: Any = None, paths: set[str] | None = None, wanted: set[int] | None = None
     ) -> pa.Table:
@@ -246,27 +240,6 @@ class DeltaLog:
             )
             for h in self.snapshot().history(limit)
         ]
-
-
-def partition_files(snapshot: Any) -> dict[int, dict[str, int]]:
-    """Each partition's data files in a partitioned table's snapshot and their row counts."""
-    import pyarrow as pa
-
-    actions = pa.table(snapshot.get_add_actions(flatten=True)).to_pydict()
-    files: dict[int, dict[str, int]] = {}
-    for partition, path, rows in zip(
-        actions.get(f"partition.{PARTITION_COLUMN}", ()), actions["path"], actions["num_records"], strict=True
-    ):
-        if partition is not None:
-            files.setdefault(int(partition), {})[path] = rows
-    return files
-
-
-def data_files(snapshot: Any) -> set[str]:
-    """The paths of a snapshot's data files, as its add actions (and its Arrow dataset's fragments) name them."""
-    import pyarrow as pa
-
-    return set(pa.table(snapshot.get_add_actions(flatten=True)).column("path").to_pylist())
 
 
 def _files_admitting(snapshot: Any, wanted: set[int]) -> set[str]:

@@ -12,17 +12,8 @@ from pydantic import BaseModel, Field
 
 from feedapi_dagster.protocol import FeedInfo
 
-from .loads import (
-    ACTIVE_STATUSES,
-    REBUILD_TAG,
-    SCHEDULED_SYNC,
-    SYNC_TAG,
-    FeedBinding,
-    active_partitions,
-    failing_clearly,
-    latest_metadata_by_partition,
-    partition_run_tags,
-)
+from .loads import REBUILD_TAG, SCHEDULED_SYNC, SYNC_TAG, FeedBinding, failing_clearly, partition_run_tags
+from .run_storage import ACTIVE_STATUSES, active_partitions, latest_metadata_by_partition
 
 
 class DiscoveryCursor(BaseModel):
@@ -152,11 +143,7 @@ def register_discovered_partitions(instance: dg.DagsterInstance, binding: FeedBi
 
 def drained_partitions(instance: dg.DagsterInstance, binding: FeedBinding, keys: Sequence[str]) -> set[str]:
     """Partitions whose latest materialization says they are closed and read to their end."""
-    return {
-        key
-        for key, metadata in latest_metadata_by_partition(instance, binding, keys).items()
-        if metadata.get("drained") is True
-    }
+    return {key for key, metadata in latest_metadata_by_partition(instance, binding, keys).items() if metadata.drained}
 
 
 def build_load_schedule(

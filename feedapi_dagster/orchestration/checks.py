@@ -13,115 +13,145 @@ partition and the offsets between which events are gone (`load.retention_gap` sa
 does then); it is registered only where the protocol reports such gaps
 (`FeedProtocol.reports_retention_gaps`), since elsewhere it could never fail.
 The first two block: a violation means wrong rows.
+
+A check is one function of the `CheckedLoad` registered by `@feed_check` (its name, its description,
+whether it blocks, which protocols it applies to); `feed_check_specs` and `feed_check_results` go
+through the registry, and each check's metadata is a typed set (`metadata.MetadataSet`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Self
 
 import dagster as dg
-from dagster._core.definitions.metadata import RawMetadataValue  # not exported by dagster (see loads.py)
-from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 from feedapi_dagster.lakehouse.deletes import UserDeletes, count_user_deletes
 from feedapi_dagster.lakehouse.loader import LoadOutcome
 from feedapi_dagster.lakehouse.stats import NO_ROWS, duplicate_event_ids, partition_stats
 from feedapi_dagster.protocol.interface import FeedProtocol
 
+from .metadata import MetadataSet, PartitionMetadata
+
 NO_DUPLICATES = "no_duplicate_event_ids"
 CONTIGUOUS = "positions_contiguous"
 CURSOR_MIRRORED = "cursor_metadata_matches_delta"
 NO_RETENTION_GAP = "no_events_expired_unread"
 _SHOWN = 20
-# the positions check's record of the rows users' DELETEs removed, carried from one load to the next
-_DELETED = "deleted_by_user"
-_DELETES_VERSION = "deletes_counted_to_version"
-_DELETES_EXACT = "deletes_exact"
-_DELETES_REWRITTEN = "deletes_exact_after_rebuild"
+
+
+@dataclass(frozen=True)
+class CheckedLoad:
+    """What the checks look at: the load's outcome, the partitions it committed something for
+    (`loaded`), each partition's latest materialization by partition key (Dagster's, as the load found
+    it, plus what it logged), and the previous positions check's count of users' DELETEs."""
+
+    outcome: LoadOutcome
+    loaded: Sequence[int]
+    mirrored: Mapping[str, PartitionMetadata]
+    deletes_before: UserDeletes | None
+
+
+Evaluate = Callable[[CheckedLoad], dg.AssetCheckResult]
+
+
+@dataclass(frozen=True)
+class FeedCheck:
+    name: str
+    description: str
+    evaluate: Evaluate
+    blocking: bool
+    applies: Callable[[FeedProtocol], bool]  # registered only for the protocols it can fail in
+
+    def spec(self, key: dg.AssetKey) -> dg.AssetCheckSpec:
+        return dg.AssetCheckSpec(self.name, asset=key, blocking=self.blocking, description=self.description)
+
+
+# every check of a feed's asset, in the order they run, by name (`@feed_check`)
+FEED_CHECKS: dict[str, FeedCheck] = {}
+
+
+def _always(protocol: FeedProtocol) -> bool:
+    return True
+
+
+def feed_check(
+    name: str, description: str, *, blocking: bool = False, applies: Callable[[FeedProtocol], bool] = _always
+) -> Callable[[Evaluate], Evaluate]:
+    """Registers the decorated function as the check `name` of every feed asset (whose protocol it
+    `applies` to)."""
+
+    def register(evaluate: Evaluate) -> Evaluate:
+        FEED_CHECKS[name] = FeedCheck(name, description, evaluate, blocking, applies)
+        return evaluate
+
+    return register
 
 
 def feed_check_specs(key: dg.AssetKey, protocol: FeedProtocol) -> list[dg.AssetCheckSpec]:
     """The checks of a feed's asset: those its protocol can fail."""
-    specs = [
-        dg.AssetCheckSpec(
-            CONTIGUOUS,
-            asset=key,
-            blocking=True,
-            description="Positions of each loaded partition are 0..n-1 and n is its committed "
-            "position, less the rows a user's DELETE removed (Delta file statistics "
-            "and log).",
-        ),
-        dg.AssetCheckSpec(
-            NO_DUPLICATES, asset=key, blocking=True, description="No event id is stored twice in a loaded partition."
-        ),
-        dg.AssetCheckSpec(
-            CURSOR_MIRRORED,
-            asset=key,
-            description="The cursor in each partition's latest materialization is the one in Delta.",
-        ),
-    ]
-    if protocol.reports_retention_gaps:
-        specs.append(
-            dg.AssetCheckSpec(
-                NO_RETENTION_GAP,
-                asset=key,
-                description="No events of a loaded partition expired on the server (its "
-                "retention) after the partition's cursor before they were read.",
-            )
+    return [check.spec(key) for check in FEED_CHECKS.values() if check.applies(protocol)]
+
+
+def feed_check_results(load: CheckedLoad, selected: set[str]) -> Iterator[dg.AssetCheckResult]:
+    """The results of the checks named in `selected` (the step's checks)."""
+    for check in FEED_CHECKS.values():
+        if check.name in selected:
+            yield check.evaluate(load)
+
+
+class PositionsChecked(MetadataSet):
+    """The positions check's result, and its count of users' DELETEs, which the next load goes on
+    from (`recorded_user_deletes`)."""
+
+    partitions_checked: int
+    problems: list[str]
+    deleted_by_user: dict[str, int] | None = None
+    deletes_counted_to_version: int | None = None
+    deletes_exact: bool | None = None
+    # DELETEs before the log's oldest commit are unknown: fewer rows than expected are accepted, except
+    # in these partitions (rebuilt by a load since)
+    deletes_exact_after_rebuild: list[int] | None = None
+
+    @classmethod
+    def of(cls, loaded: Sequence[int], broken: Sequence[str], deletes: UserDeletes | None) -> Self:
+        if deletes is None:
+            return cls(partitions_checked=len(loaded), problems=list(broken[:_SHOWN]))
+        return cls(
+            partitions_checked=len(loaded),
+            problems=list(broken[:_SHOWN]),
+            deleted_by_user={str(p): rows for p, rows in sorted(deletes.rows.items())},
+            deletes_counted_to_version=deletes.version,
+            deletes_exact=deletes.exact,
+            deletes_exact_after_rebuild=None if deletes.exact else sorted(deletes.rewritten),
         )
-    return specs
+
+    def user_deletes(self) -> UserDeletes | None:
+        if self.deletes_counted_to_version is None or self.deleted_by_user is None or self.deletes_exact is None:
+            return None
+        return UserDeletes(
+            {int(p): rows for p, rows in self.deleted_by_user.items()},
+            self.deletes_counted_to_version,
+            self.deletes_exact,
+            frozenset(self.deletes_exact_after_rebuild or ()),
+        )
 
 
-def recorded_user_deletes(instance: dg.DagsterInstance, key: dg.AssetKey) -> UserDeletes | None:
-    """The count of users' DELETEs the feed's latest positions check recorded (None: none did)."""
-    # DagsterInstance has no public read of a check's latest evaluation with its metadata; this storage
-    # method (and its status enum, imported from dagster._core) is what the UI's check history uses
-    evaluated = {AssetCheckExecutionRecordStatus.SUCCEEDED, AssetCheckExecutionRecordStatus.FAILED}
-    records = instance.event_log_storage.get_asset_check_execution_history(
-        dg.AssetCheckKey(key, CONTIGUOUS), limit=1, status=evaluated
-    )
-    event = records[0].event.dagster_event if records and records[0].event else None
-    # a SUCCEEDED or FAILED record's event is the check's evaluation (the record's constructor asserts it)
-    metadata = event.asset_check_evaluation_data.metadata if event else {}
-    if _DELETES_VERSION not in metadata:
-        return None
-    deleted = metadata[_DELETED]
-    rewritten = metadata.get(_DELETES_REWRITTEN, dg.MetadataValue.json([]))
-    version = metadata[_DELETES_VERSION].value
-    exact = metadata[_DELETES_EXACT].value
-    # as `_contiguous` records them: rows by partition and the rebuilt partitions as JSON, an int, a bool
-    assert isinstance(deleted, dg.JsonMetadataValue) and isinstance(deleted.value, Mapping)
-    assert isinstance(rewritten, dg.JsonMetadataValue) and isinstance(rewritten.value, Sequence)
-    assert isinstance(version, int) and isinstance(exact, bool)
-    return UserDeletes(
-        {int(p): rows for p, rows in deleted.value.items()},
-        version,
-        exact,
-        frozenset(rewritten.value),
-    )
-
-
-def feed_check_results(
-    outcome: LoadOutcome,
-    loaded: Sequence[int],
-    latest: dict[str, dict],
-    protocol: FeedProtocol,
-    deletes_before: UserDeletes | None,
-) -> Iterator[dg.AssetCheckResult]:
-    """The results of `feed_check_specs`. `latest`: each partition's latest materialization metadata,
-    by partition key; `deletes_before`: the previous positions check's count of users' DELETEs."""
-    yield _contiguous(outcome, loaded, deletes_before)
-    yield from _other_results(outcome, loaded, latest, protocol)
-
-
-def _contiguous(outcome: LoadOutcome, loaded: Sequence[int], deletes_before: UserDeletes | None) -> dg.AssetCheckResult:
-    table = outcome.table
-    state = outcome.committed.state
-    stats = partition_stats(table, loaded)
+@feed_check(
+    CONTIGUOUS,
+    "Positions of each loaded partition are 0..n-1 and n is its committed position, less the rows a "
+    "user's DELETE removed (Delta file statistics and log).",
+    blocking=True,
+)
+def positions_contiguous(load: CheckedLoad) -> dg.AssetCheckResult:
+    table = load.outcome.table
+    state = load.outcome.committed.state
+    stats = partition_stats(table, load.loaded)
     # where only the cluster reaches the table (no delta-rs log here), no DELETE is counted
-    deletes = count_user_deletes(table.delta_log, deletes_before) if table.delta_log is not None else None
+    deletes = count_user_deletes(table.delta_log, load.deletes_before) if table.delta_log is not None else None
     broken = []
-    for partition_id in sorted(loaded):
+    for partition_id in sorted(load.loaded):
         committed = state.get(partition_id)
         position = committed.position if committed else 0
         found = stats.get(partition_id, NO_ROWS)
@@ -132,64 +162,69 @@ def _contiguous(outcome: LoadOutcome, loaded: Sequence[int], deletes_before: Use
                 f"{found.min_position}..{found.max_position}, committed position {position}"
                 + (f", {deleted} row(s) removed by DELETE commits" if deleted else "")
             )
-    metadata: dict[str, RawMetadataValue] = {"partitions_checked": len(loaded), "problems": broken[:_SHOWN]}
-    if deletes is not None:
-        metadata.update(
-            {
-                _DELETED: dg.MetadataValue.json({str(p): rows for p, rows in sorted(deletes.rows.items())}),
-                _DELETES_VERSION: deletes.version,
-                _DELETES_EXACT: deletes.exact,
-            }
-        )
-        if not deletes.exact:
-            # DELETEs before the log's oldest commit are unknown: fewer rows than expected are accepted,
-            # except in these partitions (rebuilt by a load since)
-            metadata[_DELETES_REWRITTEN] = dg.MetadataValue.json(sorted(deletes.rewritten))
-    return dg.AssetCheckResult(check_name=CONTIGUOUS, passed=not broken, metadata=metadata)
+    checked = PositionsChecked.of(load.loaded, broken, deletes)
+    return dg.AssetCheckResult(check_name=CONTIGUOUS, passed=not broken, metadata=checked.metadata())
 
 
-def _other_results(
-    outcome: LoadOutcome, loaded: Sequence[int], latest: dict[str, dict], protocol: FeedProtocol
-) -> Iterator[dg.AssetCheckResult]:
-    table = outcome.table
-    state = outcome.committed.state
+class DuplicatesChecked(MetadataSet):
+    partitions_checked: int
+    examples: list[str]
+    rows_checked: str
 
-    # An exactly-once feed's ids are unique in the feed, and the positions above say each row the load
+
+@feed_check(NO_DUPLICATES, "No event id is stored twice in a loaded partition.", blocking=True)
+def no_duplicate_event_ids(load: CheckedLoad) -> dg.AssetCheckResult:
+    # An exactly-once feed's ids are unique in the feed, and the positions check says each row the load
     # added was written once: the read tasks saw every id it added and counted those the feed sent
     # twice (no scan). An at-least-once feed's whole partitions are scanned, since the load
     # deduplicated against them.
-    if outcome.info.exactly_once:
+    if load.outcome.info.exactly_once:
         duplicates = [
             f"partition {pid}: {report.repeated_ids} event id(s) sent more than once, e.g. "
             f"{', '.join(report.repeated_examples)}"
-            for pid, report in sorted(outcome.reports.items())
+            for pid, report in sorted(load.outcome.reports.items())
             if report.repeated_ids
         ]
-        checked = "the rows this load added, as its read tasks saw them"
+        rows_checked = "the rows this load added, as its read tasks saw them"
     else:
-        duplicates = duplicate_event_ids(table, loaded, limit=_SHOWN)
-        checked = "every row of the loaded partitions"
-    yield dg.AssetCheckResult(
-        check_name=NO_DUPLICATES,
-        passed=not duplicates,
-        metadata={"partitions_checked": len(loaded), "examples": duplicates[:_SHOWN], "rows_checked": checked},
+        duplicates = duplicate_event_ids(load.outcome.table, load.loaded, limit=_SHOWN)
+        rows_checked = "every row of the loaded partitions"
+    checked = DuplicatesChecked(
+        partitions_checked=len(load.loaded), examples=duplicates[:_SHOWN], rows_checked=rows_checked
     )
+    return dg.AssetCheckResult(check_name=NO_DUPLICATES, passed=not duplicates, metadata=checked.metadata())
 
+
+class CursorsChecked(MetadataSet):
+    problems: list[str]
+
+
+@feed_check(CURSOR_MIRRORED, "The cursor in each partition's latest materialization is the one in Delta.")
+def cursor_metadata_matches_delta(load: CheckedLoad) -> dg.AssetCheckResult:
     mismatched = [
-        f"partition {pid}: metadata {latest[str(pid)].get('cursor')!r}, Delta {committed.cursor!r}"
-        for pid, committed in sorted(state.partitions.items())
-        if str(pid) in latest and latest[str(pid)].get("cursor") != committed.cursor
+        f"partition {pid}: metadata {mirrored.cursor!r}, Delta {committed.cursor!r}"
+        for pid, committed in sorted(load.outcome.committed.state.partitions.items())
+        if (mirrored := load.mirrored.get(str(pid))) is not None and mirrored.cursor != committed.cursor
     ]
-    yield dg.AssetCheckResult(
-        check_name=CURSOR_MIRRORED, passed=not mismatched, metadata={"problems": mismatched[:_SHOWN]}
-    )
+    checked = CursorsChecked(problems=mismatched[:_SHOWN])
+    return dg.AssetCheckResult(check_name=CURSOR_MIRRORED, passed=not mismatched, metadata=checked.metadata())
 
-    if not protocol.reports_retention_gaps:
-        return
-    gaps = [report.gap for report in outcome.reports.values() if report.gap]
-    yield dg.AssetCheckResult(
+
+class GapsChecked(MetadataSet):
+    gaps: list[str]
+
+
+@feed_check(
+    NO_RETENTION_GAP,
+    "No events of a loaded partition expired on the server (its retention) after the partition's "
+    "cursor before they were read.",
+    applies=lambda protocol: protocol.reports_retention_gaps,
+)
+def no_events_expired_unread(load: CheckedLoad) -> dg.AssetCheckResult:
+    gaps = [report.gap for report in load.outcome.reports.values() if report.gap]
+    return dg.AssetCheckResult(
         check_name=NO_RETENTION_GAP,
         passed=not gaps,
         severity=dg.AssetCheckSeverity.ERROR,
-        metadata={"gaps": gaps[:_SHOWN]},
+        metadata=GapsChecked(gaps=gaps[:_SHOWN]).metadata(),
     )

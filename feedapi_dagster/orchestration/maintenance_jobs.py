@@ -2,7 +2,7 @@
 by `FeedApiResource.maintain`, which the loads also run after the commits that make them due.
 
 VACUUM's retention is never below the feed's time-travel window nor below the age of the oldest load
-of the feed that may still write (`loads.oldest_running_load`). The maintenance job is in the feed's
+of the feed that may still write (`run_storage.oldest_running_load`). The maintenance job is in the feed's
 pool, so with the shipped `concurrency` settings it never runs beside a load.
 """
 

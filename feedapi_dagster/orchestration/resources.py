@@ -3,7 +3,7 @@ its table's maintenance, by Spark, as dagster-dlt's `DagsterDltResource.run(cont
 and dagster-sling's `SlingResource.replicate(context)` a replication; `SparkResource` is the Spark
 session it uses unless given another, made from the project's `SparkSettings`."""
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -11,33 +11,33 @@ import dagster as dg
 from pydantic import Field, PrivateAttr, field_validator
 
 from feedapi_dagster.lakehouse.feed_table import FeedTable
-from feedapi_dagster.lakehouse.loader import FeedLoader
+from feedapi_dagster.lakehouse.loader import FeedLoader, LoadOutcome
 from feedapi_dagster.lakehouse.maintenance import due, maintain
 from feedapi_dagster.lakehouse.sink import DeltaSink
-from feedapi_dagster.protocol.registry import protocol_of
 from feedapi_dagster.spark.sessions import is_connect, spark_session
 from feedapi_dagster.spark.settings import SparkSettings
 from feedapi_dagster.spark.watchdog import DEFAULT_UNRESPONSIVE_SECONDS, answering
 
-from .checks import feed_check_results, recorded_user_deletes
+from .checks import CheckedLoad, feed_check_results
 from .loads import (
     BACKFILL_TAG,
     REBUILD_TAG,
     SUCCEEDED,
     FeedBinding,
     LoadConfig,
-    active_partitions,
     failing_clearly,
     failure,
-    latest_metadata_by_partition,
     listed_partitions,
+)
+from .metadata import (
+    PartitionMetadata,
     maintenance_observation,
-    materializations,
+    materialization,
     materialized_reports,
     mirror_repairs,
-    oldest_running_load,
     sync_observation,
 )
+from .run_storage import active_partitions, latest_metadata_by_partition, oldest_running_load, recorded_user_deletes
 from .stalled_loads import signs_of_life
 from .streams import StreamConfig, stream_run
 
@@ -158,12 +158,22 @@ class FeedApiResource(dg.ConfigurableResource):
         one observation of the sync, the checks of what it committed, the maintenance its commits made
         due; then a `dg.Failure` naming the partitions it could not load. Its log is never silent for
         long while it runs (`stalled_loads.signs_of_life`)."""
+        config = config or LoadConfig()
         with signs_of_life(context, binding):
-            yield from self._load(context, binding, config or LoadConfig())
+            wanted = self._partitions_to_load(context, binding, config)
+            outcome = self._load_partitions(context, binding, config, wanted)
+            mirrored = yield from self._materialize(context, binding, outcome, wanted)
+            yield sync_observation(binding, outcome, context.log)
+            yield from self._check(context, binding, outcome, mirrored)
+            yield from self._maintain_due(context, binding, outcome)
+            if problem := failure(binding, outcome.reports.values()):
+                raise problem
 
-    def _load(
+    def _partitions_to_load(
         self, context: dg.AssetExecutionContext, binding: FeedBinding, config: LoadConfig
-    ) -> Iterator[dg.AssetMaterialization | dg.AssetObservation | dg.AssetCheckResult]:
+    ) -> list[int]:
+        """The run's partitions that no other run is loading; a `dg.Failure` where another run loads
+        the run's only partition, or one it is to rebuild or drop."""
         keys = [int(key) for key in context.partition_keys]
         if (listed := listed_partitions(context.run.tags)) is not None:  # the sensor's and schedule's runs say which
             keys = [key for key in keys if key in listed]
@@ -174,22 +184,25 @@ class FeedApiResource(dg.ConfigurableResource):
                 "second load (see the runs tagged feedapi/feed)",
                 allow_retries=False,
             )
+        if clash := busy & {*config.rebuild, *config.drop}:
+            raise dg.Failure(f"feed {binding.name}: partitions {sorted(clash)} are being loaded by another run")
         wanted = [key for key in keys if key not in busy]
         if len(wanted) < len(keys):
             context.log.info("skipping partitions %s: other runs are loading them", sorted(set(keys) - set(wanted)))
-        if clash := busy & {*config.rebuild, *config.drop}:
-            raise dg.Failure(f"feed {binding.name}: partitions {sorted(clash)} are being loaded by another run")
+        return wanted
+
+    def _load_partitions(
+        self, context: dg.AssetExecutionContext, binding: FeedBinding, config: LoadConfig, wanted: list[int]
+    ) -> LoadOutcome:
+        """The load of `wanted` into the feed's table, by the feed's loader; each partition it could not
+        load in the run's log."""
         rebuild = set(config.rebuild) | (set(wanted) if context.run.tags.get(REBUILD_TAG) == "true" else set())
         table = self.table(binding)
         with self._answering(binding, table):
             sink = DeltaSink(table, run_id=context.run.run_id)
         with failing_clearly(binding.name, "the load"):  # its token, its discovery
             loader = FeedLoader(
-                binding.feed.settings,
-                sink,
-                binding.feed.load,
-                logger=context.log,
-                ship_package=self._ships_package(),
+                binding.feed.settings, sink, binding.feed.load, logger=context.log, ship_package=self._ships_package()
             )
             # a backfill of a closed partition rebuilds it from `_first`
             outcome = loader.load(
@@ -198,44 +211,53 @@ class FeedApiResource(dg.ConfigurableResource):
         for report in outcome.reports.values():
             if report.error and report.status not in SUCCEEDED:  # a waiting partition's reason is no error
                 context.log.error("partition %s: %s", report.partition_id, report.error)
-        # the checks look at the partitions this load committed something for
-        loaded = [
-            r.partition_id for r in outcome.reports.values() if r.status == "loaded" and r.delta_version is not None
-        ]
-        # Dagster's view of every partition, read once (10,000 partitions: seconds): the mirror repairs and
-        # the mirror check both start from it, and the check adds what this load logged
+        return outcome
+
+    def _materialize(
+        self, context: dg.AssetExecutionContext, binding: FeedBinding, outcome: LoadOutcome, wanted: list[int]
+    ) -> Generator[dg.AssetMaterialization, None, dict[str, PartitionMetadata]]:
+        """The materializations of the run's partitions (`materialized_reports`), then of those whose
+        latest one disagrees with Delta's cursor of record; returns what each partition's latest
+        materialization now says, by partition key."""
+        # Dagster's view of every partition, read once (10,000 partitions: seconds)
         mirrored = latest_metadata_by_partition(
             context.instance, binding, [str(p) for p in outcome.committed.state.partitions]
         )
         reports = materialized_reports(context.run, outcome, wanted)
-        events = materializations(binding, reports, outcome)
-        yield from events
-        yield sync_observation(binding, outcome, context.log)
-        for event in mirror_repairs(binding, outcome, mirrored, skip=[report.partition_id for report in reports]):
+        logged = {str(report.partition_id): PartitionMetadata.of_report(report, outcome) for report in reports}
+        repairs = mirror_repairs(outcome, mirrored, skip=[report.partition_id for report in reports])
+        for key in repairs:
             context.log.info(
-                "partition %s: materialization metadata was behind Delta; recorded the cursor of record",
-                event.partition,
+                "partition %s: materialization metadata was behind Delta; recorded the cursor of record", key
             )
-            yield event
-            events.append(event)
-        for event in events:
-            assert event.partition is not None  # `materializations` names each one's partition
-            mirrored[event.partition] = {k: v.value for k, v in event.metadata.items()}
-        yield from feed_check_results(
-            outcome,
-            loaded,
-            mirrored,
-            protocol_of(binding.feed.settings),
-            recorded_user_deletes(context.instance, binding.key),
-        )
-        # what the loads' commits made due: OPTIMIZE every `optimize_every_commits` commits, VACUUM every
-        # `vacuum_every_commits`
+        for key, metadata in (logged | repairs).items():
+            yield materialization(binding, key, metadata)
+        return mirrored | logged | repairs
+
+    def _check(
+        self,
+        context: dg.AssetExecutionContext,
+        binding: FeedBinding,
+        outcome: LoadOutcome,
+        mirrored: dict[str, PartitionMetadata],
+    ) -> Iterator[dg.AssetCheckResult]:
+        """The step's checks (`checks.py`) of the partitions the load committed something for."""
+        loaded = [
+            r.partition_id for r in outcome.reports.values() if r.status == "loaded" and r.delta_version is not None
+        ]
+        load = CheckedLoad(outcome, loaded, mirrored, recorded_user_deletes(context.instance, binding.key))
+        selected = {key.name for key in context.selected_asset_check_keys if key.asset_key == binding.key}
+        yield from feed_check_results(load, selected)
+
+    def _maintain_due(
+        self, context: dg.AssetExecutionContext, binding: FeedBinding, outcome: LoadOutcome
+    ) -> Iterator[dg.AssetObservation]:
+        """The maintenance the load's commits made due: OPTIMIZE every `optimize_every_commits` commits,
+        VACUUM every `vacuum_every_commits`."""
         with self._answering(binding, outcome.table):  # through Spark where delta-rs cannot read the log
             operations = due(outcome.table, binding.feed.maintenance)
         if operations:
             yield self._maintain(context, binding, outcome.table, operations)
-        if problem := failure(binding, outcome.reports.values()):
-            raise problem
 
     def stream(
         self, context: dg.OpExecutionContext, binding: FeedBinding, config: StreamConfig | None = None

@@ -35,7 +35,8 @@ from dataclasses import dataclass
 
 import dagster as dg
 
-from .loads import MAINTENANCE_TAG, FeedBinding, runs_loading
+from .loads import MAINTENANCE_TAG, FeedBinding
+from .run_storage import runs_loading
 
 # Dagster's executor logs "Step still blocked by limit for pool" this often while a step waits for a
 # slot (`CONCURRENCY_CLAIM_MESSAGE_INTERVAL` in dagster._core.execution.plan.active; not public)

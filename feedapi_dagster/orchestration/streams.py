@@ -35,7 +35,8 @@ from feedapi_dagster.protocol import FeedInfo
 from feedapi_dagster.spark.failures import python_cause
 from feedapi_dagster.spark.watchdog import answering
 
-from .loads import FeedBinding, failing_clearly, materializations
+from .loads import FeedBinding, failing_clearly
+from .metadata import materializations
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery

@@ -30,7 +30,7 @@ from feedapi_dagster.lakehouse.loader import LoadSettings
 from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
 from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, build_feedapi_definitions, feed_bindings
 from feedapi_dagster.orchestration.automation import DiscoveryCursor, evaluate_discovery, load_request
-from feedapi_dagster.orchestration.loads import latest_metadata_by_partition
+from feedapi_dagster.orchestration.run_storage import latest_metadata_by_partition
 from feedapi_dagster.planning import FeedState, PartitionState
 from feedapi_dagster.protocol import FeedClient, RetryPolicy, feed_settings
 from feedapi_dagster.spark.embedded import ensure_embedded_server
@@ -486,12 +486,10 @@ class ChaosRun:
         if final:
             latest = latest_metadata_by_partition(self.instance, self.binding, [str(p) for p in state.partitions])
             for partition, committed in state.partitions.items():
-                mirrored = latest.get(str(partition), {})
-                if partition in live and mirrored.get("cursor") != committed.cursor:
-                    problems.append(
-                        f"partition {partition}: metadata cursor {mirrored.get('cursor')!r} "
-                        f"!= Delta {committed.cursor!r}"
-                    )
+                mirrored = latest.get(str(partition))
+                cursor = mirrored.cursor if mirrored else None
+                if partition in live and cursor != committed.cursor:
+                    problems.append(f"partition {partition}: metadata cursor {cursor!r} != Delta {committed.cursor!r}")
         if problems:
             raise InvariantBroken(f"seed {self.seed}, {where}:\n  " + "\n  ".join(problems))
 

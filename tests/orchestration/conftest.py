@@ -15,7 +15,8 @@ from feedapi_dagster.orchestration import (
     build_feedapi_definitions,
 )
 from feedapi_dagster.orchestration.config import ScheduleConfig, StorageConfig
-from feedapi_dagster.orchestration.loads import FeedBinding, latest_metadata_by_partition
+from feedapi_dagster.orchestration.loads import FeedBinding
+from feedapi_dagster.orchestration.run_storage import latest_metadata_by_partition
 from feedapi_dagster.protocol import RetryPolicy
 from feedapi_dagster.spark.settings import SparkSettings
 from tests.conftest import Lakehouse, s3_lakehouse
@@ -101,7 +102,8 @@ class Harness:
         )
 
     def metadata(self, partition: int) -> dict:
-        return latest_metadata_by_partition(self.instance, self.binding, [str(partition)]).get(str(partition), {})
+        latest = latest_metadata_by_partition(self.instance, self.binding, [str(partition)]).get(str(partition))
+        return latest.metadata() if latest else {}
 
 
 # A lakehouse on S3 with Spark in the test process: one Spark driver, which the project says by naming

@@ -5,7 +5,8 @@ and say so on the asset; the maintenance job keeps the files a load that just fa
 import dagster as dg
 import pytest
 
-from feedapi_dagster.orchestration.loads import FEED_TAG, oldest_running_load
+from feedapi_dagster.orchestration.loads import FEED_TAG
+from feedapi_dagster.orchestration.run_storage import oldest_running_load
 
 from .test_flow import assert_exactly_once
 
