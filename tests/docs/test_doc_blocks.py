@@ -5,7 +5,7 @@ What each fence's language means:
 - `python`: run, the blocks of a page in order in one namespace, in a folder of the page's own (the
   docs' `lakehouse/` is that folder's), on the suite's shared Spark session (`spark`), with the feeds'
   example URLs served by the bundled demo servers; `url`, `partition_id` and `my_defs`, which blocks
-  use as given, are defined; a DataFrame a block makes is read (one row), a streaming query it
+  use as given, are defined; a DataFrame a block makes must read a row, a streaming query it
   starts is awaited.
 - `sql`: each statement run by that Spark session, in the page's folder.
 - `yaml`: loaded as what it is: a defs.yaml (`type: ...`) or a part of one (`attributes:`, or the
@@ -167,9 +167,7 @@ def commands(body: str) -> Iterator[list[str]]:
 
 
 def click_accepts(program: str, arguments: list[str]) -> None:
-    result = subprocess.run(
-        [str(BIN / program), *arguments, "--help"], capture_output=True, text=True, timeout=120
-    )
+    result = subprocess.run([str(BIN / program), *arguments, "--help"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, f"`{program} {shlex.join(arguments)}`: {result.stderr[-2000:]}"
 
 
@@ -199,8 +197,10 @@ def check_command(words: list[str], block: Block, demo_url: str) -> None:
     elif program == "curl":
         url = re.sub(r"http://127\.0\.0\.1:\d+/feed", demo_url, arguments[-1])
         url = re.sub(r"stream=\d+", "stream=1500", url)  # the stream as written, shorter
-        result = subprocess.run(["curl", "-sS", "--max-time", "20", *arguments[:-1], url], capture_output=True, timeout=30)
-        assert result.returncode == 0 and b'"checkpoint"' in result.stdout, (block.where, result)
+        result = subprocess.run(
+            ["curl", "-sS", "--max-time", "20", *arguments[:-1], url], capture_output=True, timeout=30
+        )
+        assert result.returncode == 0 and b'{"cursor":' in result.stdout, (block.where, result)  # its checkpoints
     elif program == "export":
         subprocess.run(["bash", "-c", shlex.join(words)], check=True, timeout=10)
     else:
@@ -267,14 +267,15 @@ def localised(code: str, folder: Path, demo_url: str, nakadi_url: str) -> str:
 
 
 def load_orders_table(spark, folder: Path, demo_url: str) -> None:
-    """`setup=orders_table`: the page's lakehouse/orders loaded from the demo feed in two commits."""
+    """`setup=orders_table`: the page's lakehouse/orders loaded from the demo feed (its creation, the
+    rows commit and the state commit: versions 0-2)."""
     from feedapi_dagster.lakehouse.delta import FeedTable
-    from feedapi_dagster.lakehouse.loader import FeedLoader, LoadSettings
+    from feedapi_dagster.lakehouse.loader import FeedLoader
     from feedapi_dagster.lakehouse.sink import DeltaSink
     from feedapi_dagster.protocol import feed_settings
 
     sink = DeltaSink(FeedTable(spark, str(folder / "lakehouse" / "orders")))
-    FeedLoader(feed_settings(url=demo_url), sink, LoadSettings(max_events_per_partition=200)).sync()
+    FeedLoader(feed_settings(url=demo_url), sink).sync()
 
 
 SETUPS = {"orders_table": load_orders_table}
@@ -309,7 +310,7 @@ def test_python_and_sql_blocks_run(
                     assert value.awaitTermination(120), f"{block.where}: the query `{name}` did not end in 120 s"
                     assert value.exception() is None, value.exception()
                 elif isinstance(value, DataFrame) and not value.isStreaming:
-                    value.limit(1).collect()
+                    assert value.limit(1).collect(), f"{block.where}: `{name}` reads no row"
         except Exception as error:
             raise AssertionError(f"the block at {block.where} fails: {error!r}") from error
         finally:
