@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 JARS_STAMP := $(VENV)/share/feedapi-dagster/delta-jars/manifest.json
 
-.PHONY: setup demo dev test lint clean browser postgres
+.PHONY: setup demo dev test lint docs clean browser postgres
 
 setup: $(STAMP) $(JARS_STAMP)
 
@@ -48,7 +48,12 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-logo
 
-test: setup browser postgres lint
+# The documentation site (mkdocs.yml, docs/): any warning (a broken link, a page left out of the nav)
+# fails it. Its code blocks are run by tests/docs/test_doc_blocks.py, part of the suite.
+docs: setup
+	$(BIN)/mkdocs build --strict --quiet --site-dir .cache/docs-site
+
+test: setup browser postgres lint docs
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25
 
 clean:
