@@ -8,8 +8,9 @@ deletes and maintenance. The Spark runtime is `feedapi_dagster.spark`, the execu
 
 from feedapi_dagster.lakehouse.cursor_record import CommittedState, read_committed_state
 from feedapi_dagster.lakehouse.deletes import UserDeletes, count_user_deletes
+from feedapi_dagster.lakehouse.delta_log import DeltaLog, Layout
 from feedapi_dagster.lakehouse.feed_stream import FeedStream
-from feedapi_dagster.lakehouse.feed_table import FeedTable, Layout
+from feedapi_dagster.lakehouse.feed_table import FeedTable
 from feedapi_dagster.lakehouse.loader import FeedLoader, LoadOutcome, LoadSettings, PartitionReport
 from feedapi_dagster.lakehouse.maintenance import MaintenanceReport, MaintenanceSettings, due, maintain
 from feedapi_dagster.lakehouse.stats import NO_ROWS, PartitionStats, duplicate_event_ids, partition_stats
@@ -17,6 +18,7 @@ from feedapi_dagster.lakehouse.stats import NO_ROWS, PartitionStats, duplicate_e
 __all__ = [
     "NO_ROWS",
     "CommittedState",
+    "DeltaLog",
     "FeedLoader",
     "FeedStream",
     "FeedTable",

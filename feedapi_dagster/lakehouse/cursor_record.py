@@ -47,7 +47,8 @@ from typing import Literal
 from pydantic import ValidationError
 
 from feedapi_dagster.errors import StateError
-from feedapi_dagster.lakehouse.feed_table import FILE_MAINTENANCE, DeltaLog, FeedTable, HistoryEntry
+from feedapi_dagster.lakehouse.delta_log import FILE_MAINTENANCE, DeltaLog, HistoryEntry
+from feedapi_dagster.lakehouse.feed_table import FeedTable
 from feedapi_dagster.planning import FeedState, PartitionState
 
 METADATA_KEY = "feedapi_dagster"

@@ -50,7 +50,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from feedapi_dagster.lakehouse.cursor_record import decode, replaced_partitions
-from feedapi_dagster.lakehouse.feed_table import DELETE, DeltaLog, HistoryEntry, data_files, partition_files
+from feedapi_dagster.lakehouse.delta_log import DELETE, DeltaLog, HistoryEntry, data_files, partition_files
 from feedapi_dagster.read.rows import PARTITION_COLUMN
 
 # the write mode of a commit that replaced rows (a load's rebuild of partitions, `replaceWhere`)

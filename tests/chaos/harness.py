@@ -25,7 +25,7 @@ from deltalake import DeltaTable
 import feedapi_dagster.demo
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults, NakadiDemoServer, NakadiEventType
 from feedapi_dagster.lakehouse.cursor_record import decode
-from feedapi_dagster.lakehouse.feed_table import FILE_MAINTENANCE
+from feedapi_dagster.lakehouse.delta_log import FILE_MAINTENANCE
 from feedapi_dagster.lakehouse.loader import LoadSettings
 from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
 from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, build_feedapi_definitions, feed_bindings
