@@ -24,7 +24,7 @@ from dagster._core.definitions.metadata import RawMetadataValue  # not exported 
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 from feedapi_dagster.lakehouse.deletes import UserDeletes, count_user_deletes
-from feedapi_dagster.lakehouse.loader import LoadOutcome
+from feedapi_dagster.lakehouse.load_report import LoadOutcome
 from feedapi_dagster.lakehouse.stats import NO_ROWS, duplicate_event_ids, partition_stats
 from feedapi_dagster.protocol.interface import FeedProtocol
 

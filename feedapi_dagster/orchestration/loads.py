@@ -19,7 +19,7 @@ import dagster as dg
 from dagster._core.definitions.metadata import RawMetadataValue
 
 from feedapi_dagster.lakehouse.feed_table import FeedTable
-from feedapi_dagster.lakehouse.loader import LoadOutcome, PartitionReport
+from feedapi_dagster.lakehouse.load_report import LoadOutcome, LoadStatus, PartitionReport
 from feedapi_dagster.lakehouse.maintenance import RUNNING_LOAD_MARGIN_HOURS, MaintenanceReport
 from feedapi_dagster.protocol import ProtocolError
 from feedapi_dagster.protocol.models import FIRST
@@ -230,11 +230,11 @@ def report_metadata(report: PartitionReport, outcome: LoadOutcome, row_count: in
 
 
 def _status(report: PartitionReport) -> str:
-    if report.status == "loaded":
+    if report.status is LoadStatus.LOADED:
         return "loaded" if report.delta_version is not None else "up to date: nothing new"
-    if report.status == "waiting":
-        return f"waiting: {report.error}"  # the plan's reason (which parent it waits for)
-    return report.status
+    if report.status is LoadStatus.WAITING:
+        return f"waiting: {report.waiting_for}"  # the plan's reason (which parent it waits for)
+    return report.status.value
 
 
 def materialized_reports(run: dg.DagsterRun, outcome: LoadOutcome, asked: Iterable[int]) -> list[PartitionReport]:
@@ -345,15 +345,7 @@ def mirror_repairs(
         mirrored = latest.get(str(partition_id), {})
         if mirrored.get("cursor") == state.cursor and mirrored.get("drained") == state.drained:
             continue
-        report = PartitionReport(
-            partition_id,
-            "loaded",
-            state.cursor,
-            state.position,
-            state.cursor,
-            drained=state.drained,
-            inherited_from=state.inherited_from,
-        )
+        report = PartitionReport.unmoved(partition_id=partition_id, status=LoadStatus.LOADED, state=state)
         repairs.extend(materializations(binding, [report], outcome))
     return repairs
 

@@ -9,7 +9,7 @@ import pytest
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults
 from feedapi_dagster.errors import PartitionConflict, RebuildAbandoned
 from feedapi_dagster.lakehouse.cursor_record import read_committed_state
-from feedapi_dagster.lakehouse.loader import LoadSettings
+from feedapi_dagster.lakehouse.load_settings import LoadSettings
 from feedapi_dagster.protocol import EventFilter
 
 from .conftest import LOG_READERS, payloads, table_rows
