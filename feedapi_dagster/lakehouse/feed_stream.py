@@ -3,8 +3,8 @@ batch loads commit, so that both keep ONE cursor of record and a feed can switch
 
     query = FeedStream(feed, table, run_id=run_id, checkpoint=folder).start({"availableNow": True})
 
-**One record.** Each micro-batch lands in one Delta commit made by `DeltaSink` (`foreachBatch`): its
-rows and the whole `FeedState` they end at, as a batch load's commit carries them (`cursor_record.py`).
+**One record.** Each micro-batch lands in one Delta commit, made by the batch loads' `commit.ReadCommit`
+(`foreachBatch`): its rows and the whole `FeedState` they end at (`cursor_record.py`).
 A query starts from that record (the `startOffset` option: the state the table's commits hold) with a
 checkpoint of its own, which is the query's scratch, not a record: a batch load run after a stream, or
 a stream after a batch load, continues from the last commit of either. (A query of
