@@ -289,7 +289,7 @@ class Run:
 
     # -- the steps
     def run(self) -> None:
-        from feedapi_dagster.lakehouse.feed_table import DeltaLog
+        from feedapi_dagster.lakehouse.delta_log import DeltaLog
         from feedapi_dagster.lakehouse.stats import _from_log, duplicate_event_ids, partition_stats
 
         data, spark = self.data, self.spark

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from feedapi_dagster.lakehouse.feed_table import DeltaLog, FeedTable
+from feedapi_dagster.lakehouse.delta_log import DeltaLog
+from feedapi_dagster.lakehouse.feed_table import FeedTable
 from feedapi_dagster.spark.storage import S3Storage
 from tests.s3_server import TEST_CREDENTIALS, S3Server
 

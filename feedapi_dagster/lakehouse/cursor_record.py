@@ -6,7 +6,7 @@ This is the one place where a feed's cursors are read and written.
 cursors, positions and drained flags) as the commit's `userMetadata`. Every row also carries its
 page's cursor and its position, so the rows themselves hold each partition's resume point.
 
-A load whose rows are written by the same Spark job that reads them (`loader.py`) cannot know where
+A load whose rows are written by the same Spark job that reads them (`commit.py`) cannot know where
 its partitions stop before Delta commits the rows: that commit (the **rows commit**) carries the
 state the load started from and names its partitions as `pending`; the load then commits the state
 those rows end at (the **state commit**, no rows), from what Spark reports of the committed task
@@ -47,7 +47,8 @@ from typing import Literal
 from pydantic import ValidationError
 
 from feedapi_dagster.errors import StateError
-from feedapi_dagster.lakehouse.feed_table import FILE_MAINTENANCE, DeltaLog, FeedTable, HistoryEntry
+from feedapi_dagster.lakehouse.delta_log import FILE_MAINTENANCE, DeltaLog, HistoryEntry
+from feedapi_dagster.lakehouse.feed_table import FeedTable
 from feedapi_dagster.planning import FeedState, PartitionState
 
 METADATA_KEY = "feedapi_dagster"

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from feedapi_dagster.lakehouse.cursor_record import decode, replaced_partitions
-from feedapi_dagster.lakehouse.feed_table import DELETE, DeltaLog, HistoryEntry
+from feedapi_dagster.lakehouse.delta_log import DELETE, DeltaLog, HistoryEntry
 from feedapi_dagster.read.rows import PARTITION_COLUMN
 
 # the write mode of a commit that replaced rows (a load's rebuild of partitions, `replaceWhere`)

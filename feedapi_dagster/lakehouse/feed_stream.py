@@ -3,8 +3,8 @@ batch loads commit, so that both keep ONE cursor of record and a feed can switch
 
     query = FeedStream(feed, table, run_id=run_id, checkpoint=folder).start({"availableNow": True})
 
-**One record.** Each micro-batch lands in one Delta commit made by `DeltaSink` (`foreachBatch`): its
-rows and the whole `FeedState` they end at, as a batch load's commit carries them (`cursor_record.py`).
+**One record.** Each micro-batch lands in one Delta commit, made by the batch loads' `commit.ReadCommit`
+(`foreachBatch`): its rows and the whole `FeedState` they end at (`cursor_record.py`).
 A query starts from that record (the `startOffset` option: the state the table's commits hold) with a
 checkpoint of its own, which is the query's scratch, not a record: a batch load run after a stream, or
 a stream after a batch load, continues from the last commit of either. (A query of
@@ -18,8 +18,9 @@ with the same checkpoint) finds the table's cursors already at its end and commi
 load that committed the partitions meanwhile (a stream and a load at once: the Dagster pool prevents
 it) makes the micro-batch's commit fail with `PartitionConflict`, nothing of it written.
 
-**Deduplication** of at-least-once feeds is the batch loads' (`dedup.without_stored`): against the
-rows the table holds, on top of the source's window of recent ids within the query.
+**The commit** is the batch loads' (`commit.ReadCommit`): deduplication of at-least-once feeds against
+the rows the table holds (on top of the source's window of recent ids within the query), the new
+partition states, the sink's commit and its dangerous moments.
 """
 
 from __future__ import annotations
@@ -27,17 +28,15 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
+from feedapi_dagster.lakehouse.commit import Moment, PartitionRead, ReadCommit
 from feedapi_dagster.lakehouse.cursor_record import CommittedState
 from feedapi_dagster.lakehouse.feed_table import FeedTable, local_path
-from feedapi_dagster.lakehouse.loader import AFTER_COMMIT, BEFORE_COMMIT
 from feedapi_dagster.lakehouse.sink import DeltaSink, partition_conflict
 from feedapi_dagster.planning import FeedState, PartitionState
 from feedapi_dagster.protocol import FeedClient, FeedInfo, FeedSettings
 from feedapi_dagster.read.datasource import SOURCE_NAME, FeedSourceOptions
-from feedapi_dagster.read.dedup import dedup_group, without_stored
 from feedapi_dagster.read.read_tasks import END_COLUMN
 from feedapi_dagster.read.registration import register_feed_source
 from feedapi_dagster.read.stream_source import (
@@ -53,8 +52,6 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 log = logging.getLogger(__name__)
-
-Moment = Callable[[str, dict[int, PartitionState]], None]
 
 
 def stream_start(state: FeedState) -> StreamOffset:
@@ -142,10 +139,10 @@ class MicroBatchCommit:
         self.run_id = run_id
         self.info = info
         self.on_moment = on_moment
-        self._sink: DeltaSink | None = None
+        self._committer: ReadCommit | None = None
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_sink": None}  # a sink is its process's: made on first use
+        return {**self.__dict__, "_committer": None}  # a sink is its process's: made on first use
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         # kept for its two uses (the offsets row, then the rows): a micro-batch read again after a restart
@@ -164,8 +161,8 @@ class MicroBatchCommit:
             return
         start, end = micro_batch_offsets(offsets[0][0])
         rows = frame.where(F.col(END_COLUMN).isNull()).drop(END_COLUMN)
-        sink = self._sink_of(frame.sparkSession)
-        base = sink.committed_state(refresh=True)
+        committer = self._committer_of(frame.sparkSession)
+        base = committer.sink.committed_state(refresh=True)
         moved = {pid: e for pid, e in end.partitions.items() if start.start_of(pid, e.inherited_from) != e}
         if not moved:
             return
@@ -180,34 +177,23 @@ class MicroBatchCommit:
         starts = {
             pid: base.state.get(pid) or PartitionState(inherited_from=e.inherited_from) for pid, e in moved.items()
         }
-        stored = {p for p, state in base.state.partitions.items() if state.position}
-        groups = {pid: [p for p in dedup_group(self.info, pid) if p in stored] for pid in moved}
-        if not self.info.exactly_once and any(groups.values()):
-            rows, kept = without_stored(rows, sink.table.frame(base.rows_version), groups, starts)
-        else:
-            kept = {pid: e.position - start.start_of(pid, e.inherited_from).position for pid, e in moved.items()}
-        updates = {
-            pid: PartitionState(
-                cursor=e.cursor,
-                position=starts[pid].position + kept.get(pid, 0),
-                drained=e.drained,
-                inherited_from=e.inherited_from,
+        reads = {
+            pid: PartitionRead(
+                cursor=e.cursor, events=e.position - start.start_of(pid, e.inherited_from).position, drained=e.drained
             )
             for pid, e in moved.items()
         }
-        if self.on_moment:
-            self.on_moment(BEFORE_COMMIT, updates)
-        sink.commit(lambda: rows, updates, {pid: base.state.get(pid) for pid in moved})
-        if self.on_moment:
-            self.on_moment(AFTER_COMMIT, updates)
+        staged = committer.stage(rows, starts, reads, base)
+        committer.commit(staged.rows, staged.states, base)
 
-    def _sink_of(self, spark: SparkSession) -> DeltaSink:
-        if self._sink is None or self._sink.table.spark is not spark:
+    def _committer_of(self, spark: SparkSession) -> ReadCommit:
+        if self._committer is None or self._committer.sink.table.spark is not spark:
             # on object storage the log is read through Spark: its session has the credentials, this
             # process (a Python worker of a Spark Connect server) may not
             read_log: Literal["auto", "spark"] = "auto" if local_path(self.path) else "spark"
-            self._sink = DeltaSink(FeedTable(spark, self.path, read_log=read_log), run_id=self.run_id)
-        return self._sink
+            sink = DeltaSink(FeedTable(spark, self.path, read_log=read_log), run_id=self.run_id)
+            self._committer = ReadCommit(sink, self.info, on_moment=self.on_moment)
+        return self._committer
 
 
 def _holds(found: PartitionState | None, end: PartitionOffset) -> bool:

@@ -5,10 +5,8 @@ the embedded server or a cluster), carrying the feed state as the commit's `user
 Delta's application transaction (`txnAppId`/`txnVersion`). Delta Spark silently skips a write whose
 `txnVersion` was already used; the sink notices by reading the history back.
 
-The Delta log (the history with the committed states) is small and read often (before and after every
-commit): `DeltaLog` reads it with delta-rs in milliseconds where the run process can open the table, and
-`FeedTable` falls back to Spark (`DESCRIBE HISTORY`, 0.3-0.4 s) where only the cluster reaches the
-storage.
+The Delta log (the history with the committed states) is read by `delta_log.DeltaLog` where the run
+process can open the table, else through Spark (`DESCRIBE HISTORY`).
 """
 
 from __future__ import annotations
@@ -19,18 +17,18 @@ import logging
 import shutil
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from feedapi_dagster.errors import LayoutMismatch
+from feedapi_dagster.lakehouse.delta_log import DeltaLog, HistoryEntry, Layout, as_strings, layout_of
 from feedapi_dagster.read.rows import PARTITION_COLUMN, TABLE_SCHEMA, spark_ddl
 from feedapi_dagster.spark.failures import first_line
 from feedapi_dagster.spark.storage import explain_storage_error
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 TXN_APP_ID = "feedapi-dagster"
@@ -42,27 +40,12 @@ ABANDONED_AFTER_SECONDS = 3600
 log = logging.getLogger(__name__)
 
 TABLE_DDL = spark_ddl(TABLE_SCHEMA)
-# How a feed's table lays out its rows by the feed's partition (the feed's `layout` setting):
-# * `clustered`: liquid clustering, `CLUSTER BY (partition_id)`, the default for a new table. A first load
-#   of thousands of small partitions writes a file per read task, not a folder per partition (2,000
-#   partitions: ~1 s against 20-28 s; `benchmarks/README.md`, issue #26); OPTIMIZE lays the files out by
-#   `partition_id`. Writer features `clustering` and `domainMetadata`: delta-rs 1.6 (and so polars'
-#   `write_delta`) refuses to write it, an operator's DELETE/RESTORE/OPTIMIZE goes through Spark SQL.
-# * `partitioned`: a folder per feed partition, `PARTITIONED BY (partition_id)` (what 0.1.0 and earlier
-#   created): delta-rs writes it; a first load costs a file per partition.
-# * `none`: neither: written as a clustered table is (a file per read task), OPTIMIZE bin-packs; delta-rs
-#   writes it.
-# Every reader here tells them apart by the table's metadata (`DeltaLog.partitioned`), and a table's
-# layout never changes in place (`LayoutMismatch`).
-Layout = Literal["clustered", "partitioned", "none"]
 DEFAULT_LAYOUT: Layout = "clustered"
 LAYOUT_CLAUSE: Mapping[Layout, str] = {
     "clustered": f"CLUSTER BY ({PARTITION_COLUMN})",
     "partitioned": f"PARTITIONED BY ({PARTITION_COLUMN})",
     "none": "",
 }
-# the writer feature of a clustered table (in its protocol, or `DESCRIBE DETAIL`'s `tableFeatures`)
-_CLUSTERING_FEATURE = "clustering"
 
 
 def create_table_sql(path: str, layout: Layout) -> str:
@@ -77,13 +60,6 @@ def create_table_sql(path: str, layout: Layout) -> str:
     )
 
 
-def layout_of(partition_columns: Any, writer_features: Any) -> Layout:
-    """A table's layout from its metadata's partition columns and its protocol's writer features."""
-    if PARTITION_COLUMN in (partition_columns or ()):
-        return "partitioned"
-    return "clustered" if _CLUSTERING_FEATURE in (writer_features or ()) else "none"
-
-
 def layout_mismatch(path: str, found: Layout, wanted: Layout) -> LayoutMismatch:
     return LayoutMismatch(
         f"the Delta table {path} is {found} ({LAYOUT_CLAUSE[found] or 'no layout'}) and the feed's layout is "
@@ -93,14 +69,6 @@ def layout_mismatch(path: str, found: Layout, wanted: Layout) -> LayoutMismatch:
     )
 
 
-# operations of the Delta log that maintenance writes (VACUUM logs a START and an END commit)
-OPTIMIZE = "OPTIMIZE"
-VACUUM_START = "VACUUM START"
-VACUUM_END = "VACUUM END"
-RESTORE = "RESTORE"
-DELETE = "DELETE"  # a DELETE statement's commit (Spark SQL's, delta-rs's `DeltaTable.delete`)
-# commits that rewrite or delete files without changing the table's rows
-FILE_MAINTENANCE = frozenset({OPTIMIZE, VACUUM_START, VACUUM_END})
 # Delta refuses a VACUUM retention under 7 days unless this check is off; `maintenance.py`
 # computes a retention that covers the time-travel window and running loads, so the check is lifted for it
 _RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
@@ -108,28 +76,6 @@ _VACUUM_LOGGING = "spark.databricks.delta.vacuum.logging.enabled"
 # the tasks VACUUM lists the table's files with (Spark's default, 10,000, makes a VACUUM of a small
 # table take several times as long as a few tasks do: `benchmarks/README.md`)
 _LISTING_PARALLELISM = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
-
-
-@dataclass(frozen=True)
-class HistoryEntry:
-    version: int
-    operation: str
-    user_metadata: str | None
-    metrics: Mapping[str, str] = field(default_factory=dict, compare=False)
-    parameters: Mapping[str, str] = field(default_factory=dict, compare=False)
-
-    @property
-    def restored_version(self) -> int | None:
-        """The version a RESTORE brought the table back to (None: not a RESTORE, or one given by a
-        timestamp only)."""
-        if self.operation != RESTORE:
-            return None
-        version = self.parameters.get("version")
-        return int(version) if version not in (None, "", "None", "null") else None
-
-
-def _strings(mapping: Mapping[str, Any] | None) -> dict[str, str]:
-    return {key: str(value) for key, value in (mapping or {}).items() if value is not None}
 
 
 @dataclass(frozen=True)
@@ -151,118 +97,6 @@ def local_path(path: str) -> str:
 
 def in_partitions(partition_ids: Any) -> str:
     return f"{PARTITION_COLUMN} IN ({','.join(str(int(p)) for p in partition_ids)})"
-
-
-class DeltaLog:
-    """The Delta log of a table read with delta-rs, in this process (`storage_options`: delta-rs's, for
-    a table on object storage: `ProjectConfig.storage_options`).
-
-    One snapshot of the table is opened on first use and brought up to date in place on every read
-    after (delta-rs reads only the commits since): a load reads the whole log once, whatever it asks
-    (its state, its commits landing, the statistics its checks need)."""
-
-    def __init__(self, path: str, storage_options: Mapping[str, str] | None = None):
-        self.path = path
-        self.storage_options = dict(storage_options or {})
-        self._snapshot: Any = None
-
-    def snapshot(self) -> Any:
-        """The table as of its newest commit (a `deltalake.DeltaTable`)."""
-        if self._snapshot is None:
-            from deltalake import DeltaTable
-
-            self._snapshot = DeltaTable(self.path, storage_options=self.storage_options or None)
-        else:
-            self._snapshot.update_incremental()
-        return self._snapshot
-
-    def add_actions(self) -> dict[str, list]:
-        """The data files of the current version with their partition values and statistics."""
-        import pyarrow as pa
-
-        # an Arrow table of delta-rs's own (arro3), taken over by pyarrow without a copy
-        return pa.table(self.snapshot().get_add_actions(flatten=True)).to_pydict()
-
-    def version(self) -> int:
-        """The table's newest version."""
-        return self.snapshot().version()
-
-    def partitioned(self, snapshot: Any = None) -> bool:
-        """Whether the table (`snapshot`: a version of it) has a folder per feed partition
-        (`PARTITIONED BY (partition_id)`: partition values and statistics per partition in the log);
-        else it is clustered by `partition_id` or has no layout, and a data file holds rows of many
-        partitions."""
-        return PARTITION_COLUMN in (snapshot or self.snapshot()).metadata().partition_columns
-
-    def layout(self) -> Layout:
-        snapshot = self.snapshot()
-        return layout_of(snapshot.metadata().partition_columns, snapshot.protocol().writer_features)
-
-    def partition_columns(
-        self, snapshot: Any = None, paths: set[str] | None = None, wanted: set[int] | None = None
-    ) -> pa.Table:
-        """The columns `partition_id` and `position` of the table's rows (`snapshot`: of a version), read
-        by delta-rs in this process: of the data files `paths` only, or of the files whose statistics
-        (min/max `partition_id`) admit one of the `wanted` partitions, and then of those partitions'
-        rows only. Raises where delta-rs cannot read the data (deletion vectors, column mapping)."""
-        import pyarrow.compute as pc
-        import pyarrow.dataset as ds
-
-        snapshot = snapshot or self.snapshot()
-        if wanted is not None and paths is None:
-            paths = _files_admitting(snapshot, wanted)
-        dataset = snapshot.to_pyarrow_dataset()
-        if paths is not None:
-            fragments = [fragment for fragment in dataset.get_fragments() if fragment.path in paths]
-            dataset = ds.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
-        columns = dataset.to_table(columns=[PARTITION_COLUMN, "position"])
-        if wanted is not None:
-            import array
-
-            import pyarrow as pa
-
-            # built from a buffer: `pa.array(list)` makes pyarrow import pandas (~1.5 s, `read/rows.py`)
-            values = array.array("q", sorted(wanted))
-            value_set = pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
-            keys = columns[PARTITION_COLUMN].cast(pa.int64())
-            columns = columns.filter(pc.is_in(keys, value_set=value_set))
-        return columns
-
-    def history(self, limit: int | None) -> list[HistoryEntry]:
-        """The table's commits, newest first (`limit`: the newest ones only)."""
-        return [
-            HistoryEntry(
-                h["version"],
-                h.get("operation", ""),
-                h.get("userMetadata"),
-                _strings(h.get("operationMetrics")),
-                _strings(h.get("operationParameters")),
-            )
-            for h in self.snapshot().history(limit)
-        ]
-
-
-def _files_admitting(snapshot: Any, wanted: set[int]) -> set[str]:
-    """The data files whose min/max `partition_id` admits one of `wanted` (a file without statistics: all)."""
-    import bisect
-
-    import pyarrow as pa
-
-    actions = pa.table(snapshot.get_add_actions(flatten=True)).to_pydict()
-    lows = actions.get(f"min.{PARTITION_COLUMN}")
-    highs = actions.get(f"max.{PARTITION_COLUMN}")
-    if lows is None or highs is None:
-        return set(actions["path"])
-    ordered = sorted(wanted)
-    admitted = set()
-    for path, low, high in zip(actions["path"], lows, highs, strict=True):
-        if low is None or high is None:
-            admitted.add(path)
-            continue
-        at = bisect.bisect_left(ordered, low)
-        if at < len(ordered) and ordered[at] <= high:
-            admitted.add(path)
-    return admitted
 
 
 class FeedTable:
@@ -368,8 +202,8 @@ class FeedTable:
                 r["version"],
                 r["operation"],
                 r["userMetadata"],
-                _strings(r["operationMetrics"]),
-                _strings(r["operationParameters"]),
+                as_strings(r["operationMetrics"]),
+                as_strings(r["operationParameters"]),
             )
             for r in rows
         ]

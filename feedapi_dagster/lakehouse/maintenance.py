@@ -17,14 +17,8 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from feedapi_dagster.lakehouse.feed_table import (
-    FILE_MAINTENANCE,
-    OPTIMIZE,
-    VACUUM_END,
-    VACUUM_START,
-    FeedTable,
-    HistoryEntry,
-)
+from feedapi_dagster.lakehouse.delta_log import FILE_MAINTENANCE, OPTIMIZE, VACUUM_END, VACUUM_START, HistoryEntry
+from feedapi_dagster.lakehouse.feed_table import FeedTable
 from feedapi_dagster.spark.watchdog import DEFAULT_UNRESPONSIVE_SECONDS, answering
 
 # what `maintain` runs (OPTIMIZE is also the operation's name in the Delta log; VACUUM logs two)

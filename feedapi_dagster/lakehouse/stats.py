@@ -19,7 +19,8 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from feedapi_dagster.lakehouse.feed_table import DeltaLog, FeedTable, in_partitions
+from feedapi_dagster.lakehouse.delta_log import DeltaLog
+from feedapi_dagster.lakehouse.feed_table import FeedTable, in_partitions
 from feedapi_dagster.read.rows import PARTITION_COLUMN
 from feedapi_dagster.spark.failures import first_line
 

@@ -28,7 +28,7 @@ from typing import Self
 import dagster as dg
 
 from feedapi_dagster.lakehouse.deletes import UserDeletes, count_user_deletes
-from feedapi_dagster.lakehouse.loader import LoadOutcome
+from feedapi_dagster.lakehouse.load_report import LoadOutcome
 from feedapi_dagster.lakehouse.stats import NO_ROWS, duplicate_event_ids, partition_stats
 from feedapi_dagster.protocol.interface import FeedProtocol
 

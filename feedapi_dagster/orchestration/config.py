@@ -24,8 +24,8 @@ from pydantic import (
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, InitErrorDetails, PydanticCustomError
 
-from feedapi_dagster.lakehouse.feed_table import Layout
-from feedapi_dagster.lakehouse.loader import LoadSettings
+from feedapi_dagster.lakehouse.delta_log import Layout
+from feedapi_dagster.lakehouse.load_settings import LoadSettings
 from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
 from feedapi_dagster.protocol import FeedClient, FeedSettings, feed_settings, registered_protocols
 from feedapi_dagster.protocol.registry import DEFAULT_PROTOCOL

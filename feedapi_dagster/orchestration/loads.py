@@ -19,7 +19,7 @@ from .config import FeedConfig, ProjectConfig
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from feedapi_dagster.lakehouse.loader import PartitionReport
+    from feedapi_dagster.lakehouse.load_report import PartitionReport
 
 FEED_TAG = "feedapi/feed"
 PARTITIONS_TAG = "feedapi/partitions"  # the partition ids a run of the sensor or the schedule loads (`partitions_tag`)
@@ -39,7 +39,6 @@ MAINTENANCE_TAG = "feedapi/maintenance"  # on the runs of a feed's maintenance j
 SYNC_TAG = "feedapi/sync"
 SCHEDULED_SYNC = "schedule"
 # Report statuses of a partition the load brought (or found) up to date: a success for Dagster.
-SUCCEEDED = frozenset({"loaded", "drained", "waiting"})
 BACKFILL_TAG = "dagster/backfill"
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
@@ -152,7 +151,7 @@ def failing_clearly(feed: str, what: str) -> Iterator[None]:
 
 
 def failure(binding: FeedBinding, reports: Iterable[PartitionReport]) -> dg.Failure | None:
-    problems = [f"partition {r.partition_id}: {r.error}" for r in reports if r.status in ("failed", "invalid")]
+    problems = [f"partition {r.partition_id}: {r.error}" for r in reports if not r.status.succeeded]
     if not problems:
         return None
     return dg.Failure(

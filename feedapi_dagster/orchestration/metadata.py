@@ -20,11 +20,11 @@ from dagster._core.definitions.metadata import RawMetadataValue
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from feedapi_dagster.errors import StateError
-from feedapi_dagster.lakehouse.loader import LoadOutcome, PartitionReport
+from feedapi_dagster.lakehouse.load_report import LoadOutcome, LoadStatus, PartitionReport
 from feedapi_dagster.protocol import ProtocolError
 from feedapi_dagster.protocol.models import FIRST
 
-from .loads import SCHEDULED_SYNC, SUCCEEDED, SYNC_TAG
+from .loads import SCHEDULED_SYNC, SYNC_TAG
 
 if TYPE_CHECKING:
     from feedapi_dagster.lakehouse.maintenance import MaintenanceReport
@@ -131,11 +131,11 @@ _UP_TO_DATE = "up to date: nothing new"
 
 
 def _status(report: PartitionReport) -> str:
-    if report.status == "loaded":
+    if report.status is LoadStatus.LOADED:
         return "loaded" if report.delta_version is not None else _UP_TO_DATE
-    if report.status == "waiting":
-        return f"waiting: {report.error}"  # the plan's reason (which parent it waits for)
-    return str(report.status)
+    if report.status is LoadStatus.WAITING:
+        return f"waiting: {report.waiting_for}"  # the plan's reason (which parent it waits for)
+    return report.status.value
 
 
 def _table(outcome: LoadOutcome, position: int, version: int | None) -> dict[str, Any]:
@@ -155,12 +155,12 @@ def materialized_reports(run: dg.DagsterRun, outcome: LoadOutcome, asked: Iterab
     it is the schedule's sync, each of those it was asked for (`asked`) that it found up to date
     (a backfill's partitions succeed when they are materialized; the UI shows them so)."""
     if run.tags.get(SYNC_TAG) == SCHEDULED_SYNC:
-        return [r for r in outcome.reports.values() if r.status == "loaded" and r.delta_version is not None]
+        return [r for r in outcome.reports.values() if r.status is LoadStatus.LOADED and r.delta_version is not None]
     asked = set(asked)
     return [
         r
         for r in outcome.reports.values()
-        if r.status in SUCCEEDED and (r.delta_version is not None or r.partition_id in asked)
+        if r.status.succeeded and (r.delta_version is not None or r.partition_id in asked)
     ]
 
 
@@ -219,10 +219,10 @@ def sync_observation(
     version = outcome.committed.delta_version
     synced = SyncMetadata(
         last_synced=time.time(),
-        partitions_synced=sum(r.status in SUCCEEDED for r in reports),
-        partitions_with_new_events=sum(r.status == "loaded" and r.events > 0 for r in reports),
-        partitions_failed=sum(r.status not in SUCCEEDED for r in reports),
-        events_loaded=sum(r.events for r in reports if r.status == "loaded"),
+        partitions_synced=sum(r.status.succeeded for r in reports),
+        partitions_with_new_events=sum(r.status is LoadStatus.LOADED and r.events > 0 for r in reports),
+        partitions_failed=sum(not r.status.succeeded for r in reports),
+        events_loaded=sum(r.events for r in reports if r.status is LoadStatus.LOADED),
         delta_version=version if version is not None else -1,
         events_behind=events_behind(binding, outcome, logger),
     )

@@ -11,7 +11,8 @@ import dagster as dg
 from pydantic import Field, PrivateAttr, field_validator
 
 from feedapi_dagster.lakehouse.feed_table import FeedTable
-from feedapi_dagster.lakehouse.loader import FeedLoader, LoadOutcome
+from feedapi_dagster.lakehouse.load_report import LoadOutcome, LoadStatus
+from feedapi_dagster.lakehouse.loader import FeedLoader
 from feedapi_dagster.lakehouse.maintenance import due, maintain
 from feedapi_dagster.lakehouse.sink import DeltaSink
 from feedapi_dagster.spark.sessions import is_connect, spark_session
@@ -22,7 +23,6 @@ from .checks import CheckedLoad, feed_check_results
 from .loads import (
     BACKFILL_TAG,
     REBUILD_TAG,
-    SUCCEEDED,
     FeedBinding,
     LoadConfig,
     failing_clearly,
@@ -209,7 +209,7 @@ class FeedApiResource(dg.ConfigurableResource):
                 wanted, rebuild=rebuild, drop=config.drop, rebuild_closed=BACKFILL_TAG in context.run.tags
             )
         for report in outcome.reports.values():
-            if report.error and report.status not in SUCCEEDED:  # a waiting partition's reason is no error
+            if report.error:  # a failed or invalid partition (a waiting one's reason is `waiting_for`)
                 context.log.error("partition %s: %s", report.partition_id, report.error)
         return outcome
 
@@ -243,7 +243,9 @@ class FeedApiResource(dg.ConfigurableResource):
     ) -> Iterator[dg.AssetCheckResult]:
         """The step's checks (`checks.py`) of the partitions the load committed something for."""
         loaded = [
-            r.partition_id for r in outcome.reports.values() if r.status == "loaded" and r.delta_version is not None
+            r.partition_id
+            for r in outcome.reports.values()
+            if r.status is LoadStatus.LOADED and r.delta_version is not None
         ]
         load = CheckedLoad(outcome, loaded, mirrored, recorded_user_deletes(context.instance, binding.key))
         selected = {key.name for key in context.selected_asset_check_keys if key.asset_key == binding.key}

@@ -30,7 +30,7 @@ from pydantic import Field
 from feedapi_dagster.lakehouse.cursor_record import CommittedState, read_committed_state
 from feedapi_dagster.lakehouse.feed_stream import FeedStream
 from feedapi_dagster.lakehouse.feed_table import FeedTable
-from feedapi_dagster.lakehouse.loader import LoadOutcome, PartitionReport
+from feedapi_dagster.lakehouse.load_report import LoadOutcome, LoadStatus, PartitionReport
 from feedapi_dagster.protocol import FeedInfo
 from feedapi_dagster.spark.failures import python_cause
 from feedapi_dagster.spark.watchdog import answering
@@ -165,11 +165,13 @@ class _Progress:
         before = self.committed.state
         reports = {
             pid: PartitionReport(
-                pid,
-                "drained" if state.drained and not (before.get(pid) or state).drained else "loaded",
-                state.cursor,
-                state.position,
-                old.cursor if (old := before.get(pid)) else state.cursor,
+                partition_id=pid,
+                status=LoadStatus.DRAINED
+                if state.drained and not (before.get(pid) or state).drained
+                else LoadStatus.LOADED,
+                cursor=state.cursor,
+                position=state.position,
+                start_cursor=old.cursor if (old := before.get(pid)) else state.cursor,
                 events=state.position - (old.position if old else 0),
                 drained=state.drained,
                 inherited_from=state.inherited_from,

@@ -1,5 +1,5 @@
 """At-least-once feeds: the rows read whose event id the table already holds are dropped, by Spark,
-by the batch loads (`loader.py`) and the streams' micro-batches (`feed_stream.py`) alike."""
+by the one commit of a read (`lakehouse/commit.py`) of batch loads and streams' micro-batches alike."""
 
 from __future__ import annotations
 

@@ -25,8 +25,8 @@ from deltalake import DeltaTable
 import feedapi_dagster.demo
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults, NakadiDemoServer, NakadiEventType
 from feedapi_dagster.lakehouse.cursor_record import decode
-from feedapi_dagster.lakehouse.feed_table import FILE_MAINTENANCE
-from feedapi_dagster.lakehouse.loader import LoadSettings
+from feedapi_dagster.lakehouse.delta_log import FILE_MAINTENANCE
+from feedapi_dagster.lakehouse.load_settings import LoadSettings
 from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
 from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, build_feedapi_definitions, feed_bindings
 from feedapi_dagster.orchestration.automation import DiscoveryCursor, evaluate_discovery, load_request

@@ -15,8 +15,10 @@ import sys
 import time
 from pathlib import Path
 
+from feedapi_dagster.lakehouse.commit import ROWS_COMMITTED
 from feedapi_dagster.lakehouse.feed_table import FeedTable
-from feedapi_dagster.lakehouse.loader import ROWS_COMMITTED, FeedLoader, LoadSettings
+from feedapi_dagster.lakehouse.load_settings import LoadSettings
+from feedapi_dagster.lakehouse.loader import FeedLoader
 from feedapi_dagster.lakehouse.sink import DeltaSink
 from feedapi_dagster.protocol import RetryPolicy, feed_settings
 from feedapi_dagster.spark.sessions import spark_session

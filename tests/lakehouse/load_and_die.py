@@ -18,7 +18,8 @@ import signal
 import sys
 
 from feedapi_dagster.lakehouse.feed_table import FeedTable
-from feedapi_dagster.lakehouse.loader import FeedLoader, LoadSettings
+from feedapi_dagster.lakehouse.load_settings import LoadSettings
+from feedapi_dagster.lakehouse.loader import FeedLoader
 from feedapi_dagster.lakehouse.sink import DeltaSink
 from feedapi_dagster.protocol import feed_settings
 from feedapi_dagster.spark.sessions import connect_session

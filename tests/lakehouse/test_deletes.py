@@ -12,7 +12,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from feedapi_dagster.lakehouse.cursor_record import encode
 from feedapi_dagster.lakehouse.deletes import count_user_deletes
-from feedapi_dagster.lakehouse.feed_table import DeltaLog
+from feedapi_dagster.lakehouse.delta_log import DeltaLog
 from feedapi_dagster.lakehouse.stats import PartitionStats
 from feedapi_dagster.planning import FeedState
 

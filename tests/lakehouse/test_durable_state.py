@@ -12,9 +12,9 @@ import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
 from feedapi_dagster.errors import StateError
+from feedapi_dagster.lakehouse.commit import BEFORE_COMMIT
 from feedapi_dagster.lakehouse.cursor_record import REASSERT_AFTER_COMMITS, read_committed_state
 from feedapi_dagster.lakehouse.feed_table import Commit, FeedTable
-from feedapi_dagster.lakehouse.loader import BEFORE_COMMIT
 from feedapi_dagster.read.datasource import EVENT_DDL
 
 from .conftest import table_rows

@@ -13,9 +13,9 @@ import pytest
 from pyspark.errors import StreamingQueryException
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
+from feedapi_dagster.lakehouse.commit import AFTER_COMMIT, BEFORE_COMMIT
 from feedapi_dagster.lakehouse.cursor_record import read_committed_state
 from feedapi_dagster.lakehouse.feed_stream import FeedStream
-from feedapi_dagster.lakehouse.loader import AFTER_COMMIT, BEFORE_COMMIT
 from feedapi_dagster.planning import PartitionState
 
 from .conftest import source, table_rows

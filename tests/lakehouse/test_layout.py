@@ -15,8 +15,9 @@ from feedapi_dagster.demo import DemoFeed, DemoFeedServer
 from feedapi_dagster.errors import LayoutMismatch
 from feedapi_dagster.lakehouse.cursor_record import METADATA_KEY, read_committed_state
 from feedapi_dagster.lakehouse.deletes import UserDeletes, count_user_deletes
-from feedapi_dagster.lakehouse.feed_table import DeltaLog, create_table_sql
-from feedapi_dagster.lakehouse.loader import LoadSettings
+from feedapi_dagster.lakehouse.delta_log import DeltaLog
+from feedapi_dagster.lakehouse.feed_table import create_table_sql
+from feedapi_dagster.lakehouse.load_settings import LoadSettings
 from feedapi_dagster.lakehouse.stats import NO_ROWS, PartitionStats, partition_stats
 
 from .conftest import LOG_READERS, create_partitioned_table, payloads, table_layout

@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
+from feedapi_dagster.lakehouse.commit import READ
 from feedapi_dagster.lakehouse.cursor_record import read_committed_state
-from feedapi_dagster.lakehouse.feed_table import OPTIMIZE, FeedTable
-from feedapi_dagster.lakehouse.loader import READ
+from feedapi_dagster.lakehouse.delta_log import OPTIMIZE
+from feedapi_dagster.lakehouse.feed_table import FeedTable
 from feedapi_dagster.lakehouse.maintenance import (
     VACUUM,
     MaintenanceSettings,

@@ -9,7 +9,7 @@ import pytest
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults
 from feedapi_dagster.errors import PartitionConflict, RebuildAbandoned
 from feedapi_dagster.lakehouse.cursor_record import read_committed_state
-from feedapi_dagster.lakehouse.loader import LoadSettings
+from feedapi_dagster.lakehouse.load_settings import LoadSettings
 from feedapi_dagster.protocol import EventFilter
 
 from .conftest import LOG_READERS, payloads, table_rows
@@ -367,7 +367,8 @@ def test_a_rebuild_of_a_method1_child_waits_for_its_parent_to_drain(spark, make_
 def test_the_delta_log_is_read_with_deltalake_where_the_run_can_open_the_table(spark, make_loader, tmp_path):
     from deltalake import DeltaTable
 
-    from feedapi_dagster.lakehouse.feed_table import DeltaLog, FeedTable
+    from feedapi_dagster.lakehouse.delta_log import DeltaLog
+    from feedapi_dagster.lakehouse.feed_table import FeedTable
 
     path = str(tmp_path / "feed")
     feed = DemoFeed(partitions=2, events=40, seed=3)

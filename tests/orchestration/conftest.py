@@ -4,7 +4,7 @@ import dagster as dg
 import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
-from feedapi_dagster.lakehouse.feed_table import DeltaLog
+from feedapi_dagster.lakehouse.delta_log import DeltaLog
 from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
 from feedapi_dagster.orchestration import (
     RESOURCE_KEY,
