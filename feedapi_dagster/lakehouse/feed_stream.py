@@ -8,7 +8,7 @@ batch loads commit, so that both keep ONE cursor of record and a feed can switch
 A query starts from that record (the `startOffset` option: the state the table's commits hold) with a
 checkpoint of its own, which is the query's scratch, not a record: a batch load run after a stream, or
 a stream after a batch load, continues from the last commit of either. (A query of
-`stream_source.stream_to_delta` is the other way round: its cursors are in its checkpoint, and Delta's
+`stream_to_delta` (below) is the other way round: its cursors are in its checkpoint, and Delta's
 streaming sink writes no state into the table.)
 
 **The dangerous moments.** A query killed before a micro-batch's commit lands left nothing of it in the

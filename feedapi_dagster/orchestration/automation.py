@@ -186,7 +186,7 @@ def build_load_schedule(
         if not due:
             return dg.SkipReason("no open partition to load" + (f" ({sorted(busy)} are being loaded)" if busy else ""))
         request = load_request(binding, due, "schedule", keys)
-        # a sync: its partitions with nothing new keep their materializations (`loads.materialized_reports`)
+        # a sync: its partitions with nothing new keep their materializations (`metadata.materialized_reports`)
         return dg.RunRequest(run_config=request.run_config, tags={**request.tags, SYNC_TAG: SCHEDULED_SYNC})
 
     return load_schedule

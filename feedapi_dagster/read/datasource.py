@@ -21,7 +21,7 @@ camelCase, as Spark's own sources:
 * `protocolModule`: the module that registers a protocol that is not built in (`spark_options` writes
   it). Spark parses the options in its Python workers (forked ones of a local session, a Spark Connect
   server's own), where the user's module may not have been imported: it is imported there first (a
-  Connect session's workers have its package from the load: `sessions.register_feed_source`);
+  Connect session's workers have its package from the load: `registration.register_feed_source`);
 * the bearer token: `tokenEnv`, an environment variable of the executors, or `token`. Spark redacts
   options whose key contains "token" from plans and its UI; the value is also kept out of this
   source's reprs and errors.

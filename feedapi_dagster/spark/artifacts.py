@@ -1,5 +1,5 @@
 """Python sources a Spark Connect session's workers are sent (`SparkSession.addArtifacts(..., pyfile=True)`,
-`sessions.register_feed_source`): this package, for a cluster whose Python lacks it (`package_zip`),
+`read.registration.register_feed_source`): this package, for a cluster whose Python lacks it (`package_zip`),
 and the package of a user's protocol (`protocol_zip`), for every Connect server: an embedded server's
 Python workers import what the process that started it could import, not what a later run's
 `definitions.py` put on that run's path.
