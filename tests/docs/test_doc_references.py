@@ -72,9 +72,7 @@ def references(pattern: re.Pattern[str]) -> list[tuple[str, str]]:
 
 @cache
 def repository_file_names() -> frozenset[str]:
-    return frozenset(
-        path.name for root in ROOTS[:-1] for path in root.rglob("*.py") if ".venv" not in path.parts
-    )
+    return frozenset(path.name for root in ROOTS[:-1] for path in root.rglob("*.py") if ".venv" not in path.parts)
 
 
 def resolves(path: str) -> bool:
@@ -94,11 +92,11 @@ def defined_names(path: Path) -> dict[str, frozenset[str]]:
         else:
             names.update(dict.fromkeys(_body_names([node]), frozenset()))
     if path.name == "__init__.py":
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom):
-                names.update(dict.fromkeys((alias.asname or alias.name for alias in node.names), frozenset()))
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
-                names.setdefault(node.value, frozenset())  # `__all__`'s and the lazy exports' strings
+        for inner in ast.walk(tree):
+            if isinstance(inner, ast.ImportFrom):
+                names.update(dict.fromkeys((alias.asname or alias.name for alias in inner.names), frozenset()))
+            elif isinstance(inner, ast.Constant) and isinstance(inner.value, str) and inner.value.isidentifier():
+                names.setdefault(inner.value, frozenset())  # `__all__`'s and the lazy exports' strings
     return names
 
 
