@@ -263,8 +263,9 @@ class FeedApiResource(dg.ConfigurableResource):
     ) -> Iterator[dg.AssetObservation]:
         """The maintenance the load's commits made due: OPTIMIZE every `optimize_every_commits` commits,
         VACUUM every `vacuum_every_commits`."""
-        with self._answering(binding, outcome.table):  # through Spark where delta-rs cannot read the log
-            operations = due(outcome.table, binding.feed.maintenance)
+        operations = due(
+            outcome.table, binding.feed.maintenance, unresponsive_seconds=binding.feed.load.spark_unresponsive_seconds
+        )
         if operations:
             yield self._maintain(context, binding, outcome.table, operations)
 
