@@ -64,7 +64,7 @@ import requests
 from procstat import MemoryWatch, proc_cpu, release_spark_port, status_mb, stop_process, tree_cpu, wait_with_usage
 
 from feedapi_dagster.orchestration.demo_commands import PLANNED_SUBSET_ENV
-from feedapi_dagster.orchestration.loads import listed_partitions
+from feedapi_dagster.orchestration.run_storage import listed_partitions
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -25,6 +25,7 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from feedapi_dagster.errors import RebuildAbandoned
 from feedapi_dagster.lakehouse.commit import READ, Moment, PartitionRead, ReadCommit, RowsCommit
@@ -37,6 +38,17 @@ from feedapi_dagster.planning import DEFAULT_TASKS, FeedState, PartitionPlan, Pa
 from feedapi_dagster.protocol import FeedInfo, FeedSettings
 from feedapi_dagster.read.datasource import SOURCE_NAME, FeedSourceOptions
 from feedapi_dagster.read.progress import run_with_progress
+
+
+@dataclass(frozen=True)
+class _Read:
+    """A read of planned partitions on its way to the commit: what either shape commits it with."""
+
+    committer: ReadCommit
+    read: FeedRead
+    plans: list[PartitionPlan]
+    starts: dict[int, PartitionState]  # where each partition's read began
+    base: CommittedState  # the committed state the load read first
 
 
 class LoadExecution:
@@ -76,10 +88,11 @@ class LoadExecution:
         started = time.monotonic()
         read = self._read(info, starts, progress, bound, keep=rebuild or deduplicated)
         try:
+            done = _Read(committer, read, plans, starts, base)
             if read.kept:
-                reports = self._commit_kept(committer, read, plans, starts, base, rebuild, drop, started)
+                reports = self._commit_kept(done, rebuild, drop, started)
             else:
-                reports = self._commit_streamed(committer, read, plans, starts, base, progress)
+                reports = self._commit_streamed(done, progress)
         finally:
             read.release()
             table.remove_progress(progress)
@@ -132,17 +145,10 @@ class LoadExecution:
     def _tasks(self, starts: dict[int, PartitionState]) -> int:
         return min(len(starts), self.settings.read_tasks or DEFAULT_TASKS)
 
-    def _commit_streamed(
-        self,
-        committer: ReadCommit,
-        read: FeedRead,
-        plans: list[PartitionPlan],
-        starts: dict[int, PartitionState],
-        base: CommittedState,
-        progress: str | None,
-    ) -> dict[int, PartitionReport]:
+    def _commit_streamed(self, done: _Read, progress: str | None) -> dict[int, PartitionReport]:
         """One Spark job reads the feed and commits the rows (the rows commit: the state the load
         started from, its partitions pending), then the state they end at is committed."""
+        committer, read, plans, starts, base = done.committer, done.read, done.plans, done.starts, done.base
         started = time.monotonic()
         rows_commit: RowsCommit = committer.commit_rows(
             read, starts, base, running=lambda write: run_with_progress(write, progress, self._tasks(starts), self.log)
@@ -180,18 +186,11 @@ class LoadExecution:
         }
 
     def _commit_kept(
-        self,
-        committer: ReadCommit,
-        read: FeedRead,
-        plans: list[PartitionPlan],
-        starts: dict[int, PartitionState],
-        base: CommittedState,
-        rebuild: bool,
-        drop: Sequence[int],
-        started: float,
+        self, done: _Read, rebuild: bool, drop: Sequence[int], started: float
     ) -> dict[int, PartitionReport]:
         """The kept read's ends first, then its rows (deduplicated against the table where the feed is
         at-least-once) and the state they end at in one commit. `started`: when the read began."""
+        committer, read, plans, starts, base = done.committer, done.read, done.plans, done.starts, done.base
         ends = read.ends()
         reads = {
             pid: PartitionRead(cursor=end.cursor, events=end.read.events, drained=end.read.drained)

@@ -11,10 +11,12 @@ within the read, in the tasks).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 from feedapi_dagster.errors import RebuildAbandoned
 from feedapi_dagster.lakehouse.commit import Moment
+from feedapi_dagster.lakehouse.feed_table import FeedTable
 from feedapi_dagster.lakehouse.load_execution import LoadExecution
 from feedapi_dagster.lakehouse.load_report import LoadOutcome, LoadStatus, PartitionReport, idle_report
 from feedapi_dagster.lakehouse.load_settings import LoadSettings
@@ -50,20 +52,44 @@ class FeedLoader:
         self.sink = sink
         self.spark = sink.table.spark
         self.settings = settings or LoadSettings()
+        self.ship_package = ship_package
         self.execution = LoadExecution(
             self.feed, sink, self.settings, on_moment=on_moment or (lambda moment, updates: None), logger=self.log
         )
-        # the data source is registered here, where it is read, and nowhere else: every load (a
-        # Dagster run, a test, a benchmark) reads through this loader, whoever made its session
-        with self._answering():
-            register_feed_source(self.spark, ship=ship_package, protocol=self.feed.protocol)
 
-    def _answering(self):
-        return answering(
+    @classmethod
+    def into(
+        cls,
+        table: FeedTable,
+        feed: FeedSettings,
+        settings: LoadSettings,
+        *,
+        run_id: str | None,
+        logger: logging.Logger | logging.LoggerAdapter | None = None,
+        ship_package: bool = False,
+    ) -> FeedLoader:
+        """The loader of `feed` into `table` (created where there is none: `DeltaSink`), its Spark
+        calls bounded by `settings.spark_unresponsive_seconds` from the first; `run_id`: what its
+        commits are stamped with."""
+        with answering(
+            table.spark, f"the table of feed {feed.url}", unresponsive_seconds=settings.spark_unresponsive_seconds
+        ):
+            sink = DeltaSink(table, run_id=run_id)
+        return FeedLoader(feed, sink, settings, logger=logger, ship_package=ship_package)
+
+    @contextmanager
+    def _reading(self) -> Iterator[None]:
+        """The block's calls to Spark bounded by `settings.spark_unresponsive_seconds` (`answering`), with
+        the `feedapi` data source in the session: it is registered here, where the load reads, and
+        nowhere else: every load (a Dagster run, a test, a benchmark) reads through a loader's entry
+        point, whoever made its session."""
+        with answering(
             self.spark,
             f"the load of feed {self.feed.url}",
             unresponsive_seconds=self.settings.spark_unresponsive_seconds,
-        )
+        ):
+            register_feed_source(self.spark, ship=self.ship_package, protocol=self.feed.protocol)
+            yield
 
     # ------------------------------------------------------------------ entry points
     def load(
@@ -74,15 +100,15 @@ class FeedLoader:
         drop: Iterable[int] = (),
         rebuild_closed: bool = False,
     ) -> LoadOutcome:
-        with self._answering():
+        with self._reading():
             return self._load_all(list(partitions), rebuild, drop, rebuild_closed)
 
     def sync(self, partition_ids: Iterable[int] | None = None) -> dict[int, PartitionReport]:
-        with self._answering():
+        with self._reading():
             return self._sync(partition_ids)
 
     def rebuild(self, partition_ids: Iterable[int], drop: Iterable[int] = ()) -> dict[int, PartitionReport]:
-        with self._answering():
+        with self._reading():
             return self._rebuild(partition_ids, drop)
 
     def _load_all(

@@ -125,16 +125,21 @@ def _aware(moment: dt.datetime) -> dt.datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
 
 
-def due(table: FeedTable, settings: MaintenanceSettings) -> tuple[str, ...]:
+def due(
+    table: FeedTable, settings: MaintenanceSettings, *, unresponsive_seconds: float = DEFAULT_UNRESPONSIVE_SECONDS
+) -> tuple[str, ...]:
     """What the loads' commits made due: OPTIMIZE after `optimize_every_commits` commits since the
-    last OPTIMIZE, VACUUM after `vacuum_every_commits` since the last VACUUM."""
+    last OPTIMIZE, VACUUM after `vacuum_every_commits` since the last VACUUM. The history is read
+    through Spark where delta-rs cannot read the log: a Spark Connect server silent for
+    `unresponsive_seconds` ends it (`answering`)."""
     thresholds = {OPTIMIZE: settings.optimize_every_commits, VACUUM: settings.vacuum_every_commits}
     wanted = {operation: every for operation, every in thresholds.items() if every is not None}
     if not wanted:
         return ()
     # maintenance's own commits and the loads' state commits are not counted: twice the largest
     # threshold, and a few more entries
-    entries = table.history(2 * max(wanted.values()) + 8)
+    with answering(table.spark, f"maintenance of {table.path}", unresponsive_seconds=unresponsive_seconds):
+        entries = table.history(2 * max(wanted.values()) + 8)
     stops = {OPTIMIZE: (OPTIMIZE,), VACUUM: (VACUUM_START, VACUUM_END)}
     return tuple(operation for operation, every in wanted.items() if commits_since(entries, stops[operation]) >= every)
 

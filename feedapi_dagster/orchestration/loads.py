@@ -4,7 +4,7 @@ instance knows of the runs is read in `run_storage.py`, what a load tells Dagste
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -112,31 +112,6 @@ def partitions_tag(partition_ids: Iterable[int]) -> str:
         else:
             runs.append([pid])
     return ",".join(f"{run[0]}-{run[-1]}" if len(run) >= 3 else ",".join(map(str, run)) for run in runs)
-
-
-def listed_partitions(tags: Mapping[str, str]) -> set[int] | None:
-    """The partition ids a run's `PARTITIONS_TAG` lists (None: it has none)."""
-    listed = tags.get(PARTITIONS_TAG)
-    if not listed:
-        return None
-    ids: set[int] = set()
-    for item in listed.split(","):
-        first, _, last = item.strip().partition("-")
-        if first.isdigit() and (not last or last.isdigit()):
-            ids.update(range(int(first), int(last or first) + 1))
-    return ids
-
-
-def run_partitions(run: dg.DagsterRun, order: Sequence[str]) -> set[int]:
-    """The partitions a run of the asset loads (its own list, its partition key or its key range)."""
-    if (listed := listed_partitions(run.tags)) is not None:
-        return listed
-    if (key := run.tags.get("dagster/partition")) and key.isdigit():
-        return {int(key)}
-    start, end = run.tags.get(RANGE_START_TAG), run.tags.get(RANGE_END_TAG)
-    if start in order and end in order:
-        return {int(key) for key in order[order.index(start) : order.index(end) + 1] if key.isdigit()}
-    return set()
 
 
 @contextmanager

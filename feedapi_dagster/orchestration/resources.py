@@ -14,7 +14,6 @@ from feedapi_dagster.lakehouse.feed_table import FeedTable
 from feedapi_dagster.lakehouse.load_report import LoadOutcome, LoadStatus
 from feedapi_dagster.lakehouse.loader import FeedLoader
 from feedapi_dagster.lakehouse.maintenance import due, maintain
-from feedapi_dagster.lakehouse.sink import DeltaSink
 from feedapi_dagster.spark.sessions import is_connect, spark_session
 from feedapi_dagster.spark.settings import SparkSettings
 from feedapi_dagster.spark.watchdog import DEFAULT_UNRESPONSIVE_SECONDS, answering
@@ -27,7 +26,6 @@ from .loads import (
     LoadConfig,
     failing_clearly,
     failure,
-    listed_partitions,
 )
 from .metadata import (
     PartitionMetadata,
@@ -37,7 +35,13 @@ from .metadata import (
     mirror_repairs,
     sync_observation,
 )
-from .run_storage import active_partitions, latest_metadata_by_partition, oldest_running_load, recorded_user_deletes
+from .run_storage import (
+    active_partitions,
+    latest_metadata_by_partition,
+    listed_partitions,
+    oldest_running_load,
+    recorded_user_deletes,
+)
 from .stalled_loads import signs_of_life
 from .streams import StreamConfig, stream_run
 
@@ -198,11 +202,14 @@ class FeedApiResource(dg.ConfigurableResource):
         load in the run's log."""
         rebuild = set(config.rebuild) | (set(wanted) if context.run.tags.get(REBUILD_TAG) == "true" else set())
         table = self.table(binding)
-        with self._answering(binding, table):
-            sink = DeltaSink(table, run_id=context.run.run_id)
         with failing_clearly(binding.name, "the load"):  # its token, its discovery
-            loader = FeedLoader(
-                binding.feed.settings, sink, binding.feed.load, logger=context.log, ship_package=self._ships_package()
+            loader = FeedLoader.into(
+                table,
+                binding.feed.settings,
+                binding.feed.load,
+                run_id=context.run.run_id,
+                logger=context.log,
+                ship_package=self._ships_package(),
             )
             # a backfill of a closed partition rebuilds it from `_first`
             outcome = loader.load(
@@ -256,8 +263,9 @@ class FeedApiResource(dg.ConfigurableResource):
     ) -> Iterator[dg.AssetObservation]:
         """The maintenance the load's commits made due: OPTIMIZE every `optimize_every_commits` commits,
         VACUUM every `vacuum_every_commits`."""
-        with self._answering(binding, outcome.table):  # through Spark where delta-rs cannot read the log
-            operations = due(outcome.table, binding.feed.maintenance)
+        operations = due(
+            outcome.table, binding.feed.maintenance, unresponsive_seconds=binding.feed.load.spark_unresponsive_seconds
+        )
         if operations:
             yield self._maintain(context, binding, outcome.table, operations)
 

@@ -1,12 +1,13 @@
-"""What the Dagster instance knows that a load asks: the runs loading a feed (to keep two runs off one
-partition, and VACUUM off what a load may still write), each partition's latest materialization (the
+"""What the Dagster instance knows that a load asks: the runs loading a feed and the partitions each
+loads, read from its tags (to keep two runs off one partition, and VACUUM off what a load may still
+write), each partition's latest materialization (the
 mirror of the cursor of record), and the positions check's last count of users' DELETEs. Two of
 these read storage methods beneath `DagsterInstance` (said where), all of them here."""
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import dagster as dg
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
@@ -15,7 +16,7 @@ from feedapi_dagster.lakehouse.deletes import UserDeletes
 from feedapi_dagster.lakehouse.maintenance import RUNNING_LOAD_MARGIN_HOURS
 
 from .checks import CONTIGUOUS, PositionsChecked
-from .loads import FEED_TAG, FeedBinding, run_partitions
+from .loads import FEED_TAG, PARTITIONS_TAG, RANGE_END_TAG, RANGE_START_TAG, FeedBinding
 from .metadata import PartitionMetadata, UnreadableMetadata
 
 ACTIVE_STATUSES = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
@@ -55,6 +56,31 @@ def active_partitions(
     for record in runs_loading(instance, binding, exclude_run_id):
         busy |= run_partitions(record.dagster_run, order)
     return busy
+
+
+def listed_partitions(tags: Mapping[str, str]) -> set[int] | None:
+    """The partition ids a run's `PARTITIONS_TAG` lists (None: it has none)."""
+    listed = tags.get(PARTITIONS_TAG)
+    if not listed:
+        return None
+    ids: set[int] = set()
+    for item in listed.split(","):
+        first, _, last = item.strip().partition("-")
+        if first.isdigit() and (not last or last.isdigit()):
+            ids.update(range(int(first), int(last or first) + 1))
+    return ids
+
+
+def run_partitions(run: dg.DagsterRun, order: Sequence[str]) -> set[int]:
+    """The partitions a run of the asset loads (its own list, its partition key or its key range)."""
+    if (listed := listed_partitions(run.tags)) is not None:
+        return listed
+    if (key := run.tags.get("dagster/partition")) and key.isdigit():
+        return {int(key)}
+    start, end = run.tags.get(RANGE_START_TAG), run.tags.get(RANGE_END_TAG)
+    if start in order and end in order:
+        return {int(key) for key in order[order.index(start) : order.index(end) + 1] if key.isdigit()}
+    return set()
 
 
 def oldest_running_load(

@@ -6,7 +6,7 @@ import dagster as dg
 import pytest
 
 from feedapi_dagster.lakehouse.cursor_record import read_committed_state, read_history
-from feedapi_dagster.orchestration.loads import listed_partitions
+from feedapi_dagster.orchestration.run_storage import listed_partitions
 
 from ..lakehouse.conftest import create_partitioned_table, payloads, table_layout
 from ..s3_server import TEST_CREDENTIALS

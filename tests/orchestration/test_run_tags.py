@@ -7,11 +7,10 @@ from feedapi_dagster.orchestration.loads import (
     MAX_PARTITIONS_TAG_CHARS,
     PARTITION_LIMIT_TAG,
     PARTITIONS_TAG,
-    listed_partitions,
     partition_run_tags,
     partitions_tag,
-    run_partitions,
 )
+from feedapi_dagster.orchestration.run_storage import listed_partitions, run_partitions
 
 
 class _Binding:
