@@ -45,7 +45,6 @@ class FeedLoader:
         """`logger`: where progress goes (a Dagster run passes `context.log`, so it shows live in the
         run's log). `ship_package`: send this package to the session's cluster with the data source
         (a cluster whose Python does not have feedapi-dagster installed)."""
-        self.log = logger or log
         # the token is read here, in the run, and reaches the read tasks as Spark's redacted option
         self.feed = feed.with_token()
         self.client = FeedClient(self.feed)
@@ -54,8 +53,17 @@ class FeedLoader:
         self.settings = settings or LoadSettings()
         self.ship_package = ship_package
         self.execution = LoadExecution(
-            self.feed, sink, self.settings, on_moment=on_moment or (lambda moment, updates: None), logger=self.log
+            self.feed, sink, self.settings, on_moment=on_moment or (lambda moment, updates: None), logger=logger or log
         )
+
+    @property
+    def log(self) -> logging.Logger | logging.LoggerAdapter:
+        """Where the load's progress goes: the planning's lines and its execution's are one log."""
+        return self.execution.log
+
+    @log.setter
+    def log(self, logger: logging.Logger | logging.LoggerAdapter) -> None:
+        self.execution.log = logger
 
     @classmethod
     def into(
