@@ -1,6 +1,7 @@
 import json
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
@@ -32,6 +33,20 @@ class LocalServer:
     def close(self):
         self._httpd.shutdown()
         self._httpd.server_close()
+
+
+class ServedFeed(AbstractContextManager):
+    """A test's own feed service on a `LocalServer`: `_handle(handler)` answers each GET; the server
+    closes when the `with` block ends."""
+
+    def __init__(self) -> None:
+        self._server = LocalServer(self._handle)
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.close()
+
+    def _handle(self, handler: BaseHTTPRequestHandler) -> None:
+        raise NotImplementedError
 
 
 class CannedServer(LocalServer):

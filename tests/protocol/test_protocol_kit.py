@@ -20,7 +20,7 @@ import yaml
 from feedapi_dagster.protocol import FeedClient, ProtocolError, registry
 from feedapi_dagster.spark.connect_server import SparkConnectServer
 
-from .conftest import LocalServer
+from .conftest import ServedFeed
 
 PAGE = Path(__file__).parents[2] / "docs" / "protocols" / "adding-a-protocol.md"
 MODULE_PATH = "my_protocols/auditlog.py"
@@ -53,20 +53,14 @@ def code_blocks(language: str) -> list[str]:
     return re.findall(rf"^```{language}\n(.*?)^```$", PAGE.read_text(), flags=re.M | re.S)
 
 
-class AuditLogServer:
+class AuditLogServer(ServedFeed):
     """The page's audit-log service on 127.0.0.1: `logs[log][partition]` are the events."""
 
     def __init__(self, logs: dict[str, dict[int, list[dict]]]):
         self.logs = logs
         self.offsets: list[str] = []  # the `offset` of each fetch
-        self._server = LocalServer(self._handle)
+        super().__init__()
         self.url = self._server.url.removesuffix("/feed")
-
-    def __enter__(self) -> AuditLogServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.close()
 
     def _handle(self, handler) -> None:
         parts = urlsplit(handler.path)

@@ -14,23 +14,17 @@ from pydantic import ValidationError
 from feedapi_dagster.errors import ProtocolError
 from feedapi_dagster.protocol import FeedClient, feed_settings, register_protocol, registered_protocols
 
-from .conftest import LocalServer, pages_of, payloads
+from .conftest import ServedFeed, pages_of, payloads
 from .third_protocol import JsonLines, JsonLinesSettings
 
 
-class JsonLinesServer:
+class JsonLinesServer(ServedFeed):
     """The "jsonlines" server of `third_protocol.py` on 127.0.0.1: `events[stream][partition]`."""
 
     def __init__(self, events: dict[str, dict[int, list[dict]]]):
         self.events = events
-        self._server = LocalServer(self._handle)
+        super().__init__()
         self.url = self._server.url.removesuffix("/feed") + "/jsonlines"
-
-    def __enter__(self) -> JsonLinesServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.close()
 
     def _handle(self, handler) -> None:
         parts = urlsplit(handler.path)
