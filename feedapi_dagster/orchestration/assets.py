@@ -55,7 +55,7 @@ def _feed_asset(binding: FeedBinding, spec: dg.AssetSpec, execute: Execute) -> d
         # one run may load many partitions: a backfill's contiguous keys become one range run
         backfill_policy=dg.BackfillPolicy.single_run(),
         # one load of a feed at a time (the instance sets the pool's limit; dagster.yaml ships 1)
-        pool=f"feedapi_{binding.name}",
+        pool=binding.pool,
         # materializations are yielded per partition (`FeedApiResource.load`), not one per key of the range
         output_required=False,
     )

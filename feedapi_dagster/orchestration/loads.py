@@ -68,6 +68,11 @@ class FeedBinding:
         return f"feedapi_{self.feed.name}"
 
     @property
+    def pool(self) -> str:
+        """The Dagster pool of the feed's load, maintenance and stream steps (limit 1: one at a time)."""
+        return f"feedapi_{self.feed.name}"
+
+    @property
     def job_name(self) -> str:
         return f"feedapi_{self.feed.name}_load"
 

@@ -15,7 +15,7 @@ from .resources import FeedApiResource
 def build_maintenance_job(binding: FeedBinding) -> dg.JobDefinition:
     feed = binding.feed
 
-    @dg.op(name=f"feedapi_{feed.name}_maintenance_op", pool=f"feedapi_{feed.name}", tags={"kind": "delta"})
+    @dg.op(name=f"feedapi_{feed.name}_maintenance_op", pool=binding.pool, tags={"kind": "delta"})
     def maintenance_op(context: dg.OpExecutionContext, feedapi: FeedApiResource) -> None:
         context.log_event(feedapi.maintain(context, binding))
 

@@ -20,6 +20,12 @@ waits for the pool's slot logs only every 300 s (Dagster's "Step still blocked b
 it has those 300 s more. A worker that is alive but stuck keeps its signs of life: what bounds a stuck
 load is the load's own bounds (every call to Spark, HTTP or S3 has one), not this sensor.
 
+A load can also wait for ever for a slot that is free. Dagster hands a freed slot to a step already
+queued for it; a step that looked for a free slot just before a run freed the pool's last one, and
+queued itself just after, is never handed one (`claim_concurrency_slot` checks, then queues, without a
+lock). The sensor hands such a step the free slot (`hand_out_free_slots`): what Dagster's own freeing
+does, once the step has waited `LOST_WAIT_SECONDS`.
+
 Not `dagster/max_runtime`: it cuts a run by its age, alive or not. A limit that lets a 30-minute load
 of a large feed finish leaves a dead load holding the feed's slot for as long; one that frees the slot
 within minutes cuts every long load.
@@ -32,6 +38,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import dagster as dg
 
@@ -42,6 +49,9 @@ from .run_storage import runs_loading
 # slot (`CONCURRENCY_CLAIM_MESSAGE_INTERVAL` in dagster._core.execution.plan.active; not public)
 POOL_WAIT_MESSAGE_SECONDS = 300
 _STARTED = dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED])
+# a queued step that has waited this long while the pool has a free slot is taken for lost (Dagster's
+# own path hands a slot out in the same call that frees it)
+LOST_WAIT_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -97,6 +107,38 @@ def fail_stalled_loads(instance: dg.DagsterInstance, binding: FeedBinding, now: 
     return done
 
 
+def hand_out_free_slots(instance: dg.DagsterInstance, binding: FeedBinding, now: float) -> list[str]:
+    """Hand the feed's pool's free slots to the steps queued for it that Dagster never handed one
+    (the module docstring says how that happens); what was done, a line a step."""
+    storage = instance.event_log_storage
+    # not public: the call with which Dagster's storage hands freed slots to queued steps (its
+    # `free_concurrency_slot_for_step` makes it); the SQL storages (SQLite, Postgres, MySQL) have it
+    assign = getattr(storage, "assign_pending_steps", None)
+    if assign is None or not storage.supports_global_concurrency_limits:
+        return []
+    done = []
+    info = storage.get_concurrency_info(binding.pool)
+    free = info.slot_count - max(info.assigned_step_count, info.active_slot_count)
+    lost = sorted(
+        (step for step in info.pending_steps if step.assigned_timestamp is None),
+        key=lambda step: (-(step.priority or 0), step.enqueued_timestamp),
+    )
+    for step in lost[: max(free, 0)]:
+        waited = now - _unix_time(step.enqueued_timestamp)
+        if waited < LOST_WAIT_SECONDS:
+            break
+        assign([binding.pool])  # the first queued step, by priority then age: this one
+        done.append(
+            f"run {step.run_id}: its step {step.step_key} waited {waited:.0f} s for a free slot of pool {binding.pool}; handed it"
+        )
+    return done
+
+
+def _unix_time(moment: datetime) -> float:
+    # the SQL storages keep UTC; SQLite's without a zone
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
 @contextlib.contextmanager
 def signs_of_life(context: dg.AssetExecutionContext | dg.OpExecutionContext, binding: FeedBinding) -> Iterator[None]:
     """While the block runs, a line in the run's log whenever it has been quiet for a third of
@@ -138,10 +180,12 @@ def build_stalled_load_sensor(binding: FeedBinding) -> dg.SensorDefinition:
         # on whatever the schedule's and discovery's settings: a dead run blocks every load of the feed
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=f"Marks failed the runs of feed `{binding.name}` whose log has been silent for "
-        f"{limit} s (their process is gone), so that the feed's pool slot is freed.",
+        f"{limit} s (their process is gone), so that the feed's pool slot is freed; hands a free slot "
+        "to a load Dagster left waiting for one.",
     )
     def stalled(context: dg.SensorEvaluationContext) -> dg.SkipReason:
-        done = fail_stalled_loads(context.instance, binding, time.time())
+        now = time.time()
+        done = fail_stalled_loads(context.instance, binding, now) + hand_out_free_slots(context.instance, binding, now)
         for line in done:
             context.log.warning("feed %s: %s", binding.name, line)
         return dg.SkipReason(

@@ -11,7 +11,7 @@ from .streams import StreamConfig
 def build_stream_job(binding: FeedBinding) -> dg.JobDefinition:
     name = binding.name
 
-    @dg.op(name=f"feedapi_{name}_stream_op", pool=f"feedapi_{name}", tags={"kind": "spark"}, out={})
+    @dg.op(name=f"feedapi_{name}_stream_op", pool=binding.pool, tags={"kind": "spark"}, out={})
     def stream_op(context: dg.OpExecutionContext, config: StreamConfig, feedapi: FeedApiResource):
         yield from feedapi.stream(context, binding, config)
 

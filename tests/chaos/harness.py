@@ -31,6 +31,7 @@ from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
 from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, build_feedapi_definitions, feed_bindings
 from feedapi_dagster.orchestration.automation import DiscoveryCursor, evaluate_discovery, load_request
 from feedapi_dagster.orchestration.run_storage import latest_metadata_by_partition
+from feedapi_dagster.orchestration.stalled_loads import hand_out_free_slots
 from feedapi_dagster.planning import FeedState, PartitionState
 from feedapi_dagster.protocol import FeedClient, RetryPolicy, feed_settings
 from feedapi_dagster.spark.embedded import ensure_embedded_server
@@ -317,7 +318,7 @@ class ChaosRun:
                 self._kill_later(processes, how, version)
         try:
             for process in processes:
-                code = process.wait(timeout=600)
+                code = self._wait(process)
                 self.tally.runs["killed" if code == -signal.SIGKILL else "succeeded" if code == 0 else "failed"] += 1
         finally:  # a run that timed out does not outlive the chaos run
             for process in processes:
@@ -325,6 +326,19 @@ class ChaosRun:
                     process.kill()
                     process.wait()
         self._fail_dead_runs()
+
+    def _wait(self, process: subprocess.Popen, timeout: float = 600) -> int:
+        """The run's exit code; meanwhile, every 5 s, what the feed's stalled-loads sensor does on the
+        daemon for a load Dagster left waiting for a free slot (two runs of the feed that start at
+        once can leave one so: `hand_out_free_slots`)."""
+        deadline = time.monotonic() + timeout
+        while (code := process.poll()) is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(process.args, timeout)
+            for _ in hand_out_free_slots(self.instance, self.binding, time.time()):
+                self.tally.runs["handed a lost slot"] += 1
+            time.sleep(5)  # the sensor's interval is a tenth of stalled_load_seconds, at least 5 s
+        return code
 
     def _kill_later(self, processes: list[subprocess.Popen], how: str, version: int | None) -> None:
         # a run spends its first seconds importing and connecting; kill anywhere after that
