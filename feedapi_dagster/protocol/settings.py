@@ -4,7 +4,7 @@ Each protocol's settings model extends it with its own fields and `protocol: Lit
 (`feedapi.FeedApiSettings`, `nakadi.NakadiSettings`); `registry.feed_settings` validates a feed's
 values into the model of the protocol they name. A settings model is the feed's configuration (a
 defs.yaml feed, `FeedConfig`, holds one), the `feedapi` Spark data source's options
-(`lakehouse.datasource` writes and parses its fields as camelCase options) and the arguments of its
+(`read.datasource` writes and parses its fields as camelCase options) and the arguments of its
 `FeedClient`.
 """
 

@@ -5,7 +5,7 @@ a classic one):
 
     FEEDAPI_TEST_CONNECT_URL=sc://... python -m tests.lakehouse.spark_failures WORK_DIR LOCAL_DIRS
 
-prints one JSON line: each failure's type, error condition and whether `spark_errors` classifies it.
+prints one JSON line: each failure's type, error condition and whether `spark.failures` classifies it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`spark_errors` classifies Spark's failures by the error condition they really carry: a kept read
+"""`spark.failures` classifies Spark's failures by the error condition they really carry: a kept read
 lost with its blocks, and a Delta commit that lost to another writer's, made for real in a classic
 session and in a Spark Connect session (where they arrive as different Python types)."""
 
