@@ -20,7 +20,8 @@ A few subclasses live beside the code that raises them, for the code that catche
 `DeltaJarsError` (`spark/jar_resolution.py`), `DeltaJarsNotSetUp` (`spark/jars.py`) and
 `ServerNotStopped` (`spark/embedded.py`) are `SparkError`s, `RecoveryNeedsSpark`
 (`lakehouse/cursor_record.py`) and `UnreadableMetadata` (`orchestration/metadata.py`) `StateError`s,
-`ReadEndsMissing` (`lakehouse/feed_read.py`) a `LoadError`.
+`ReadEndsMissing` (`lakehouse/feed_read.py`) a `LoadError`, and `StreamReplayFailed`
+(`read/stream_source.py`) a `FeedApiDagsterError` of its own.
 
 Messages name the feed by its URL without credentials and never quote a token. This module is pure
 Python: every layer imports it, it imports nothing of the package.

@@ -38,7 +38,6 @@ MAINTENANCE_TAG = "feedapi/maintenance"  # on the runs of a feed's maintenance j
 # nothing new get no materialization (thousands of events per sync); the sync's observation says it.
 SYNC_TAG = "feedapi/sync"
 SCHEDULED_SYNC = "schedule"
-# Report statuses of a partition the load brought (or found) up to date: a success for Dagster.
 BACKFILL_TAG = "dagster/backfill"
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
