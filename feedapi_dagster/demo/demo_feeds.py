@@ -1,5 +1,5 @@
-"""The demo command's feed of each protocol: the `Feed` settings that read it on 127.0.0.1, and the
-bundled server that serves it."""
+"""The demo command's feed of each protocol: the feed settings (a `FeedConfig`'s) that read it on
+127.0.0.1, and the bundled server that serves it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ DEMO_EVENT_TYPE = "demo.orders"
 
 
 def demo_feed_settings(protocol: str, port: int) -> dict[str, str]:
-    """The `Feed` settings of the demo feed of `protocol` served on 127.0.0.1:`port`."""
+    """The feed settings of the demo feed of `protocol` served on 127.0.0.1:`port`."""
     if protocol == "nakadi":
         return {"protocol": "nakadi", "url": f"http://127.0.0.1:{port}", "event_type": DEMO_EVENT_TYPE}
     return {"url": f"http://127.0.0.1:{port}/feed"}

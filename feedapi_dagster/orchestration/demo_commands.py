@@ -49,7 +49,7 @@ PROTOCOL_ENV = "FEEDAPI_DAGSTER_DEMO_PROTOCOL"
 # Dagster's setting for where runs are created: one ASSET_MATERIALIZATION_PLANNED event for a run over
 # many partition keys instead of one per key (per key, a sync of thousands of partitions first spends
 # seconds to minutes writing them to SQLite: figures in benchmarks/README.md, issue #18 part 2).
-# What it costs: a failed run does not mark its partitions failed (README "Thousands of partitions").
+# What it costs: a failed run does not mark its partitions failed (docs/operations/scaling.md).
 PLANNED_SUBSET_ENV = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
 
 

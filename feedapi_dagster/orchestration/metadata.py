@@ -1,6 +1,7 @@
 """What a load tells Dagster, as typed sets of metadata: each set is written and read back by one
 class (as dagster-dlt's `TableMetadataSet` is), so that a key is spelled once and a value read back
-from Dagster's storage is the type it was written as. The keys are the ones the README documents.
+from Dagster's storage is the type it was written as. The keys are the ones
+docs/getting-started/dagster-objects.md documents.
 
 `PartitionMetadata` is each partition's materialization (the cursor of record and what the load
 did), `SyncMetadata` the load's observation of the asset, `MaintenanceMetadata` the observation of a
