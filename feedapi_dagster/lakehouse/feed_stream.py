@@ -39,13 +39,8 @@ from feedapi_dagster.protocol import FeedClient, FeedInfo, FeedSettings
 from feedapi_dagster.read.datasource import SOURCE_NAME, FeedSourceOptions
 from feedapi_dagster.read.read_tasks import END_COLUMN
 from feedapi_dagster.read.registration import register_feed_source
-from feedapi_dagster.read.stream_source import (
-    MAX_EVENTS_PER_TRIGGER,
-    START_OFFSET,
-    PartitionOffset,
-    StreamOffset,
-    micro_batch_offsets,
-)
+from feedapi_dagster.read.stream_offsets import PartitionOffset, StreamOffset
+from feedapi_dagster.read.stream_source import MAX_EVENTS_PER_TRIGGER, START_OFFSET, micro_batch_offsets
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

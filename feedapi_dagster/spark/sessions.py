@@ -98,7 +98,7 @@ def connect_session(
     ``unresponsive_seconds`` ends it with `SparkUnresponsive`."""
     session = _connect_client(url, unresponsive_seconds)
     with answering(session, SET_UP, unresponsive_seconds=unresponsive_seconds):
-        _set_runtime_conf(session, url, conf)
+        _set_runtime_conf(url, conf)
         apply_storage(session, storage, conf)
     return session
 
@@ -167,9 +167,10 @@ def _close(session: SparkSession) -> None:
         session.client.close()
 
 
-def _set_runtime_conf(session: SparkSession, url: str, conf: Mapping[str, str] | None) -> None:
-    """Give the session the runtime settings ``conf`` as the builder does (a setting the server cannot
-    change at runtime is skipped): the builder sets them on the session it returns, this one."""
+def _set_runtime_conf(url: str, conf: Mapping[str, str] | None) -> None:
+    """Give the session of ``url`` the runtime settings ``conf`` as the builder does (a setting the server
+    cannot change at runtime is skipped): the builder sets them on the session it returns, the one
+    `_connect_client` made."""
     from pyspark.sql import SparkSession
 
     if conf:
