@@ -88,9 +88,9 @@ class FeedLoader:
     @contextmanager
     def _reading(self) -> Iterator[None]:
         """The block's calls to Spark bounded by `settings.spark_unresponsive_seconds` (`answering`), with
-        the `feedapi` data source in the session: it is registered here, where the load reads, and
-        nowhere else: every load (a Dagster run, a test, a benchmark) reads through a loader's entry
-        point, whoever made its session."""
+        the `feedapi` data source in the session: it is registered where a read starts (here for a batch
+        load, in `FeedStream` for a stream): every load (a Dagster run, a test, a benchmark) reads
+        through a loader's entry point, whoever made its session."""
         with answering(
             self.spark,
             f"the load of feed {self.feed.url}",

@@ -22,10 +22,10 @@ _with_source: weakref.WeakSet[SparkSession] = weakref.WeakSet()
 
 
 def register_feed_source(spark: SparkSession, ship: bool = False, protocol: str = DEFAULT_PROTOCOL) -> None:
-    """Register `FeedDataSource` as `feedapi` in the session, once (`FeedLoader` does, before its first
-    read). `ship`: also send this package to the session's executors as a Spark Connect artifact (a
-    cluster whose Python does not have feedapi-dagster installed; its wheels - msgspec, pyarrow,
-    requests, pydantic - must be there). `protocol`: the feed's; a user's protocol's package goes to
+    """Register `FeedDataSource` as `feedapi` in the session, once (`FeedLoader` and `FeedStream` do,
+    before their first read). `ship`: also send this package to the session's executors as a Spark
+    Connect artifact (a cluster whose Python does not have feedapi-dagster installed; its wheels -
+    msgspec, pyarrow, requests, pydantic - must be there). `protocol`: the feed's; a user's protocol's package goes to
     a Connect session's Python workers with each load (`protocol_zip`; a local session's workers are
     this process's environment's)."""
     module = protocol_module(protocol)
