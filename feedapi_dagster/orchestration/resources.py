@@ -14,9 +14,9 @@ from feedapi_dagster.lakehouse.feed_table import FeedTable
 from feedapi_dagster.lakehouse.load_report import LoadOutcome, LoadStatus
 from feedapi_dagster.lakehouse.loader import FeedLoader
 from feedapi_dagster.lakehouse.maintenance import due, maintain
-from feedapi_dagster.spark.sessions import is_connect, spark_session
+from feedapi_dagster.spark.sessions import spark_session
 from feedapi_dagster.spark.settings import SparkSettings
-from feedapi_dagster.spark.watchdog import DEFAULT_UNRESPONSIVE_SECONDS, answering
+from feedapi_dagster.spark.watchdog import DEFAULT_UNRESPONSIVE_SECONDS, answering, is_connect
 
 from .checks import CheckedLoad, feed_check_results
 from .loads import (

@@ -12,7 +12,7 @@ from feedapi_dagster.protocol.registry import DEFAULT_PROTOCOL, protocol_module
 from feedapi_dagster.read.datasource import FeedDataSource
 from feedapi_dagster.spark.artifacts import package_zip, protocol_zip
 from feedapi_dagster.spark.failures import is_source_name_taken
-from feedapi_dagster.spark.sessions import is_connect
+from feedapi_dagster.spark.watchdog import is_connect
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

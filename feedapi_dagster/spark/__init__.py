@@ -7,10 +7,10 @@ bounds every call into Spark; the Delta and s3a jars are resolved once (`ensure_
 
 from feedapi_dagster.spark.embedded import ensure_embedded_server
 from feedapi_dagster.spark.jars import ensure_delta_jars
-from feedapi_dagster.spark.sessions import is_connect, local_spark_session, spark_session
+from feedapi_dagster.spark.sessions import local_spark_session, spark_session
 from feedapi_dagster.spark.settings import SparkSettings, installation_port
 from feedapi_dagster.spark.storage import S3Storage
-from feedapi_dagster.spark.watchdog import answering
+from feedapi_dagster.spark.watchdog import answering, is_connect
 
 __all__ = [
     "S3Storage",

@@ -32,7 +32,7 @@ import tempfile
 import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from feedapi_dagster.errors import SparkError
@@ -41,7 +41,7 @@ from feedapi_dagster.spark.connect_server import register_client
 from feedapi_dagster.spark.embedded import ensure_embedded_server
 from feedapi_dagster.spark.settings import LOCAL_MASTER, LOOPBACK, SparkSettings, build_conf
 from feedapi_dagster.spark.storage import SESSION_KEYS, S3Storage
-from feedapi_dagster.spark.watchdog import DEFAULT_UNRESPONSIVE_SECONDS, answering
+from feedapi_dagster.spark.watchdog import DEFAULT_UNRESPONSIVE_SECONDS, answering, is_connect
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -79,10 +79,6 @@ def local_spark_session(
     session.sparkContext.setLogLevel("WARN")
     apply_storage(session, storage, conf)
     return session
-
-
-def is_connect(session: Any) -> bool:
-    return type(session).__module__.startswith("pyspark.sql.connect")
 
 
 def connect_session(

@@ -30,7 +30,8 @@ DEFAULT_UNRESPONSIVE_SECONDS = 60.0
 _PROBED_SETTING = "spark.sql.session.timeZone"
 
 
-def _is_connect(session: Any) -> bool:
+def is_connect(session: Any) -> bool:
+    """Whether `session` is a Spark Connect client session (not a classic in-process one)."""
     return type(session).__module__.startswith("pyspark.sql.connect")
 
 
@@ -44,7 +45,7 @@ def answering(
 ) -> Iterator[None]:
     """Run the block with the Spark Connect server watched (see the module docstring); `what` names
     the work in the error."""
-    if not _is_connect(spark):
+    if not is_connect(spark):
         yield
         return
     watch = _Watch(spark, unresponsive_seconds, probe_seconds or min(10.0, unresponsive_seconds / 3))
