@@ -248,7 +248,9 @@ class FeedApiResource(dg.ConfigurableResource):
         outcome: LoadOutcome,
         mirrored: dict[str, PartitionMetadata],
     ) -> Iterator[dg.AssetCheckResult]:
-        """The step's checks (`checks.py`) of the partitions the load committed something for."""
+        """The step's checks (`checks.py`) of the partitions the load committed something for; their calls
+        to Spark bounded as the load's are (a frozen server would hold the run for ever: its signs of
+        life keep the stalled-loads sensor away)."""
         loaded = [
             r.partition_id
             for r in outcome.reports.values()
@@ -256,7 +258,8 @@ class FeedApiResource(dg.ConfigurableResource):
         ]
         load = CheckedLoad(outcome, loaded, mirrored, recorded_user_deletes(context.instance, binding.key))
         selected = {key.name for key in context.selected_asset_check_keys if key.asset_key == binding.key}
-        yield from feed_check_results(load, selected)
+        with self._answering(binding, outcome.table):
+            yield from feed_check_results(load, selected)
 
     def _maintain_due(
         self, context: dg.AssetExecutionContext, binding: FeedBinding, outcome: LoadOutcome

@@ -34,6 +34,7 @@ within minutes cuts every long load.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -44,6 +45,8 @@ import dagster as dg
 
 from .loads import MAINTENANCE_TAG, FeedBinding
 from .run_storage import runs_loading
+
+log = logging.getLogger(__name__)
 
 # Dagster's executor logs "Step still blocked by limit for pool" this often while a step waits for a
 # slot (`CONCURRENCY_CLAIM_MESSAGE_INTERVAL` in dagster._core.execution.plan.active; not public)
@@ -151,15 +154,20 @@ def signs_of_life(context: dg.AssetExecutionContext | dg.OpExecutionContext, bin
     def watch() -> None:
         started = time.monotonic()
         while not stopped.wait(limit / 6):
-            newest = context.instance.get_records_for_run(run_id, limit=1, ascending=False).records
-            quiet = time.time() - newest[0].event_log_entry.timestamp if newest else limit
-            if quiet >= limit / 3:
-                context.log.info(
-                    "feed %s: still at work after %.0f s (nothing logged for %.0f s)",
-                    binding.name,
-                    time.monotonic() - started,
-                    quiet,
-                )
+            # a storage hiccup (a dropped database connection) must not end the run's signs of life:
+            # the sensor would take the live run for dead
+            try:
+                newest = context.instance.get_records_for_run(run_id, limit=1, ascending=False).records
+                quiet = time.time() - newest[0].event_log_entry.timestamp if newest else limit
+                if quiet >= limit / 3:
+                    context.log.info(
+                        "feed %s: still at work after %.0f s (nothing logged for %.0f s)",
+                        binding.name,
+                        time.monotonic() - started,
+                        quiet,
+                    )
+            except Exception as error:  # noqa: BLE001 - any failure of the instance's storage
+                log.warning("feed %s: the run's signs of life could not be written now (%s)", binding.name, error)
 
     watcher = threading.Thread(target=watch, name=f"feedapi-{binding.name}-signs-of-life", daemon=True)
     watcher.start()

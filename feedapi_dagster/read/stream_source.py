@@ -53,7 +53,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from feedapi_dagster.errors import FeedApiDagsterError
+from feedapi_dagster.errors import FeedApiDagsterError, LoadError
 from feedapi_dagster.planning import plan_feed, task_groups
 from feedapi_dagster.protocol import FeedInfo
 from feedapi_dagster.read.read_tasks import END_COLUMN, PartitionRead, PartitionStart, ReadEnd, read_schema
@@ -76,7 +76,7 @@ DEFAULT_DEDUP_WINDOW = 100
 STREAM_OPTIONS = frozenset({MAX_EVENTS_PER_TRIGGER.lower(), DEDUP_WINDOW.lower(), START_OFFSET.lower()})
 
 
-class StreamReplayFailed(FeedApiDagsterError):
+class StreamReplayFailed(LoadError):
     """A micro-batch read again after a restart did not find the events it read the first time."""
 
 
