@@ -82,12 +82,13 @@ ODD_PAYLOADS = [
 UNPARSEABLE = ['{"id":"odd-3","text":"\\ud800 unpaired"}', '{"id":"odd-4","amount":1,"amount":2}']
 
 
-def add_odd_events(feed, partition=0) -> list[str]:
-    """Publishes `ODD_PAYLOADS` and `UNPARSEABLE` on `partition`; returns the texts `payload` holds of
-    the unparseable ones."""
-    for text in [*ODD_PAYLOADS, *UNPARSEABLE]:
+def add_odd_events(feed, partition=0, tag="") -> list[str]:
+    """Publishes `ODD_PAYLOADS` and `UNPARSEABLE` on `partition` (`tag` in their ids: `odd<tag>-1`);
+    returns the texts `payload` holds of the unparseable ones."""
+    texts = [text.replace('"odd-', f'"odd{tag}-') for text in [*ODD_PAYLOADS, *UNPARSEABLE]]
+    for text in texts:
         feed.add_event(text, partition=partition)
-    return list(UNPARSEABLE)
+    return texts[len(ODD_PAYLOADS) :]
 
 
 def assert_data_is_the_payload(spark, path, unparseable=(), where="true") -> int:
