@@ -186,7 +186,9 @@ class FeedTable:
         elif self.payload_form == "variant":
             try:
                 self.spark.sql(f"ALTER TABLE delta.`{self.path}` ADD COLUMNS ({FORM_COLUMNS_DDL['variant']})")
-                log.info("added the column `%s VARIANT` to %s (the feed's payload_form is variant)", DATA_COLUMN, self.path)
+                log.info(
+                    "added the column `%s VARIANT` to %s (the feed's payload_form is variant)", DATA_COLUMN, self.path
+                )
             except Exception:  # noqa: BLE001 - Spark's error types differ between classic and Connect
                 if self.found_form() != "variant":  # not another load's ALTER of the same moment
                     raise

@@ -49,8 +49,11 @@ def test_a_json_table_switched_to_variant_gets_the_column_in_place_and_back_to_j
         assert assert_data_is_the_payload(spark, table_path, unparseable, where=f"NOT ({older})") == newer + 20
 
         version = len(operations(spark, table_path))
-        with pytest.raises(PayloadFormMismatch, match=r"has the payload's variant column `data` and the feed's "
-                           r"payload_form is json.*Set `payload_form: variant`"):
+        with pytest.raises(
+            PayloadFormMismatch,
+            match=r"has the payload's variant column `data` and the feed's "
+            r"payload_form is json.*Set `payload_form: variant`",
+        ):
             make_loader(server, payload_form="json")
         assert len(operations(spark, table_path)) == version  # nothing committed
     assert_every_event_once(spark, table_path, feed, exactly_once=True)

@@ -71,6 +71,5 @@ def test_a_nakadi_event_type_in_variant_form_parses_every_event(spark, instance,
         assert_exactly_once(spark, harness, [0, 1])
         assert assert_data_is_the_payload(spark, harness.table) == event_type.unique_count()
         # Nakadi's envelope by path: each row's event id is its metadata's eid
-        assert spark.sql(
-            f"SELECT count(*) FROM delta.`{harness.table}` WHERE data:metadata.eid::string = event_id"
-        ).first()[0] == event_type.unique_count()
+        query = f"SELECT count(*) FROM delta.`{harness.table}` WHERE data:metadata.eid::string = event_id"
+        assert spark.sql(query).first()[0] == event_type.unique_count()
