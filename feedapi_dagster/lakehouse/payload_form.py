@@ -15,7 +15,7 @@ What `data` holds, row by row (`docs/guides/payload-form.md`):
 * JSON `null`: a variant null (`data IS NULL` is false, `is_variant_null(data)` true);
 * a payload Spark's parser refuses (an unpaired surrogate escape `"\\ud800"`, a key twice in one
   object unless the session sets `spark.sql.variant.allowDuplicateKeys`, nesting deeper than Spark
-  takes, more than 16 MiB): SQL NULL. The row is loaded all the same, its text in `payload`: a load
+  takes): SQL NULL. The row is loaded all the same, its text in `payload`: a load
   never fails or drops an event over its variant. `data IS NULL` finds exactly these rows.
 """
 
