@@ -48,6 +48,14 @@ def test_a_json_table_switched_to_variant_gets_the_column_in_place_and_back_to_j
         make_loader(server).sync()
         assert assert_data_is_the_payload(spark, table_path, unparseable, where=f"NOT ({older})") == newer + 20
 
+        # a rebuild writes a partition's rows again, with `data`: its older rows too
+        make_loader(server).rebuild([1])
+        still_null = f"partition_id = 0 AND position < {loaded[0]}"
+        assert spark.read.format("delta").load(table_path).where("data IS NULL").count() == loaded[0] + 2
+        assert assert_data_is_the_payload(spark, table_path, unparseable, where=f"NOT ({still_null})") == (
+            newer + 20 + loaded[1]
+        )
+
         version = len(operations(spark, table_path))
         with pytest.raises(
             PayloadFormMismatch,
