@@ -475,7 +475,7 @@ class PostgresServer:
 
 
 def project_config(
-    base: Path, protocol: str, url: str, page_size: int, spark_port: int, s3: S3Lake | None, payload_form: str
+    base: Path, protocol: str, url: str, page_size: int, spark_port: int, s3: S3Lake | None, payload_form: str = "json"
 ):
     """The deployment's feeds configuration: one feed `bench` in `payload_form`, the lakehouse in `base`
     or on S3."""
@@ -827,22 +827,23 @@ def report(
     )
     names = [run.label for run in runs] + (["increm."] if incremental else [])
     runs = runs + incremental
-    header = f"  {'':<58}" + "".join(f"{name:>9}" for name in names)
+    width = max(9, *(len(name) + 1 for name in names))  # a column per run
+    header = f"  {'':<58}" + "".join(f"{name:>{width}}" for name in names)
     print(header)
     for label in dict.fromkeys(label for run in runs for label in run.stages):
-        print(f"  {label:<58}" + "".join(f"{run.stages.get(label, float('nan')):9.2f}" for run in runs))
-    print(f"  {'total':<58}" + "".join(f"{run.line.seconds:9.2f}" for run in runs))
+        print(f"  {label:<58}" + "".join(f"{run.stages.get(label, float('nan')):{width}.2f}" for run in runs))
+    print(f"  {'total':<58}" + "".join(f"{run.line.seconds:{width}.2f}" for run in runs))
     print(
         f"\nRun start-up ('{STARTUP}': process start to STEP_START; Dagster's default launcher, no fork "
         "server), in parts:"
     )
     print(header)
     for label in dict.fromkeys(label for run in runs for label in run.startup):
-        print(f"  {label:<58}" + "".join(f"{run.startup.get(label, float('nan')):9.2f}" for run in runs))
-    print(f"  {'run start-up':<58}" + "".join(f"{run.stages.get(STARTUP, float('nan')):9.2f}" for run in runs))
+        print(f"  {label:<58}" + "".join(f"{run.startup.get(label, float('nan')):{width}.2f}" for run in runs))
+    print(f"  {'run start-up':<58}" + "".join(f"{run.stages.get(STARTUP, float('nan')):{width}.2f}" for run in runs))
     print("CPU seconds during each run:")
     for key in runs[0].cpu:
-        print(f"  {key:<58}" + "".join(f"{run.cpu[key]:9.1f}" for run in runs))
+        print(f"  {key:<58}" + "".join(f"{run.cpu[key]:{width}.1f}" for run in runs))
 
     print("\nMemory (MB; peak resident set):")
     print(f"  feed server: {watch.root_peak.get('feed server', 0):.0f}")
