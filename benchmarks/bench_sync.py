@@ -8,6 +8,7 @@ through Dagster on the embedded Spark Connect server, cold and warm.
     .venv/bin/python benchmarks/bench_sync.py --partitions 2000 --events 20000 --page-size 100 --incremental 10
     .venv/bin/python benchmarks/bench_sync.py --lakehouse s3         # the tables on an S3 server
     .venv/bin/python benchmarks/bench_sync.py --protocol nakadi      # a Nakadi event type instead of a feed
+    .venv/bin/python benchmarks/bench_sync.py --payload-forms json,variant   # the warm syncs in each form
 
 Needs the `bench` extra (dlt) and the Delta jars (`make setup`); benchmarks/README.md says what each
 line measures. In order: the bundled demo feed in its own process (generated once, read by all); raw
@@ -33,6 +34,10 @@ SQLite files in DAGSTER_HOME: a PostgreSQL 15 server of the benchmark's own (Deb
 package; initdb and pg_ctl run as the `postgres` OS user when the benchmark runs as root) on a free
 port of 127.0.0.1, its data in the temp folder, default durability settings (fsync, synchronous
 commit), a new database for each deployment.
+With `--payload-forms json,variant` the warm syncs run in each of the feed's payload forms, taking turns
+(warm #1 json, warm #1 variant, warm #2 json, ...: a change of the machine's load falls on both), the
+cold one in the first form; the figures say each form's median warm events/s and their ratio (issue
+37's target: variant >= 0.8x json), and a variant table's rows are checked to have their `data`.
 Everything started here is stopped at the end.
 Exit status 0 when the median warm sync runs at >= 1.5x dlt's events/s, 2 when not, 1 on errors.
 """
@@ -70,6 +75,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 BIN = Path(sys.executable).parent
 TARGET = 1.5  # warm sync / dlt, events per second
+FORM_TARGET = 0.8  # `--payload-forms`: a form's warm sync / the first form's (variant / json)
 # `--instance postgres`: the server binaries of Debian's `postgresql` package (PostgreSQL 15)
 POSTGRES_BIN = Path("/usr/lib/postgresql/15/bin")
 POSTGRES_OS_USER = "postgres"  # initdb refuses to run as root: as root, the server runs as this user
@@ -468,8 +474,11 @@ class PostgresServer:
                     os.kill(pid, signal.SIGKILL)
 
 
-def project_config(base: Path, protocol: str, url: str, page_size: int, spark_port: int, s3: S3Lake | None):
-    """The deployment's feeds configuration: one feed `bench`, the lakehouse in `base` or on S3."""
+def project_config(
+    base: Path, protocol: str, url: str, page_size: int, spark_port: int, s3: S3Lake | None, payload_form: str = "json"
+):
+    """The deployment's feeds configuration: one feed `bench` in `payload_form`, the lakehouse in `base`
+    or on S3."""
     from feedapi_dagster.orchestration import FeedConfig, ProjectConfig
     from feedapi_dagster.orchestration.config import StorageConfig
     from feedapi_dagster.spark.settings import SparkSettings
@@ -484,7 +493,7 @@ def project_config(base: Path, protocol: str, url: str, page_size: int, spark_po
         lakehouse=lakehouse,
         storage=StorageConfig(s3=s3.storage() if s3 else None),
         spark=SparkSettings(mode="embedded", port=spark_port),
-        feeds=[FeedConfig(name="bench", page_size_hint=page_size, **feed)],
+        feeds=[FeedConfig(name="bench", page_size_hint=page_size, payload_form=payload_form, **feed)],
     )
 
 
@@ -500,7 +509,14 @@ class Setup:
 
 
 def prepare(
-    base: Path, protocol: str, url: str, page_size: int, spark_port: int, s3: S3Lake | None, storage: dict | None = None
+    base: Path,
+    protocol: str,
+    url: str,
+    page_size: int,
+    spark_port: int,
+    s3: S3Lake | None,
+    storage: dict | None = None,
+    payload_form: str = "json",
 ) -> Setup:
     """A fresh deployment: the code location (definitions.py + project.json), DAGSTER_HOME with the
     instance settings feedapi-dagster ships (plus `storage`, dagster.yaml's block, when given: the
@@ -526,7 +542,7 @@ def prepare(
         # the shipped settings unchanged, the instance's storage appended
         settings = settings.rstrip("\n") + "\n" + yaml.safe_dump({"storage": storage}, sort_keys=False)
     (home / "dagster.yaml").write_text(settings)
-    project = project_config(base, protocol, url, page_size, spark_port, s3)
+    project = project_config(base, protocol, url, page_size, spark_port, s3, payload_form)
     location = base / "location"
     location.mkdir()
     (location / "project.json").write_text(project.model_dump_json(exclude_defaults=True, indent=2))
@@ -547,6 +563,8 @@ def prepare(
 @dataclass
 class Run:
     line: Line
+    label: str = ""  # its column in the tables of stages: cold, warm #1 (json)...
+    payload_form: str = "json"
     stages: dict[str, float] = field(default_factory=dict)
     cpu: dict[str, float] = field(default_factory=dict)
     startup: dict[str, float] = field(default_factory=dict)
@@ -636,10 +654,18 @@ def run_sync(
 def verify(setup: Setup, run_id: str, events: int, changed: int | None) -> None:
     """All events in the table, one materialization per partition that changed, the read tasks' notes
     removed, the run tagged with every partition."""
+    import pyarrow.dataset as ds
     from deltalake import DeltaTable
 
     path = setup.binding.table_path
-    rows = DeltaTable(path, storage_options=setup.project.storage_options() or None).to_pyarrow_dataset().count_rows()
+    dataset = DeltaTable(path, storage_options=setup.project.storage_options() or None).to_pyarrow_dataset()
+    rows = dataset.count_rows()
+    # a variant table: every row has its payload parsed (the demo feeds' payloads all parse)
+    if (
+        setup.binding.feed.payload_form == "variant"
+        and (parsed := dataset.count_rows(filter=ds.field("data").is_valid())) != rows
+    ):
+        raise RuntimeError(f"run {run_id}: {rows - parsed} of {rows} rows have no `data`")
     partitions = setup.instance.get_dynamic_partitions(setup.binding.partitions_name)
     materialized = [
         e
@@ -755,8 +781,12 @@ def report(
     """Prints the figures; returns warm sync / dlt (events/s)."""
     raw_loop = lines[0]
     dlt_line = next(line for line in lines if line.name.startswith("dlt"))
-    warm = [run.line for run in runs[1:]]
-    warm_rate = statistics.median(line.rate for line in warm)
+    forms = list(dict.fromkeys(run.payload_form for run in runs[1:]))
+    warm_rates = {
+        form: statistics.median(run.line.rate for run in runs[1:] if run.payload_form == form) for form in forms
+    }
+    warm = [run.line for run in runs[1:] if run.payload_form == forms[0]]
+    warm_rate = warm_rates[forms[0]]
     print()
     print(
         f"{args.partitions} partitions, {args.events} events, page size hint {args.page_size}; "
@@ -783,29 +813,37 @@ def report(
         f"{warm_rate / (dlt_line.events / dlt_line.process_seconds):8.2f}"
     )
     print(f"{'warm sync / raw HTTP plain loop':<58} {warm_rate / raw_loop.rate:8.2f}")
+    for form in forms[1:]:
+        form_ratio = warm_rates[form] / warm_rate
+        print(
+            f"{f'payload_form {form} / {forms[0]} (median warm events/s)':<58} {form_ratio:8.2f}   "
+            f"{warm_rates[form]:,.0f} / {warm_rate:,.0f} events/s; target >= {FORM_TARGET}: "
+            f"{'met' if form_ratio >= FORM_TARGET else 'MISSED'}"
+        )
 
     print(
         "\nWhere a run's time goes (seconds; consecutive stages adding up to the run's figure; the log "
         "lines round to 0.1 s):"
     )
-    names = ["cold", *(f"warm #{i}" for i in range(1, len(runs))), *(["increm."] if incremental else [])]
+    names = [run.label for run in runs] + (["increm."] if incremental else [])
     runs = runs + incremental
-    header = f"  {'':<58}" + "".join(f"{name:>9}" for name in names)
+    width = max(9, *(len(name) + 1 for name in names))  # a column per run
+    header = f"  {'':<58}" + "".join(f"{name:>{width}}" for name in names)
     print(header)
     for label in dict.fromkeys(label for run in runs for label in run.stages):
-        print(f"  {label:<58}" + "".join(f"{run.stages.get(label, float('nan')):9.2f}" for run in runs))
-    print(f"  {'total':<58}" + "".join(f"{run.line.seconds:9.2f}" for run in runs))
+        print(f"  {label:<58}" + "".join(f"{run.stages.get(label, float('nan')):{width}.2f}" for run in runs))
+    print(f"  {'total':<58}" + "".join(f"{run.line.seconds:{width}.2f}" for run in runs))
     print(
         f"\nRun start-up ('{STARTUP}': process start to STEP_START; Dagster's default launcher, no fork "
         "server), in parts:"
     )
     print(header)
     for label in dict.fromkeys(label for run in runs for label in run.startup):
-        print(f"  {label:<58}" + "".join(f"{run.startup.get(label, float('nan')):9.2f}" for run in runs))
-    print(f"  {'run start-up':<58}" + "".join(f"{run.stages.get(STARTUP, float('nan')):9.2f}" for run in runs))
+        print(f"  {label:<58}" + "".join(f"{run.startup.get(label, float('nan')):{width}.2f}" for run in runs))
+    print(f"  {'run start-up':<58}" + "".join(f"{run.stages.get(STARTUP, float('nan')):{width}.2f}" for run in runs))
     print("CPU seconds during each run:")
     for key in runs[0].cpu:
-        print(f"  {key:<58}" + "".join(f"{run.cpu[key]:9.1f}" for run in runs))
+        print(f"  {key:<58}" + "".join(f"{run.cpu[key]:{width}.1f}" for run in runs))
 
     print("\nMemory (MB; peak resident set):")
     print(f"  feed server: {watch.root_peak.get('feed server', 0):.0f}")
@@ -869,7 +907,16 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="then append 10 events to each of N partitions and sync the last deployment again",
     )
+    parser.add_argument(
+        "--payload-forms",
+        default="json",
+        help="the feed's payload_form of the syncs, comma-separated (json,variant: the warm syncs in each, "
+        "taking turns; the cold one in the first)",
+    )
     args = parser.parse_args(argv)
+    forms = args.payload_forms.split(",")
+    if not forms or set(forms) - {"json", "variant"} or len(set(forms)) != len(forms):
+        parser.error("--payload-forms: json and/or variant, each once (json,variant)")
     if args.incremental and args.protocol != "feedapi":
         parser.error("--incremental appends to given partitions: FeedAPI's demo server only")
     if args.repeat < 1:
@@ -955,20 +1002,26 @@ def main(argv: list[str] | None = None) -> int:
         spark_peaks["after start"] = status_mb(spark.pid) or 0.0
         say(f"  ready after {lines[-1].seconds:.1f} s (pid {spark.pid})")
 
-        for index in range(args.repeat + 1):
+        # the cold sync in the first form, then each warm one in every form in turn
+        turns = [(0, forms[0])] + [(index, form) for index in range(1, args.repeat + 1) for form in forms]
+        for turn, (index, form) in enumerate(turns):
+            label = "cold" if index == 0 else f"warm #{index}" + (f" {form}" if len(forms) > 1 else "")
             name = (
                 "Dagster scheduled sync, cold (1st run on the new server)"
                 if index == 0
-                else f"Dagster scheduled sync, warm #{index}"
+                else f"Dagster scheduled sync, {label}"
+            ) + (f", payload_form {form}" if len(forms) > 1 and index == 0 else "")
+            storage = postgres.storage(f"dagster_run_{turn}") if postgres else None  # a database per deployment
+            setup = prepare(
+                work / f"run-{turn}", args.protocol, url, args.page_size, spark_port, s3, storage, payload_form=form
             )
-            storage = postgres.storage(f"dagster_run_{index}") if postgres else None  # a database per deployment
-            setup = prepare(work / f"run-{index}", args.protocol, url, args.page_size, spark_port, s3, storage)
             say(f"{name}; load average {load_average()}")
             run = run_sync(setup, name, args.events, spark.pid, postgres_pid=postgres and postgres.pid)
-            if not (args.incremental and index == args.repeat):  # the incremental sync goes on with it
+            run.label, run.payload_form = label, form
+            if not (args.incremental and turn == len(turns) - 1):  # the incremental sync goes on with it
                 setup.instance.dispose()
             runs.append(run)
-            spark_peaks["after the cold run" if index == 0 else f"warm #{index}"] = status_mb(spark.pid) or 0.0
+            spark_peaks["after the cold run" if index == 0 else label] = status_mb(spark.pid) or 0.0
             say(f"  {run.line.seconds:.2f} s: {run.line.rate:,.0f} events/s ({run.line.notes}); verified")
         if args.incremental:
             for partition in range(args.incremental):

@@ -8,6 +8,7 @@ subclass for one kind of failure.
     ├── StorageError             the lakehouse's storage refused or cannot be reached
     ├── StateError               the cursor of record cannot be read or recovered
     ├── LayoutMismatch           a feed's table exists with another layout than the feed's `layout`
+    ├── PayloadFormMismatch      a feed's table has the variant column and the feed's `payload_form` is json
     ├── LoadError                a load could not finish (what was committed before is kept)
     │   ├── CommitExhausted      Delta's optimistic commit lost every retry to other writers
     │   ├── PartitionConflict    another load committed a partition first (`partition_id`)
@@ -66,6 +67,11 @@ class StateError(FeedApiDagsterError):
 class LayoutMismatch(FeedApiDagsterError):
     """A feed's table exists with another layout (clustered, partitioned, none) than the feed's `layout`
     setting: a Delta table's layout cannot change in place, so nothing is loaded into it."""
+
+
+class PayloadFormMismatch(FeedApiDagsterError):
+    """A feed's table has the payload's variant column (`data`) and the feed's `payload_form` is `json`:
+    its loads would leave the column NULL, so nothing is loaded into it."""
 
 
 class LoadError(FeedApiDagsterError):

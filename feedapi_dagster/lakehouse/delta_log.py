@@ -118,6 +118,10 @@ class DeltaLog:
         snapshot = self.snapshot()
         return layout_of(snapshot.metadata().partition_columns, snapshot.protocol().writer_features)
 
+    def column_types(self) -> dict[str, str]:
+        """The table's columns and their Delta type names (`string`, `variant`, `struct`...)."""
+        return {field.name: str(field.type.type) for field in self.snapshot().schema().fields}
+
     def partition_columns(
         self, snapshot: Any = None, paths: set[str] | None = None, wanted: set[int] | None = None
     ) -> pa.Table:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from feedapi_dagster.lakehouse.commit import Moment, PartitionRead, ReadCommit
 from feedapi_dagster.lakehouse.cursor_record import CommittedState
 from feedapi_dagster.lakehouse.feed_table import FeedTable, local_path
+from feedapi_dagster.lakehouse.payload_form import DATA_COLUMN, data_column
 from feedapi_dagster.lakehouse.sink import DeltaSink, partition_conflict
 from feedapi_dagster.planning import FeedState, PartitionState
 from feedapi_dagster.protocol import FeedClient, FeedInfo, FeedSettings
@@ -199,12 +200,15 @@ def _holds(found: PartitionState | None, end: PartitionOffset) -> bool:
 def stream_to_delta(events: DataFrame, path: str, checkpoint: str, run_id: str = "stream") -> DataStreamWriter:
     """The stream's writer into the feed table at `path` (created as the batch loads create it, with
     their columns: `loaded_at` is when Spark ran the micro-batch, `run_id` names the stream), with the
-    query's checkpoint at `checkpoint`. Delta's streaming sink commits each micro-batch once: it records
+    query's checkpoint at `checkpoint`; a variant table's `data` too. Delta's streaming sink commits each micro-batch once: it records
     the query's id and batch id in the commit (`txn`) and skips a batch it already committed, so a
     micro-batch Spark runs again after a restart lands once. Add a trigger and `start()` it."""
     from pyspark.sql import functions as F
 
-    FeedTable(events.sparkSession, path).ensure_table()
+    table = FeedTable(events.sparkSession, path)
+    table.ensure_table()
+    if table.form == "variant":  # a variant table's rows have their payload parsed, as `FeedTable.write`'s
+        events = events.withColumn(DATA_COLUMN, data_column())
     return (
         events.withColumn("loaded_at", F.current_timestamp())
         .withColumn("run_id", F.lit(run_id))

@@ -24,6 +24,15 @@ from urllib.parse import urlsplit
 
 from feedapi_dagster.errors import LayoutMismatch
 from feedapi_dagster.lakehouse.delta_log import DeltaLog, HistoryEntry, Layout, as_strings, layout_of
+from feedapi_dagster.lakehouse.payload_form import (
+    DATA_COLUMN,
+    DEFAULT_PAYLOAD_FORM,
+    FORM_COLUMNS_DDL,
+    PayloadForm,
+    data_column,
+    form_mismatch,
+    form_of,
+)
 from feedapi_dagster.read.rows import PARTITION_COLUMN, TABLE_SCHEMA, spark_ddl
 from feedapi_dagster.spark.failures import first_line
 from feedapi_dagster.spark.storage import explain_storage_error
@@ -48,14 +57,15 @@ LAYOUT_CLAUSE: Mapping[Layout, str] = {
 }
 
 
-def create_table_sql(path: str, layout: Layout) -> str:
-    """The table's creation with `layout`. File statistics only of what is looked up by them: positions,
-    and the feed's partition where it is not a partition column (whose value is its folder's): Delta
-    requires statistics of clustering columns, and data skipping reads them. Delta's default, the first
-    32 columns, has every commit compute min/max of each payload too."""
+def create_table_sql(path: str, layout: Layout, payload_form: PayloadForm = DEFAULT_PAYLOAD_FORM) -> str:
+    """The table's creation with `layout` and the columns of `payload_form`. File statistics only of what
+    is looked up by them: positions, and the feed's partition where it is not a partition column (whose
+    value is its folder's): Delta requires statistics of clustering columns, and data skipping reads
+    them. Delta's default, the first 32 columns, has every commit compute min/max of each payload too."""
     stats = "position" if layout == "partitioned" else f"{PARTITION_COLUMN},position"
+    columns = ", ".join(filter(None, (TABLE_DDL, FORM_COLUMNS_DDL[payload_form])))
     return (
-        f"CREATE TABLE IF NOT EXISTS delta.`{path}` ({TABLE_DDL}) USING delta {LAYOUT_CLAUSE[layout]} "
+        f"CREATE TABLE IF NOT EXISTS delta.`{path}` ({columns}) USING delta {LAYOUT_CLAUSE[layout]} "
         f"TBLPROPERTIES ('delta.dataSkippingStatsColumns' = '{stats}')"
     )
 
@@ -110,17 +120,22 @@ class FeedTable:
         read_log: Literal["auto", "spark"] = "auto",
         storage_options: Mapping[str, str] | None = None,
         layout: Layout | None = None,
+        payload_form: PayloadForm | None = None,
     ):
         """`read_log`: `auto` reads the Delta log with delta-rs when this process can open the table
         (decided by `ensure_table`), `spark` always through the Spark session. `storage_options`:
         delta-rs's, for a table on object storage. `layout`: the feed's setting, what `ensure_table`
         creates the table with and finds an existing one in (None: `DEFAULT_LAYOUT` for a new table,
-        an existing one as it is)."""
+        an existing one as it is). `payload_form`: the feed's setting, the same way (None: json for a new
+        table, an existing one as it is)."""
         self.spark = spark
         self.path = path
         self.read_log = read_log
         self.storage_options = dict(storage_options or {})
         self.layout = layout
+        self.payload_form = payload_form
+        # the form the rows are written in: the table's, once `ensure_table` found or made it
+        self.form: PayloadForm = payload_form or DEFAULT_PAYLOAD_FORM
         self._log: DeltaLog | None = None
 
     @property
@@ -131,13 +146,13 @@ class FeedTable:
 
     # ------------------------------------------------------------------ set-up
     def ensure_table(self) -> None:
-        """Creates the table with its layout where there is none; `LayoutMismatch` where one exists with
-        another layout than the feed's setting."""
+        """Creates the table with its layout and payload form where there is none; `LayoutMismatch` where
+        one exists with another layout than the feed's setting; the payload's form as `ensure_form` says."""
         # a table delta-rs opens exists: no Spark statement (0.3-0.4 s of every run) to create it
         self._log = self._open_log(quiet=True)
         if self._log is None:
             try:
-                self.spark.sql(create_table_sql(self.path, self.layout or DEFAULT_LAYOUT))
+                self.spark.sql(create_table_sql(self.path, self.layout or DEFAULT_LAYOUT, self.form))
             except Exception as error:  # noqa: BLE001 - Spark's error types differ between classic and Connect
                 if (explained := explain_storage_error(self.path, error)) is not None:
                     raise explained from None  # what to set, not Hadoop's stack trace
@@ -148,7 +163,45 @@ class FeedTable:
             self._log = self._open_log()
         if self.layout is not None and (found := self.found_layout()) != self.layout:
             raise layout_mismatch(self.path, found, self.layout)
+        self.ensure_form()
         self._remove_abandoned_progress()
+
+    def ensure_form(self) -> None:
+        """The table's payload form (`form`), brought to the feed's setting where it can be:
+
+        * json table, `variant` setting: the column is added in place (`ALTER TABLE ... ADD COLUMNS`, one
+          metadata commit, no file rewritten; it carries no feed state, which stays the newest load's).
+          The rows loaded before have `data` NULL: their `payload` is all they had, and a query that
+          spans both reads `coalesce(data, try_parse_json(payload))`.
+        * variant table, `json` setting: `PayloadFormMismatch`, nothing loaded. Loading on would leave
+          `data` NULL in the new rows, which a query of it takes for payloads Spark could not parse;
+          dropping the column takes Delta column mapping (a protocol upgrade some readers refuse) and
+          cannot be undone: the user says which they want.
+        * no setting (a `FeedTable` made from a path only: the stream's commits, the state command):
+          the table as it is.
+        """
+        found = self.found_form()
+        if self.payload_form is None or found == self.payload_form:
+            self.form = found
+        elif self.payload_form == "variant":
+            try:
+                self.spark.sql(f"ALTER TABLE delta.`{self.path}` ADD COLUMNS ({FORM_COLUMNS_DDL['variant']})")
+                log.info(
+                    "added the column `%s VARIANT` to %s (the feed's payload_form is variant)", DATA_COLUMN, self.path
+                )
+            except Exception:  # noqa: BLE001 - Spark's error types differ between classic and Connect
+                if self.found_form() != "variant":  # not another load's ALTER of the same moment
+                    raise
+            self.form = "variant"
+        else:
+            raise form_mismatch(self.path, found, self.payload_form)
+
+    def found_form(self) -> PayloadForm:
+        """The existing table's payload form, from its schema (delta-rs, or Spark's reading of it)."""
+        if self._log is not None:
+            return form_of(self._log.column_types())
+        fields = self.frame().schema.fields
+        return form_of({field.name: field.dataType.simpleString() for field in fields})
 
     def found_layout(self) -> Layout:
         """The existing table's layout, from its metadata and protocol (delta-rs, or `DESCRIBE DETAIL`)."""
@@ -240,6 +293,8 @@ class FeedTable:
         frame = commit.rows.withColumn("loaded_at", F.lit(loaded_at).cast("timestamp")).withColumn(
             "run_id", F.lit(run_id).cast("string")
         )
+        if self.form == "variant":  # parsed in the same job: the rows, their variant, one commit
+            frame = frame.withColumn(DATA_COLUMN, data_column())
         writer = (
             frame.write.format("delta")
             .option("txnAppId", TXN_APP_ID)

@@ -27,6 +27,7 @@ from pydantic_core import CoreSchema, InitErrorDetails, PydanticCustomError
 from feedapi_dagster.lakehouse.delta_log import Layout
 from feedapi_dagster.lakehouse.load_settings import LoadSettings
 from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
+from feedapi_dagster.lakehouse.payload_form import DEFAULT_PAYLOAD_FORM, PayloadForm
 from feedapi_dagster.protocol import FeedClient, FeedSettings, feed_settings, registered_protocols
 from feedapi_dagster.protocol.registry import DEFAULT_PROTOCOL
 from feedapi_dagster.read.rows import check_id_field
@@ -105,6 +106,12 @@ class FeedConfig(BaseModel):
         "delta-rs cannot write it), partitioned (a folder per partition) or none; null: clustered for a "
         "new table, an existing one as it is. An existing table's layout never changes: a table found "
         "with another layout fails the load",
+    )
+    payload_form: PayloadForm = Field(
+        default=DEFAULT_PAYLOAD_FORM,
+        description="the payload's form in the table: json (the event's JSON text in `payload`) or variant "
+        "(also the payload parsed, in a column `data VARIANT`: `data:amount::int`). A json table switched to "
+        "variant gets the column in place (older rows NULL); a variant table is not loaded as json",
     )
     # as its protocol's model, not the base's fields only (the model is the registered protocol's)
     settings: SerializeAsAny[FeedSettings]

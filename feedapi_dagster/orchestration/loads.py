@@ -85,7 +85,11 @@ class FeedBinding:
 
     def table_for(self, spark: SparkSession) -> FeedTable:
         return FeedTable(
-            spark, self.table_path, storage_options=self.project.storage_options(), layout=self.feed.layout
+            spark,
+            self.table_path,
+            storage_options=self.project.storage_options(),
+            layout=self.feed.layout,
+            payload_form=self.feed.payload_form,
         )
 
 

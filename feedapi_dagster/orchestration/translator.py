@@ -11,6 +11,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from feedapi_dagster.lakehouse.payload_form import DATA_COLUMN, DEFAULT_PAYLOAD_FORM, PayloadForm
 from feedapi_dagster.read.rows import TABLE_SCHEMA
 
 from .config import FeedConfig
@@ -26,6 +27,12 @@ _COLUMN_DESCRIPTIONS = {
     "loaded_at": "when the commit that wrote the row happened",
     "run_id": "the Dagster run that wrote the row",
 }
+_DATA_COLUMN = dg.TableColumn(
+    DATA_COLUMN,
+    "variant",
+    description="the payload parsed (payload_form: variant; `data:field::type`); NULL where Spark could not "
+    "parse it, and in rows loaded before the column was added",
+)
 
 
 @dataclass(frozen=True)
@@ -40,13 +47,13 @@ class FeedTranslatorData:
         return self.table_path if "://" in self.table_path else Path(self.table_path).resolve().as_uri()
 
 
-def table_column_schema() -> dg.TableSchema:
-    return dg.TableSchema(
-        columns=[
-            dg.TableColumn(field.name, _DAGSTER_TYPES[str(field.type)], description=_COLUMN_DESCRIPTIONS[field.name])
-            for field in TABLE_SCHEMA
-        ]
-    )
+def table_column_schema(payload_form: PayloadForm = DEFAULT_PAYLOAD_FORM) -> dg.TableSchema:
+    """The table's columns for the feed's payload form (what `FeedTable.ensure_table` makes of it)."""
+    columns = [
+        dg.TableColumn(field.name, _DAGSTER_TYPES[str(field.type)], description=_COLUMN_DESCRIPTIONS[field.name])
+        for field in TABLE_SCHEMA
+    ]
+    return dg.TableSchema(columns=[*columns, _DATA_COLUMN] if payload_form == "variant" else columns)
 
 
 class FeedApiTranslator:
@@ -63,7 +70,7 @@ class FeedApiTranslator:
             f"`{data.table_path}`, partitioned by the feed's partition.",
             metadata={
                 "dagster/table_name": data.table_path,
-                "dagster/column_schema": table_column_schema(),
+                "dagster/column_schema": table_column_schema(feed.payload_form),
                 "dagster/uri": dg.MetadataValue.url(data.table_uri),
             },
         )

@@ -28,7 +28,7 @@ from feedapi_dagster.lakehouse.loader import FeedLoader
 from feedapi_dagster.protocol import FeedSettings, RetryPolicy, feed_settings
 
 from ..spark_processes import kill, python_workers
-from .conftest import table_rows
+from .conftest import add_odd_events, assert_data_is_the_payload, table_rows
 
 SCRIPT = Path(__file__).with_name("load_and_die.py")
 
@@ -69,26 +69,33 @@ def nakadi_feed(server: NakadiDemoServer) -> FeedSettings:
 
 
 @pytest.mark.parametrize(
-    "moment, generation, lakehouse",
+    "moment, generation, lakehouse, payload_form",
     [
-        ("before_commit", 1, "local"),
-        ("rows_committed", 2, "local"),
-        ("after_commit", 2, "local"),
-        ("rows_committed", 2, "s3"),
+        ("before_commit", 1, "local", "json"),
+        ("rows_committed", 2, "local", "json"),
+        ("after_commit", 2, "local", "json"),
+        ("rows_committed", 2, "s3", "json"),
+        # the payload parsed into `data` by the same Spark job (`FeedTable.write`), through Spark Connect
+        ("rows_committed", 2, "local", "variant"),
     ],
     indirect=["lakehouse"],
 )
 def test_sigkill_of_a_streamed_load_then_resume_loads_every_event_exactly_once(
-    spark, connect_server, make_loader, lakehouse, table_path, moment, generation
+    spark, connect_server, make_loader, lakehouse, table_path, moment, generation, payload_form
 ):
     # An exactly-once feed: each load is one Spark job that reads and commits the rows, then the state
     # commit. Killed before the job, between the two commits, or after both, in the second of its loads.
     feed = DemoFeed(partitions=2, events=600, seed=20)
+    if payload_form == "variant":  # the table made in this form; the loads (given no form) write the table's
+        lakehouse.feed_table(spark, table_path, payload_form=payload_form).ensure_table()
     with DemoFeedServer(feed, dialect="published") as server:
         kill_a_load(spark, server, feed, table_path, moment, generation, connect_server, lakehouse)
         feed.append(50)  # the feed moves on while the loader is down
+        unparseable = add_odd_events(feed, partition=1)
         make_loader(server).sync()
     assert_every_event_once(spark, table_path, feed, exactly_once=True, log=lakehouse.log(table_path))
+    if payload_form == "variant":
+        assert assert_data_is_the_payload(spark, table_path, unparseable) == sum(len(feed.published(p)) for p in (0, 1))
 
 
 @pytest.mark.parametrize(

@@ -114,7 +114,7 @@ SINGLE_DRIVER = {"spark.delta.logStore.s3a.impl": "io.delta.storage.S3SingleDriv
 @pytest.fixture
 def harness(spark, instance, tmp_path, request):
     """`request.param`: the feed (partitions, events, exactly_once, duplicate_ratio, dialect), its
-    settings (rebuild_on_split, maintenance) and where its table lives (`lakehouse`: "local" or "s3")."""
+    settings (rebuild_on_split, maintenance, payload_form) and where its table lives (`lakehouse`: "local" or "s3")."""
     options = getattr(request, "param", {})
     lakehouse = s3_lakehouse(request) if options.get("lakehouse") == "s3" else Lakehouse(str(tmp_path / "lakehouse"))
     feed = DemoFeed(
@@ -132,6 +132,7 @@ def harness(spark, instance, tmp_path, request):
             retry=RetryPolicy(base_delay=0.001, max_delay=0.01),
             schedule=ScheduleConfig(rebuild_on_split=options.get("rebuild_on_split", False)),
             maintenance=MaintenanceSettings(**options.get("maintenance", {})),
+            payload_form=options.get("payload_form", "json"),
         )
         project = ProjectConfig(
             lakehouse=lakehouse.root,

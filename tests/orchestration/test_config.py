@@ -18,6 +18,7 @@ from feedapi_dagster.orchestration import (
 )
 from feedapi_dagster.orchestration.component import FeedApiAttributes, FeedApiComponent
 from feedapi_dagster.orchestration.loads import FeedBinding
+from feedapi_dagster.orchestration.translator import table_column_schema
 from feedapi_dagster.protocol import ProtocolError
 from feedapi_dagster.spark.settings import SparkSettings
 
@@ -120,6 +121,7 @@ def test_one_storage_setting_becomes_spark_s3a_settings_and_delta_rs_options(tmp
         (GOOD + "    dialect: v1\n", "feeds.0", "dialect v1 needs partition_count"),
         (GOOD + "    page_size_hint: zero\n", "feeds.0.page_size_hint", "valid integer"),
         (GOOD + "    layout: liquid\n", "feeds.0.layout", "'clustered', 'partitioned' or 'none'"),
+        (GOOD + "    payload_form: columns\n", "feeds.0.payload_form", "'json' or 'variant'"),
         (GOOD + "    token: '{{ env.X }}'\n", "feeds.0", "set token or token_env, not both"),
         (GOOD.replace("mode: local", "mode: remote"), "spark", "sc://"),
         (S3.replace("http://127.0.0.1:9000", "127.0.0.1:9000"), "storage.s3.endpoint", "endpoint must be an http"),
@@ -144,6 +146,16 @@ def test_a_feeds_layout_is_what_its_runs_table_is_created_with_and_checked_again
     assert binding.table_for(spark=None).layout == "partitioned"  # type: ignore[arg-type]  # no Spark call
     unset = FeedApiComponent(**dict(validate(GOOD))).project_config(tmp_path)
     assert FeedBinding(unset, unset.feeds[0], dg.AssetKey("orders")).table_for(spark=None).layout is None  # type: ignore[arg-type]
+
+
+def test_a_feeds_payload_form_is_its_tables_and_its_assets_columns(tmp_path):
+    project = FeedApiComponent(**dict(validate(GOOD + "    payload_form: variant\n"))).project_config(tmp_path)
+    binding = FeedBinding(project, project.feeds[0], dg.AssetKey("orders"))
+    assert binding.table_for(spark=None).payload_form == "variant"  # type: ignore[arg-type]  # no Spark call
+    assert [c.name for c in table_column_schema("variant").columns][-1] == "data"
+    unset = FeedApiComponent(**dict(validate(GOOD))).project_config(tmp_path)
+    assert unset.feeds[0].payload_form == "json"  # the default: today's table
+    assert "data" not in [c.name for c in table_column_schema(unset.feeds[0].payload_form).columns]
 
 
 def test_duplicate_feed_names_and_a_missing_token_variable(tmp_path, monkeypatch):

@@ -1,0 +1,67 @@
+"""The payload's form (`payload_form`): a variant table's `data` column is each payload parsed, written
+in the rows' own commit; a json table switched to variant gets the column in place (its older rows
+NULL), and a variant table is not loaded as json. With the log read by delta-rs and by Spark."""
+
+import pytest
+
+from feedapi_dagster.demo import DemoFeed, DemoFeedServer
+from feedapi_dagster.errors import PayloadFormMismatch
+
+from .conftest import (
+    LOG_READERS,
+    ODD_PAYLOADS,
+    UNPARSEABLE,
+    add_odd_events,
+    assert_data_is_the_payload,
+    table_rows,
+)
+from .test_crash import assert_every_event_once
+
+
+def operations(spark, path) -> list[str]:
+    return [r.operation for r in spark.sql(f"DESCRIBE HISTORY delta.`{path}`").orderBy("version").collect()]
+
+
+@LOG_READERS
+def test_a_json_table_switched_to_variant_gets_the_column_in_place_and_back_to_json_is_refused(
+    spark, make_loader, table_path
+):
+    feed = DemoFeed(partitions=2, events=120, seed=37)
+    with DemoFeedServer(feed, dialect="published") as server:
+        make_loader(server).sync()  # the default form: today's table, no `data`
+        assert spark.read.format("delta").load(table_path).columns[-3:] == ["event_id", "loaded_at", "run_id"]
+        loaded = {p: len(table_rows(spark, table_path, p)) for p in (0, 1)}
+        older = " OR ".join(f"(partition_id = {p} AND position < {n})" for p, n in loaded.items())
+
+        feed.append(40)
+        unparseable = add_odd_events(feed, partition=0)
+        make_loader(server, payload_form="variant").sync()
+        assert operations(spark, table_path)[-3:] == ["ADD COLUMNS", "WRITE", "WRITE"]  # column, rows, state
+        frame = spark.read.format("delta").load(table_path)
+        assert frame.schema["data"].dataType.simpleString() == "variant"
+        assert frame.where(older).where("data IS NOT NULL").count() == 0  # the rows loaded before: NULL
+        newer = assert_data_is_the_payload(spark, table_path, unparseable, where=f"NOT ({older})")
+        assert newer == 40 + len(ODD_PAYLOADS) + len(UNPARSEABLE)
+
+        # a loader given no form (the stream's commits, the state command) writes the table's
+        feed.append(20)
+        make_loader(server).sync()
+        assert assert_data_is_the_payload(spark, table_path, unparseable, where=f"NOT ({older})") == newer + 20
+
+        # a rebuild writes a partition's rows again, with `data`: its older rows too
+        make_loader(server).rebuild([1])
+        still_null = f"partition_id = 0 AND position < {loaded[0]}"
+        assert spark.read.format("delta").load(table_path).where("data IS NULL").count() == loaded[0] + 2
+        assert assert_data_is_the_payload(spark, table_path, unparseable, where=f"NOT ({still_null})") == (
+            newer + 20 + loaded[1]
+        )
+
+        version = len(operations(spark, table_path))
+        with pytest.raises(
+            PayloadFormMismatch,
+            match=r"has the payload's variant column `data` and the feed's "
+            r"payload_form is json.*Set `payload_form: variant`",
+        ):
+            make_loader(server, payload_form="json")
+        assert len(operations(spark, table_path)) == version  # nothing committed
+    assert_every_event_once(spark, table_path, feed, exactly_once=True)

@@ -1,0 +1,75 @@
+"""A feed with `payload_form: variant` through Dagster: batch loads and the feed's stream job of a FeedAPI
+feed, and a Nakadi event type. Every row's `data` is compared with its payload (objects, a string, numbers,
+null, nested objects and arrays, and two payloads Spark's parser refuses: NULL, their text kept), the
+asset shows the `data` column, and an analyst's query reads fields by path."""
+
+import json
+
+import dagster as dg
+import pytest
+
+from feedapi_dagster.demo.nakadi import NakadiDemoServer, NakadiEventType
+from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, SparkResource, build_feedapi_definitions
+from feedapi_dagster.spark.settings import SparkSettings
+
+from ..lakehouse.conftest import add_odd_events, assert_data_is_the_payload
+from .conftest import Harness
+from .test_flow import assert_exactly_once
+from .test_stream_job import materialized, stream
+
+VARIANT = {"payload_form": "variant", "partitions": 2, "events": 150}
+
+
+def columns(defs: dg.Definitions) -> list[tuple[str, str]]:
+    (spec,) = defs.get_assets_def(dg.AssetKey(["feedapi", "orders"])).specs
+    return [(c.name, c.type) for c in spec.metadata["dagster/column_schema"].columns]
+
+
+@pytest.mark.parametrize("harness", [VARIANT], indirect=True)
+def test_a_variant_feed_through_batch_loads_and_the_stream_job_parses_every_payload(spark, harness):
+    assert columns(harness.defs)[-1] == ("data", "variant")
+    unparseable = add_odd_events(harness.feed, partition=0)
+    (request,) = harness.tick_sensor().run_requests
+    assert harness.launch(request).success
+    assert_exactly_once(spark, harness, [0, 1])
+    assert assert_data_is_the_payload(spark, harness.table, unparseable) == 150 + 10
+
+    # an analyst's query: fields by path, no schema written by hand
+    amounts = spark.sql(
+        f"SELECT data:amount::int AS amount FROM delta.`{harness.table}` WHERE data:amount::int > 100"
+    ).collect()
+    rows = spark.read.format("delta").load(harness.table).where("payload_type = 'object'").collect()
+    objects = [json.loads(r.payload) for r in rows]
+    assert sorted(r.amount for r in amounts) == sorted(o["amount"] for o in objects if o.get("amount", 0) > 100)
+    assert 150 in {r.amount for r in amounts}
+
+    # the feed's stream job: its micro-batches commit through the same write
+    harness.feed.append(40)
+    unparseable += add_odd_events(harness.feed, partition=1, tag="-stream")
+    run = stream(harness)
+    assert run.success and materialized(run)
+    assert_exactly_once(spark, harness, [0, 1])
+    assert assert_data_is_the_payload(spark, harness.table, unparseable) == 150 + 10 + 40 + 10
+
+
+def test_a_nakadi_event_type_in_variant_form_parses_every_event(spark, instance, tmp_path):
+    event_type = NakadiEventType(partitions=2, events=200, seed=43, duplicate_ratio=0.1)
+    with NakadiDemoServer(event_type) as server:
+        feed = FeedConfig(
+            name="orders",
+            protocol="nakadi",
+            url=server.url,
+            event_type=event_type.name,
+            page_size_hint=50,
+            payload_form="variant",
+        )
+        project = ProjectConfig(lakehouse=str(tmp_path / "lakehouse"), spark=SparkSettings(mode="local"), feeds=[feed])
+        defs = build_feedapi_definitions(project, spark=SparkResource(settings=SparkSettings(mode="local")))
+        harness = Harness(event_type, server, project, defs, instance)
+        (request,) = harness.tick_sensor().run_requests
+        assert harness.launch(request).success
+        assert_exactly_once(spark, harness, [0, 1])
+        assert assert_data_is_the_payload(spark, harness.table) == event_type.unique_count()
+        # Nakadi's envelope by path: each row's event id is its metadata's eid
+        query = f"SELECT count(*) FROM delta.`{harness.table}` WHERE data:metadata.eid::string = event_id"
+        assert spark.sql(query).first()[0] == event_type.unique_count()
