@@ -8,7 +8,7 @@ reads (event ids, deduplication, the checks), and what an analyst falls back on.
 it by Spark in the one write path (`FeedTable.write`), in the same job and the same Delta commit as the
 rows and the cursor of record: a batch load's commit and a stream's micro-batch both pass there.
 
-What `data` holds, row by row (`docs/guides/payload-form.md`):
+What `data` holds, row by row (`docs/configuration/payload-form.md`):
 * an object, array, number, boolean: the payload parsed (`try_parse_json(payload)`);
 * a JSON string payload, which `payload` holds decoded (`read/rows.py`): that string as a variant
   string (the text is encoded back to JSON and parsed: `payload` alone no longer says it was a string);
