@@ -5,11 +5,11 @@ the server (the session's set-up) is watched as the load's are. Before, the run 
 (pyspark's Connect client waits, then retries for 10 minutes; its exit hook called the server again)."""
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -17,13 +17,10 @@ import dagster as dg
 from dagster._core.instance.ref import InstanceRef
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
-from feedapi_dagster.lakehouse import LoadSettings
-from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, build_feedapi_definitions
-from feedapi_dagster.orchestration.checks import FEED_CHECKS, CheckedLoad, feed_check
-from feedapi_dagster.spark.settings import SparkSettings
 from tests.user_project import MODULE, write_user_project
 
 BOUND = 10  # seconds: the feed's `load.spark_unresponsive_seconds`
+FROZEN_CHECK_RUN = Path(__file__).with_name("frozen_check_run.py")
 
 
 def test_a_run_that_starts_while_spark_is_frozen_fails_within_its_bound(tmp_path, connect_server):
@@ -91,54 +88,22 @@ def _run_in_its_own_process(project: Path, home: Path) -> tuple[float, str, int]
 def test_a_server_frozen_while_the_checks_run_fails_the_run_within_its_bound(tmp_path, connect_server):
     """The checks after a load ask Spark too (the duplicates of an at-least-once feed, statistics
     delta-rs cannot read): a server frozen then fails the step within the bound, as the load's own
-    calls do; the load's commit stays. A check of this test's own (`@feed_check`) freezes the server
-    and asks it, so the moment is exact."""
-
-    @feed_check("freezes_spark", "freezes the Spark server, then asks it something")
-    def freezes_spark(load: CheckedLoad) -> dg.AssetCheckResult:
-        os.killpg(connect_server.pid, signal.SIGSTOP)
-        load.outcome.table.spark.sql("SELECT 1").collect()
-        return dg.AssetCheckResult(passed=True)
-
-    outcome: dict[str, object] = {}
-    with (
-        DemoFeedServer(DemoFeed(partitions=1, events=50, seed=12), dialect="published") as server,
-        dg.instance_for_test() as instance,
-    ):
-        project = ProjectConfig(
-            lakehouse=str(tmp_path / "lakehouse"),
-            spark=SparkSettings(mode="embedded", port=connect_server.port),
-            feeds=[FeedConfig(name="orders", url=server.url, load=LoadSettings(spark_unresponsive_seconds=BOUND))],
-        )
-        defs = build_feedapi_definitions(project)
-        instance.add_dynamic_partitions("feedapi_orders", ["0"])
-
-        def materialize() -> None:
-            started = time.monotonic()
-            outcome["result"] = dg.materialize(
-                [defs.get_assets_def(dg.AssetKey(["feedapi", "orders"]))],
-                partition_key="0",
-                instance=instance,
-                resources=defs.resources,
-                raise_on_error=False,
-            )
-            outcome["took"] = time.monotonic() - started
-
-        run = threading.Thread(target=materialize, daemon=True)
+    calls do; the load's commit stays. The run (in a process of its own: a Connect session cannot start
+    beside this worker's classic one) has a check of its own (`@feed_check`) that freezes the server and
+    asks it something, so the moment is exact."""
+    with DemoFeedServer(DemoFeed(partitions=1, events=50, seed=12), dialect="published") as server:
+        command = [sys.executable, str(FROZEN_CHECK_RUN), server.url, str(connect_server.port), str(connect_server.pid)]
+        command += [str(tmp_path / "lakehouse"), str(BOUND)]
         try:
-            run.start()
-            run.join(timeout=180)  # without a bound on the checks: for ever
+            # without a bound on the checks the run waits for ever
+            out = subprocess.run(command, capture_output=True, text=True, timeout=180)
         finally:
             os.killpg(connect_server.pid, signal.SIGCONT)
-            del FEED_CHECKS["freezes_spark"]
-        assert not run.is_alive(), "the run still waits for the frozen server"
-        result = outcome["result"]
-        assert isinstance(result, dg.ExecuteInProcessResult) and not result.success
-        (failure,) = [event for event in result.all_events if event.is_step_failure]
-        message = failure.step_failure_data.error.cause.message
-        assert message.startswith("feedapi_dagster.errors.SparkUnresponsive: the table of feed orders: "), message
-        assert f"(bound: {BOUND} s)" in message, message
-        # what the load committed before the checks stays (its materialization was logged first)
-        (materialized,) = result.asset_materializations_for_node("feedapi__orders")
-        assert materialized.metadata["position"].value == 50
-        print(f"the run failed after {outcome['took']:.1f} s")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    said = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not said["success"]
+    message = said["failure"]
+    assert message.startswith("feedapi_dagster.errors.SparkUnresponsive: the table of feed orders: "), message
+    assert f"(bound: {BOUND} s)" in message, message
+    assert said["position"] == 50  # what the load committed before the checks stays
+    print(f"the run ended {said['ended_after']:.1f} s after the check froze the server")
