@@ -11,6 +11,9 @@ Two shapes, by what is known before the write (`feed_read.py` says when each is 
 * **rows commit, then state commit** (`commit_rows`, then `commit_ends`): a streamed read whose ends
   are known only once Spark has written its rows.
 
+And the state alone again (`commit_state_again`, no rows, nothing moves): a loader's, so that Delta's
+log cleanup never reaches the commit holding the state (`CommittedState.due_for_reassertion`).
+
 The dangerous moments are reported to `on_moment` (tests kill the process there): `BEFORE_COMMIT`,
 `ROWS_COMMITTED` (between a streamed read's two commits), `AFTER_COMMIT`; `READ` is the load's
 (a kept read, before anything of its commit).
@@ -29,6 +32,7 @@ from feedapi_dagster.lakehouse.feed_read import FeedRead, PartitionEnd, ReadEnds
 from feedapi_dagster.lakehouse.sink import DeltaSink
 from feedapi_dagster.planning import FeedState, PartitionState
 from feedapi_dagster.protocol import FeedInfo
+from feedapi_dagster.read.datasource import EVENT_DDL
 from feedapi_dagster.read.dedup import dedup_group, without_stored
 from feedapi_dagster.spark.failures import is_kept_read_lost
 
@@ -184,6 +188,15 @@ class ReadCommit:
         )
         self.on_moment(AFTER_COMMIT, ended)
         return version
+
+    # ------------------------------------------------------------------ the state again, no rows
+    def commit_state_again(self) -> int:
+        """The committed state again, in a commit without rows that moves no partition: its Delta version."""
+        self.on_moment(BEFORE_COMMIT, {})
+        landed = self.sink.commit(lambda: self.sink.table.spark.createDataFrame([], EVENT_DDL), {}, {})
+        self.on_moment(AFTER_COMMIT, {})
+        assert landed.delta_version is not None  # `DeltaSink.commit` returns the commit it landed
+        return landed.delta_version
 
 
 def _explained(error: Exception, partitions: Collection[int]) -> Exception:
