@@ -51,10 +51,11 @@ Moment = Callable[[str, dict[int, PartitionState]], None]
 
 
 @dataclass(frozen=True, kw_only=True)
-class PartitionRead:
-    """Where the read of one partition ended, as its commit needs it."""
+class PartitionAdvance:
+    """How far the read of one partition took it, as its commit needs it (from a batch load's
+    `feed_read.PartitionEnd`, or from a micro-batch's offsets)."""
 
-    cursor: str
+    cursor: str  # where the read ended
     events: int  # events read, before deduplication against the table
     drained: bool
 
@@ -116,22 +117,22 @@ class ReadCommit:
         self,
         rows: DataFrame,
         starts: Mapping[int, PartitionState],
-        reads: Mapping[int, PartitionRead],
+        advances: Mapping[int, PartitionAdvance],
         base: CommittedState,
         *,
         replaced: Collection[int] = (),
     ) -> StagedCommit:
-        """The rows of the partitions read from `starts` to `reads`, deduplicated against the table at
+        """The rows of the partitions read from `starts` by `advances`, deduplicated against the table at
         `base` where `dedup_groups` says, and the states they end at."""
         groups = self.dedup_groups(list(starts), base, replaced=replaced)
         if groups is None:
-            written = {pid: read.events for pid, read in reads.items()}
+            written = {pid: advance.events for pid, advance in advances.items()}
         else:
             rows, kept = without_stored(rows, self.sink.table.frame(base.rows_version), groups, dict(starts))
-            written = {pid: kept.get(pid, 0) for pid in reads}
+            written = {pid: kept.get(pid, 0) for pid in advances}
         states = {
-            pid: state_after(starts[pid], cursor=read.cursor, events=written[pid], drained=read.drained)
-            for pid, read in reads.items()
+            pid: state_after(starts[pid], cursor=advance.cursor, events=written[pid], drained=advance.drained)
+            for pid, advance in advances.items()
         }
         return StagedCommit(rows=rows, states=states, written=written)
 

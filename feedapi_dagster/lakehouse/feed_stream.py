@@ -30,7 +30,7 @@ import logging
 import shutil
 from typing import TYPE_CHECKING, Any, Literal
 
-from feedapi_dagster.lakehouse.commit import Moment, PartitionRead, ReadCommit
+from feedapi_dagster.lakehouse.commit import Moment, PartitionAdvance, ReadCommit
 from feedapi_dagster.lakehouse.cursor_record import CommittedState
 from feedapi_dagster.lakehouse.feed_table import FeedTable, local_path
 from feedapi_dagster.lakehouse.payload_form import DATA_COLUMN, data_column
@@ -166,13 +166,13 @@ class MicroBatchCommit:
         starts = {
             pid: base.state.get(pid) or PartitionState(inherited_from=e.inherited_from) for pid, e in moved.items()
         }
-        reads = {
-            pid: PartitionRead(
+        advances = {
+            pid: PartitionAdvance(
                 cursor=e.cursor, events=e.position - start.start_of(pid, e.inherited_from).position, drained=e.drained
             )
             for pid, e in moved.items()
         }
-        staged = committer.stage(rows, starts, reads, base)
+        staged = committer.stage(rows, starts, advances, base)
         committer.commit(staged.rows, staged.states, base)
 
     def _committer_of(self, spark: SparkSession) -> ReadCommit:
