@@ -9,8 +9,9 @@ gives its pid to the next process. `is_recorded_server` compares the process's s
 signals an unrelated process, and it refuses a server another installation started (that one's
 Python workers run that installation's code).
 
-A server's processes are one process group (its JVM and Python workers): `stop_process_group` stops
-one, here and for `feedapi-dagster dev`'s `dagster dev`.
+A server's processes are one process group (its JVM and its Python workers). `stop_process_group`
+is how a group is stopped: a server's (`embedded`, `connect_server`) and `feedapi-dagster dev`'s
+`dagster dev` with its children.
 """
 
 from __future__ import annotations
