@@ -151,16 +151,29 @@ def is_recorded_server(record: ServerRecord) -> bool:
 
 
 def process_group(pgid: int) -> list[int]:
-    """The live (non-zombie) processes of a process group: a server's JVM and its Python workers."""
+    """The live processes of a process group: a server's JVM and its Python workers."""
     members = []
     for stat in _PROC.glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+        if int(fields[2]) == pgid and (fields[0] not in _DEAD or _threads_live(stat.parent)):
             members.append(int(stat.parent.name))
     return members
+
+
+_DEAD = ("Z", "X")
+
+
+def _threads_live(process: Path) -> bool:
+    """Whether threads of a process whose main thread is a zombie still run: a killed JVM's main thread
+    exits first, the others hold its files (its listening socket) until the last of them is gone."""
+    for stat in process.glob("task/[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError):
+            if stat.read_text().rsplit(")", 1)[1].split()[0] not in _DEAD:
+                return True
+    return False
 
 
 def stop_process_group(
