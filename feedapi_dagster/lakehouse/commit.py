@@ -11,6 +11,9 @@ Two shapes, by what is known before the write (`feed_read.py` says when each is 
 * **rows commit, then state commit** (`commit_rows`, then `commit_ends`): a streamed read whose ends
   are known only once Spark has written its rows.
 
+And the state alone again (`commit_state_again`, no rows, nothing moves): a loader's, so that Delta's
+log cleanup never reaches the commit holding the state (`CommittedState.due_for_reassertion`).
+
 The dangerous moments are reported to `on_moment` (tests kill the process there): `BEFORE_COMMIT`,
 `ROWS_COMMITTED` (between a streamed read's two commits), `AFTER_COMMIT`; `READ` is the load's
 (a kept read, before anything of its commit).
@@ -29,6 +32,7 @@ from feedapi_dagster.lakehouse.feed_read import FeedRead, PartitionEnd, ReadEnds
 from feedapi_dagster.lakehouse.sink import DeltaSink
 from feedapi_dagster.planning import FeedState, PartitionState
 from feedapi_dagster.protocol import FeedInfo
+from feedapi_dagster.read.datasource import EVENT_DDL
 from feedapi_dagster.read.dedup import dedup_group, without_stored
 from feedapi_dagster.spark.failures import is_kept_read_lost
 
@@ -47,10 +51,11 @@ Moment = Callable[[str, dict[int, PartitionState]], None]
 
 
 @dataclass(frozen=True, kw_only=True)
-class PartitionRead:
-    """Where the read of one partition ended, as its commit needs it."""
+class PartitionAdvance:
+    """How far the read of one partition took it, as its commit needs it (from a batch load's
+    `feed_read.PartitionEnd`, or from a micro-batch's offsets)."""
 
-    cursor: str
+    cursor: str  # where the read ended
     events: int  # events read, before deduplication against the table
     drained: bool
 
@@ -112,22 +117,22 @@ class ReadCommit:
         self,
         rows: DataFrame,
         starts: Mapping[int, PartitionState],
-        reads: Mapping[int, PartitionRead],
+        advances: Mapping[int, PartitionAdvance],
         base: CommittedState,
         *,
         replaced: Collection[int] = (),
     ) -> StagedCommit:
-        """The rows of the partitions read from `starts` to `reads`, deduplicated against the table at
+        """The rows of the partitions read from `starts` by `advances`, deduplicated against the table at
         `base` where `dedup_groups` says, and the states they end at."""
         groups = self.dedup_groups(list(starts), base, replaced=replaced)
         if groups is None:
-            written = {pid: read.events for pid, read in reads.items()}
+            written = {pid: advance.events for pid, advance in advances.items()}
         else:
             rows, kept = without_stored(rows, self.sink.table.frame(base.rows_version), groups, dict(starts))
-            written = {pid: kept.get(pid, 0) for pid in reads}
+            written = {pid: kept.get(pid, 0) for pid in advances}
         states = {
-            pid: state_after(starts[pid], cursor=read.cursor, events=written[pid], drained=read.drained)
-            for pid, read in reads.items()
+            pid: state_after(starts[pid], cursor=advance.cursor, events=written[pid], drained=advance.drained)
+            for pid, advance in advances.items()
         }
         return StagedCommit(rows=rows, states=states, written=written)
 
@@ -184,6 +189,15 @@ class ReadCommit:
         )
         self.on_moment(AFTER_COMMIT, ended)
         return version
+
+    # ------------------------------------------------------------------ the state again, no rows
+    def commit_state_again(self) -> int:
+        """The committed state again, in a commit without rows that moves no partition: its Delta version."""
+        self.on_moment(BEFORE_COMMIT, {})
+        landed = self.sink.commit(lambda: self.sink.table.spark.createDataFrame([], EVENT_DDL), {}, {})
+        self.on_moment(AFTER_COMMIT, {})
+        assert landed.delta_version is not None  # `DeltaSink.commit` returns the commit it landed
+        return landed.delta_version
 
 
 def _explained(error: Exception, partitions: Collection[int]) -> Exception:

@@ -30,12 +30,12 @@ import logging
 import shutil
 from typing import TYPE_CHECKING, Any, Literal
 
-from feedapi_dagster.lakehouse.commit import Moment, PartitionRead, ReadCommit
+from feedapi_dagster.lakehouse.commit import Moment, PartitionAdvance, ReadCommit
 from feedapi_dagster.lakehouse.cursor_record import CommittedState
 from feedapi_dagster.lakehouse.feed_table import FeedTable, local_path
 from feedapi_dagster.lakehouse.payload_form import DATA_COLUMN, data_column
 from feedapi_dagster.lakehouse.sink import DeltaSink, partition_conflict
-from feedapi_dagster.planning import FeedState, PartitionState
+from feedapi_dagster.planning import PartitionState
 from feedapi_dagster.protocol import FeedClient, FeedInfo, FeedSettings
 from feedapi_dagster.read.datasource import SOURCE_NAME, FeedSourceOptions
 from feedapi_dagster.read.read_tasks import END_COLUMN
@@ -48,13 +48,6 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 log = logging.getLogger(__name__)
-
-
-def stream_start(state: FeedState) -> StreamOffset:
-    """The offset a query starts from: the partitions' cursors of record."""
-    return StreamOffset(
-        {pid: PartitionOffset(p.cursor, p.position, p.drained, p.inherited_from) for pid, p in state.partitions.items()}
-    )
 
 
 class FeedStream:
@@ -101,7 +94,7 @@ class FeedStream:
                 log.warning("stopping the query %s (%s) an earlier run left running", name, running.id)
                 running.stop()
         self.started_from = self.sink.committed_state(refresh=True)
-        start = stream_start(self.started_from.state)
+        start = StreamOffset.of_state(self.started_from.state)  # the partitions' cursors of record
         options = FeedSourceOptions(self.feed, checkpoint_rows=True).spark_options()
         options[START_OFFSET] = json.dumps(start.to_json())
         if self.max_events_per_trigger is not None:
@@ -173,13 +166,13 @@ class MicroBatchCommit:
         starts = {
             pid: base.state.get(pid) or PartitionState(inherited_from=e.inherited_from) for pid, e in moved.items()
         }
-        reads = {
-            pid: PartitionRead(
+        advances = {
+            pid: PartitionAdvance(
                 cursor=e.cursor, events=e.position - start.start_of(pid, e.inherited_from).position, drained=e.drained
             )
             for pid, e in moved.items()
         }
-        staged = committer.stage(rows, starts, reads, base)
+        staged = committer.stage(rows, starts, advances, base)
         committer.commit(staged.rows, staged.states, base)
 
     def _committer_of(self, spark: SparkSession) -> ReadCommit:

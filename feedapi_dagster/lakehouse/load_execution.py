@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from feedapi_dagster.errors import RebuildAbandoned
-from feedapi_dagster.lakehouse.commit import READ, Moment, PartitionRead, ReadCommit, RowsCommit
+from feedapi_dagster.lakehouse.commit import READ, Moment, PartitionAdvance, ReadCommit, RowsCommit
 from feedapi_dagster.lakehouse.cursor_record import CommittedState
 from feedapi_dagster.lakehouse.feed_read import FeedRead
 from feedapi_dagster.lakehouse.load_report import LoadStatus, PartitionReport, read_report
@@ -41,7 +41,7 @@ from feedapi_dagster.read.progress import run_with_progress
 
 
 @dataclass(frozen=True)
-class _Read:
+class _ReadToCommit:
     """A read of planned partitions on its way to the commit: what either shape commits it with."""
 
     committer: ReadCommit
@@ -88,7 +88,7 @@ class LoadExecution:
         started = time.monotonic()
         read = self._read(info, starts, progress, bound, keep=rebuild or deduplicated)
         try:
-            done = _Read(committer, read, plans, starts, base)
+            done = _ReadToCommit(committer, read, plans, starts, base)
             if read.kept:
                 reports = self._commit_kept(done, rebuild, drop, started)
             else:
@@ -145,7 +145,7 @@ class LoadExecution:
     def _tasks(self, starts: dict[int, PartitionState]) -> int:
         return min(len(starts), self.settings.read_tasks or DEFAULT_TASKS)
 
-    def _commit_streamed(self, done: _Read, progress: str | None) -> dict[int, PartitionReport]:
+    def _commit_streamed(self, done: _ReadToCommit, progress: str | None) -> dict[int, PartitionReport]:
         """One Spark job reads the feed and commits the rows (the rows commit: the state the load
         started from, its partitions pending), then the state they end at is committed."""
         committer, read, plans, starts, base = done.committer, done.read, done.plans, done.starts, done.base
@@ -186,18 +186,18 @@ class LoadExecution:
         }
 
     def _commit_kept(
-        self, done: _Read, rebuild: bool, drop: Sequence[int], started: float
+        self, done: _ReadToCommit, rebuild: bool, drop: Sequence[int], started: float
     ) -> dict[int, PartitionReport]:
         """The kept read's ends first, then its rows (deduplicated against the table where the feed is
         at-least-once) and the state they end at in one commit. `started`: when the read began."""
         committer, read, plans, starts, base = done.committer, done.read, done.plans, done.starts, done.base
         ends = read.ends()
-        reads = {
-            pid: PartitionRead(cursor=end.cursor, events=end.read.events, drained=end.read.drained)
+        advances = {
+            pid: PartitionAdvance(cursor=end.cursor, events=end.read.events, drained=end.read.drained)
             for pid, end in ends.items()
             if pid in starts
         }
-        staged = committer.stage(read.frame(), starts, reads, base, replaced={*starts, *drop} if rebuild else ())
+        staged = committer.stage(read.frame(), starts, advances, base, replaced={*starts, *drop} if rebuild else ())
         reports = {
             plan.partition_id: read_report(
                 plan,

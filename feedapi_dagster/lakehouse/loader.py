@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 from feedapi_dagster.errors import RebuildAbandoned
-from feedapi_dagster.lakehouse.commit import Moment
+from feedapi_dagster.lakehouse.commit import Moment, ReadCommit
 from feedapi_dagster.lakehouse.feed_table import FeedTable
 from feedapi_dagster.lakehouse.load_execution import LoadExecution
 from feedapi_dagster.lakehouse.load_report import LoadOutcome, LoadStatus, PartitionReport, idle_report
@@ -24,7 +24,6 @@ from feedapi_dagster.lakehouse.sink import DeltaSink
 from feedapi_dagster.planning import PartitionPlan, PartitionState, plan_feed, plan_rebuilds
 from feedapi_dagster.protocol import FeedClient, FeedInfo, FeedSettings
 from feedapi_dagster.protocol.models import FIRST
-from feedapi_dagster.read.datasource import EVENT_DDL
 from feedapi_dagster.read.registration import register_feed_source
 from feedapi_dagster.spark.watchdog import answering
 
@@ -165,7 +164,7 @@ class FeedLoader:
                 reports[pid] = reports[pid].then(report) if pid in reports else report
                 loaded.add(pid)
             if not due:
-                self._reassert_state()
+                self._reassert_state(info)
                 return dict(sorted(reports.items()))
             results = self.execution.run(info, due, rebuild=False)
             for pid, gap in skipped.items():
@@ -221,11 +220,11 @@ class FeedLoader:
             reports.update(self.execution.run(info, due, rebuild=True, drop=list(drop)))
         return dict(sorted(reports.items()))
 
-    def _reassert_state(self) -> None:
+    def _reassert_state(self, info: FeedInfo) -> None:
         """Commit the state again, with no rows, when it was recovered from the rows or others' commits
         pushed its commit far back: Delta's log cleanup never reaches it while the feed is loaded."""
         base = self.sink.committed_state()
         if not base.due_for_reassertion:
             return
-        version = self.sink.commit(lambda: self.spark.createDataFrame([], EVENT_DDL), {}, {}).delta_version
+        version = ReadCommit(self.sink, info, on_moment=self.execution.on_moment).commit_state_again()
         self.log.info("feed state (%s) committed again as Delta version %s", base.describe(), version)

@@ -32,6 +32,7 @@ from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
 from feedapi_dagster.protocol import registered_protocols
 from feedapi_dagster.spark.embedded import ensure_embedded_server
 from feedapi_dagster.spark.jars import ensure_delta_jars
+from feedapi_dagster.spark.server_record import stop_process_group
 from feedapi_dagster.spark.settings import SparkSettings, installation_port
 
 from .automation import load_request, register_discovered_partitions
@@ -233,15 +234,12 @@ def run_dev(args: argparse.Namespace) -> int:
         try:
             return process.wait()
         except KeyboardInterrupt:
-            return _stop_group(process)
+            return _stop_dagster_dev(process)
 
 
-def _stop_group(process: subprocess.Popen, grace_seconds: float = 20) -> int:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        return process.wait(grace_seconds)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        return process.wait()
+def _stop_dagster_dev(process: subprocess.Popen, grace_seconds: float = 20) -> int:
+    """Its exit code once its process group is gone (SIGKILLed after `grace_seconds`)."""
+    if not stop_process_group(process.pid, grace_seconds):
+        print(f"`dagster dev`'s processes (group {process.pid}) survived SIGKILL", file=sys.stderr)
+        return 1
+    return process.wait()

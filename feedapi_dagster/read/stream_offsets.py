@@ -40,6 +40,11 @@ class PartitionOffset:
             tuple(fields.get("recentIds", ())),
         )
 
+    @classmethod
+    def of_state(cls, state: PartitionState) -> PartitionOffset:
+        """A partition's cursor of record as an offset (no recent ids: the table keeps none)."""
+        return cls(state.cursor, state.position, state.drained, state.inherited_from)
+
     def state(self) -> PartitionState:
         return PartitionState(
             cursor=self.cursor, position=self.position, drained=self.drained, inherited_from=self.inherited_from
@@ -58,6 +63,11 @@ class StreamOffset:
     @classmethod
     def from_json(cls, fields: dict) -> StreamOffset:
         return cls({int(pid): PartitionOffset.from_json(p) for pid, p in fields.get("partitions", {}).items()})
+
+    @classmethod
+    def of_state(cls, state: FeedState) -> StreamOffset:
+        """The offset of the partitions' cursors of record (where a query starts)."""
+        return cls({pid: PartitionOffset.of_state(p) for pid, p in state.partitions.items()})
 
     def feed_state(self) -> FeedState:
         return FeedState(partitions={pid: p.state() for pid, p in self.partitions.items()})

@@ -15,7 +15,6 @@ import logging
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from typing import Any
 
 from feedapi_dagster.errors import SparkError
 from feedapi_dagster.spark.jar_resolution import log_tail, pyspark_home
-from feedapi_dagster.spark.server_record import process_group, read_record, remove_record, write_record
+from feedapi_dagster.spark.server_record import read_record, remove_server_files, stop_process_group, write_record
 from feedapi_dagster.spark.settings import (
     CONNECT_SERVER_CLASS,
     FULL_JIT_JAVA_OPTION,
@@ -305,24 +304,19 @@ class SparkConnectServer:
         raise SparkError(f"server not listening after {self.startup_timeout:.0f} s")
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Terminate (SIGTERM to the process group), wait, kill after ``timeout``; idempotent."""
+        """Terminate (SIGTERM to the process group: the JVM and its Python workers), kill what is left
+        after ``timeout``; idempotent."""
         if not self._owned or self._proc is None:
             return
         close_clients(self.port)
         proc = self._proc
-        if proc.poll() is None:
-            self._signal_group(signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                log.warning("Spark Connect server pid %s ignored SIGTERM for %.0f s; killing it", proc.pid, timeout)
-                self._signal_group(signal.SIGKILL)
-                proc.wait(timeout=10)
-        # leftovers of the group (python workers) after the JVM exited
-        self._signal_group(signal.SIGKILL)
-        deadline = time.monotonic() + 5
-        while self._group_alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
+
+        def killing() -> None:
+            log.warning("Spark Connect server pid %s ignored SIGTERM for %.0f s; killing it", proc.pid, timeout)
+
+        if not stop_process_group(proc.pid, timeout, on_kill=killing):
+            log.warning("Spark Connect server pid %s: processes of its group survived SIGKILL", proc.pid)
+        proc.poll()  # reaps the exited JVM
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
@@ -330,28 +324,7 @@ class SparkConnectServer:
             shutil.rmtree(self._work_dir, ignore_errors=True)
         record = read_record(self.port)
         if record is None or record.pid == proc.pid:  # not those of a server started since (`spark stop`)
-            with contextlib.suppress(FileNotFoundError):
-                token_file(self.port).unlink()
-            remove_record(self.port)
-
-    def _signal_group(self, sig: int) -> None:
-        assert self._proc is not None
-        try:
-            os.killpg(self._proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def _group_alive(self) -> bool:
-        """Whether a live (non-zombie) process is left in the server's process group."""
-        assert self._proc is not None
-        pgid = self._proc.pid
-        if not Path("/proc").is_dir():  # pragma: no cover - not Linux
-            try:
-                os.killpg(pgid, 0)
-            except (ProcessLookupError, PermissionError):
-                return False
-            return True
-        return bool(process_group(pgid))
+            remove_server_files(self.port, lock=False)  # the lock is `embedded._port_lock`'s
 
     def wait(self, timeout: float | None = None) -> int | None:
         """Wait for the server process to exit; its exit code (None if still running after timeout)."""

@@ -14,9 +14,7 @@ import atexit
 import contextlib
 import logging
 import os
-import signal
 import tempfile
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TypedDict, Unpack
@@ -24,11 +22,11 @@ from typing import TypedDict, Unpack
 from feedapi_dagster.errors import SparkError
 from feedapi_dagster.spark.connect_server import SparkConnectServer, close_clients, port_open
 from feedapi_dagster.spark.server_record import (
-    ServerRecord,
     is_recorded_server,
-    process_group,
     read_record,
     record_file,
+    remove_server_files,
+    stop_process_group,
 )
 from feedapi_dagster.spark.settings import LOOPBACK, installation_port, this_installation
 
@@ -170,32 +168,14 @@ def stop_recorded_server(port: int, timeout: float = 30.0) -> str:
                     f"port {port}: the recorded server (pid {record.pid}) is gone and something "
                     "else listens there; not stopping it"
                 )
-            _remove_server_files(record)
+            remove_server_files(port, lock=True)
             return (
                 f"the embedded Spark server recorded on port {port} (pid {record.pid}) was not running; "
                 "removed its files"
             )
         close_clients(port)
-        _stop_group(record.pid, timeout)
-        _remove_server_files(record)
+        # SIGTERM: the JVM shuts down, its Python workers with it
+        if not stop_process_group(record.pid, timeout):
+            raise ServerNotStopped(f"the Spark server's processes (group {record.pid}) survived SIGKILL")
+        remove_server_files(port, lock=True)
     return f"stopped the embedded Spark server on port {port} (pid {record.pid}); its log stays in {record.log_path}"
-
-
-def _stop_group(pgid: int, timeout: float) -> None:
-    """SIGTERM the server's process group (the JVM shuts down, its Python workers with it), SIGKILL
-    what is left after `timeout`."""
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, sig)
-        deadline = time.monotonic() + wait
-        while process_group(pgid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if not process_group(pgid):
-            return
-    raise ServerNotStopped(f"the Spark server's processes (group {pgid}) survived SIGKILL")
-
-
-def _remove_server_files(record: ServerRecord) -> None:
-    for path in record.files:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()

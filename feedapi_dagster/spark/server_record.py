@@ -8,6 +8,10 @@ gives its pid to the next process. `is_recorded_server` compares the process's s
 ``/proc/<pid>/stat``) and its command line with the record's, so `feedapi-dagster spark stop` never
 signals an unrelated process, and it refuses a server another installation started (that one's
 Python workers run that installation's code).
+
+A server's processes are one process group (its JVM and its Python workers). `stop_process_group`
+is how a group is stopped: a server's (`embedded`, `connect_server`) and `feedapi-dagster dev`'s
+`dagster dev` with its children.
 """
 
 from __future__ import annotations
@@ -15,7 +19,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,8 +60,13 @@ class ServerRecord:
     @property
     def files(self) -> list[Path]:
         """What the server keeps in the temp folder beside its work dir (token, start-up lock, record)."""
-        base = record_file(self.port)
-        return [base.with_suffix(".token"), base.with_suffix(".lock"), base]
+        return list(_server_files(self.port))
+
+
+def _server_files(port: int) -> tuple[Path, Path, Path]:
+    """The token, start-up lock and record of the server on `port`."""
+    base = record_file(port)
+    return base.with_suffix(".token"), base.with_suffix(".lock"), base
 
 
 def process_started(pid: int) -> int | None:
@@ -120,9 +132,13 @@ def installation_records() -> list[ServerRecord]:
     )
 
 
-def remove_record(port: int) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        record_file(port).unlink()
+def remove_server_files(port: int, *, lock: bool) -> None:
+    """Remove the token and record of the server on `port`, and with `lock` its start-up lock (only
+    while holding it: `embedded._port_lock`)."""
+    token, lock_file, record = _server_files(port)
+    for path in (token, lock_file, record) if lock else (token, record):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
 
 
 def is_recorded_server(record: ServerRecord) -> bool:
@@ -135,16 +151,58 @@ def is_recorded_server(record: ServerRecord) -> bool:
 
 
 def process_group(pgid: int) -> list[int]:
-    """The live (non-zombie) processes of a process group: a server's JVM and its Python workers."""
+    """The live processes of a process group: a server's JVM and its Python workers."""
     members = []
     for stat in _PROC.glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+        if int(fields[2]) == pgid and (fields[0] not in _DEAD or _threads_live(stat.parent)):
             members.append(int(stat.parent.name))
     return members
+
+
+_DEAD = ("Z", "X")
+
+
+def _threads_live(process: Path) -> bool:
+    """Whether threads of a process whose main thread is a zombie still run: a killed JVM's main thread
+    exits first, the others hold its files (its listening socket) until the last of them is gone."""
+    for stat in process.glob("task/[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError):
+            if stat.read_text().rsplit(")", 1)[1].split()[0] not in _DEAD:
+                return True
+    return False
+
+
+def stop_process_group(
+    pgid: int, grace_seconds: float, *, kill_seconds: float = 10.0, on_kill: Callable[[], None] | None = None
+) -> bool:
+    """SIGTERM the process group `pgid`, SIGKILL what is left of it after `grace_seconds` (`on_kill`
+    called first); whether none of its processes is left, at most `kill_seconds` after that. A leader
+    that is the caller's child counts as gone once it exited (a zombie until the caller waits for it)."""
+    _signal_group(pgid, signal.SIGTERM)
+    if _gone_within(pgid, grace_seconds):
+        return True
+    if on_kill is not None:
+        on_kill()
+    _signal_group(pgid, signal.SIGKILL)
+    return _gone_within(pgid, kill_seconds)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _gone_within(pgid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while process_group(pgid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def resident_bytes(pids: list[int]) -> int:

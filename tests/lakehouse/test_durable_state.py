@@ -12,7 +12,7 @@ import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
 from feedapi_dagster.errors import StateError
-from feedapi_dagster.lakehouse.commit import BEFORE_COMMIT
+from feedapi_dagster.lakehouse.commit import AFTER_COMMIT, BEFORE_COMMIT
 from feedapi_dagster.lakehouse.cursor_record import REASSERT_AFTER_COMMITS, read_committed_state
 from feedapi_dagster.lakehouse.feed_table import Commit, FeedTable
 from feedapi_dagster.read.datasource import EVENT_DDL
@@ -164,10 +164,18 @@ def test_a_quiet_feed_commits_its_state_again_before_others_commits_can_bury_it(
         assert first.state.get(0).drained
         for n in range(REASSERT_AFTER_COMMITS - 1):
             user_commit(spark, table_path, n)
-        make_loader(server).sync()  # nothing new, the state's commit is still near the head
+        moments: list[tuple[str, dict]] = []
+
+        def seen(moment: str, updates: dict) -> None:
+            moments.append((moment, updates))
+
+        make_loader(server, on_moment=seen).sync()  # nothing new, the state's commit is still near the head
         assert read_committed_state(table_path).delta_version == first.delta_version
+        assert moments == []
         user_commit(spark, table_path, 99)
-        make_loader(server).sync()
+        make_loader(server, on_moment=seen).sync()
+        # the commit of the state again is a commit as any other: its dangerous moments are reported
+        assert moments == [(BEFORE_COMMIT, {}), (AFTER_COMMIT, {})]
     again = read_committed_state(table_path)
     assert again.delta_version == first.delta_version + REASSERT_AFTER_COMMITS + 1
     assert again.state.partitions == first.state.partitions

@@ -27,6 +27,7 @@ from feedapi_dagster.spark.jars import (
     pyspark_jars_dir,
     read_manifest,
 )
+from feedapi_dagster.spark.server_record import process_group
 from feedapi_dagster.spark.settings import SparkSettings, installation_port
 from tests.ports import find_free_port
 
@@ -260,7 +261,7 @@ def test_stop_leaves_no_process_behind(connect_server: SparkConnectServer) -> No
     connect_server.stop()
     assert not connect_server.is_running()
     left = subprocess.run(["ps", "-o", "pid,ppid,stat,cmd", "-g", str(pid)], capture_output=True, text=True).stdout
-    assert not connect_server._group_alive(), f"left in the server's process group:\n{left}"
+    assert pid is not None and not process_group(pid), f"left in the server's process group:\n{left}"
     deadline = time.monotonic() + 5
     while port_open(connect_server.port) and time.monotonic() < deadline:
         time.sleep(0.1)

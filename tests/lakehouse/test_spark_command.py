@@ -23,7 +23,13 @@ from feedapi_dagster.errors import SparkError
 from feedapi_dagster.spark.connect_server import port_open
 from feedapi_dagster.spark.embedded import ensure_embedded_server
 from feedapi_dagster.spark.jars import JARS_DIR_ENV, jars_dir
-from feedapi_dagster.spark.server_record import process_group, read_record, record_file, write_record
+from feedapi_dagster.spark.server_record import (
+    process_group,
+    read_record,
+    record_file,
+    stop_process_group,
+    write_record,
+)
 from feedapi_dagster.spark.settings import EMBEDDED_PORTS, installation_port
 from tests.ports import LOOPBACK, find_free_port
 from tests.spark_processes import connect_server_pid
@@ -199,3 +205,38 @@ def test_spark_stop_never_signals_a_process_that_has_a_dead_servers_pid(tmp_path
     finally:
         unrelated.kill()
         unrelated.wait()
+
+
+IGNORES_SIGTERM = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited by the child it starts
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_stop_process_group_kills_what_ignores_sigterm_and_waits_for_every_member() -> None:
+    # a leader and its child (the JVM and a Python worker) that both ignore SIGTERM: killed after the
+    # grace period, the caller told first; then a group that obeys SIGTERM stops without a SIGKILL
+    stubborn = subprocess.Popen(
+        [sys.executable, "-c", IGNORES_SIGTERM], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    obedient = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        assert stubborn.stdout is not None and stubborn.stdout.readline() == "ready\n"
+        assert len(process_group(stubborn.pid)) == 2
+        killing: list[int] = []
+        assert stop_process_group(stubborn.pid, 1.0, on_kill=lambda: killing.append(stubborn.pid))
+        assert killing == [stubborn.pid]
+        assert process_group(stubborn.pid) == []
+        assert stubborn.wait(5) == -signal.SIGKILL
+
+        assert stop_process_group(obedient.pid, 30.0, on_kill=lambda: killing.append(obedient.pid))
+        assert killing == [stubborn.pid]
+        assert obedient.wait(5) == -signal.SIGTERM
+    finally:
+        for process in (stubborn, obedient):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
