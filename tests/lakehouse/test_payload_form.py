@@ -1,6 +1,8 @@
 """The payload's form (`payload_form`): a variant table's `data` column is each payload parsed, written
 in the rows' own commit; a json table switched to variant gets the column in place (its older rows
-NULL), and a variant table is not loaded as json. With the log read by delta-rs and by Spark."""
+NULL), and a variant table is not loaded as json. With the log read by delta-rs and by Spark. On the S3
+server: every row's `data` is its payload, and each load (streamed, and a rebuild's kept read) reports as
+many payloads Spark could not parse as it committed."""
 
 import pytest
 
@@ -10,10 +12,12 @@ from feedapi_dagster.errors import PayloadFormMismatch
 from .conftest import (
     LOG_READERS,
     ODD_PAYLOADS,
+    ON_S3,
     UNPARSEABLE,
     add_odd_events,
     assert_data_is_the_payload,
     table_rows,
+    unparsed_rows,
 )
 from .test_crash import assert_every_event_once
 
@@ -65,3 +69,29 @@ def test_a_json_table_switched_to_variant_gets_the_column_in_place_and_back_to_j
             make_loader(server, payload_form="json")
         assert len(operations(spark, table_path)) == version  # nothing committed
     assert_every_event_once(spark, table_path, feed, exactly_once=True)
+
+
+def unparsed_reported(reports) -> dict[int, int]:
+    return {pid: report.unparsed_payloads for pid, report in reports.items()}
+
+
+@ON_S3
+def test_a_variant_feed_on_s3_holds_every_payload_parsed_and_its_loads_count_the_unparseable(
+    spark, make_loader, table_path, lakehouse
+):
+    feed = DemoFeed(partitions=2, events=100, seed=38)
+    unparseable = add_odd_events(feed, partition=1)
+    with DemoFeedServer(feed, dialect="published") as server:
+        loaded = make_loader(server, payload_form="variant").sync()  # a streamed read: rows, then state
+        assert table_path.startswith("s3a://")
+        assert assert_data_is_the_payload(spark, table_path, unparseable) == 100 + len(ODD_PAYLOADS) + len(UNPARSEABLE)
+        assert unparsed_reported(loaded) == {0: 0, 1: 2}
+        assert unparsed_rows(spark, table_path) == {1: len(UNPARSEABLE)}
+
+        feed.append(20)  # parseable only: nothing more to count
+        assert unparsed_reported(make_loader(server).sync()) == {0: 0, 1: 0}
+        # a rebuild (a kept read, its rows replaced in one commit) counts what it wrote again
+        assert unparsed_reported(make_loader(server).rebuild([1])) == {1: 2}
+        assert assert_data_is_the_payload(spark, table_path, unparseable) == 120 + len(ODD_PAYLOADS) + len(UNPARSEABLE)
+        assert unparsed_rows(spark, table_path) == {1: 2}
+    assert_every_event_once(spark, table_path, feed, exactly_once=True, log=lakehouse.log(table_path))
