@@ -76,10 +76,12 @@ class UnparsedPayloads:
     from the task attempts whose output Spark keeps, so the counts are of exactly the rows Delta
     committed, counted as they are written, without a second pass over them. Per partition in one
     aggregate: `histogram_numeric` of the rows' partition ids (NULL, so not counted, for a parsed row),
-    which is exact while the distinct ids are at most its bins (it merges bins only beyond them,
-    and merges equal ids' bins first): the bins are the partitions the write holds. Its state is at
-    most a bin per partition, whatever the number of rows (a `collect_list` of their ids would grow
-    with them: a producer that drifts wholly, a list of millions)."""
+    which counts exactly while the distinct ids are at most its bins (it merges bins only beyond them,
+    and equal ids' bins first): the bins are the partitions the write holds. A merged bin's id is the
+    mean of the two, computed in floating point: the ids go in as doubles and are rounded back (given
+    as integers, Spark truncates 2.9999999999 to 2: measured, a count landed on the wrong partition).
+    Its state is at most a bin per partition, whatever the number of rows (a `collect_list` of their
+    ids would grow with them: a producer that drifts wholly, a list of millions)."""
 
     def __init__(self, partitions: int):
         """`partitions`: how many partitions the rows may hold (at least)."""
@@ -93,7 +95,8 @@ class UnparsedPayloads:
         """`frame` (rows with `data`), its unparsed rows counted by the job that writes it."""
         from pyspark.sql import functions as F
 
-        counted = f"histogram_numeric(CASE WHEN {UNPARSED_SQL} THEN {PARTITION_COLUMN} END, {self._bins})"
+        partition_id = f"CAST({PARTITION_COLUMN} AS DOUBLE)"
+        counted = f"histogram_numeric(CASE WHEN {UNPARSED_SQL} THEN {partition_id} END, {self._bins})"
         return frame.observe(self._observation, F.expr(counted).alias(_UNPARSED))
 
     def counts(self) -> dict[int, int]:
@@ -103,8 +106,8 @@ class UnparsedPayloads:
             _UNPARSED
         ]
         counts: dict[int, int] = {}
-        for partition_id, rows in bins or ():  # equal ids' bins may stay apart within the bins' number
-            counts[int(partition_id)] = counts.get(int(partition_id), 0) + round(rows)
+        for mean_id, rows in bins or ():  # equal ids' bins may stay apart within the bins' number
+            counts[round(mean_id)] = counts.get(round(mean_id), 0) + round(rows)
         return counts
 
 

@@ -88,10 +88,8 @@ def test_a_variant_feed_on_s3_holds_every_payload_parsed_and_its_loads_count_the
         assert unparsed_reported(loaded) == {0: 0, 1: 2}
         assert unparsed_rows(spark, table_path) == {1: len(UNPARSEABLE)}
 
-        feed.append(20)  # parseable only: nothing more to count
-        assert unparsed_reported(make_loader(server).sync()) == {0: 0, 1: 0}
         # a rebuild (a kept read, its rows replaced in one commit) counts what it wrote again
         assert unparsed_reported(make_loader(server).rebuild([1])) == {1: 2}
-        assert assert_data_is_the_payload(spark, table_path, unparseable) == 120 + len(ODD_PAYLOADS) + len(UNPARSEABLE)
+        assert assert_data_is_the_payload(spark, table_path, unparseable) == 100 + len(ODD_PAYLOADS) + len(UNPARSEABLE)
         assert unparsed_rows(spark, table_path) == {1: 2}
     assert_every_event_once(spark, table_path, feed, exactly_once=True, log=lakehouse.log(table_path))

@@ -40,9 +40,7 @@ def test_a_variant_feed_through_batch_loads_and_the_stream_job_parses_every_payl
     # the payloads Spark could not parse, counted by the write job: as many as the table's rows with
     # `data` NULL and a payload, in the materializations, the run's log and the check (a warning)
     assert unparsed_rows(spark, harness.table) == {0: len(unparseable)} == {0: 2}
-    counted = {
-        e.partition: e.asset_materialization.metadata["unparsed_payloads"].value for e in materialized_events(run)
-    }
+    counted = {e.partition: e.materialization.metadata["unparsed_payloads"].value for e in materialized_events(run)}
     assert counted == {"0": 2, "1": 0}
     warned = [line for line in run_log(harness, run) if "could not parse" in line]
     assert warned == [
@@ -62,7 +60,7 @@ def test_a_variant_feed_through_batch_loads_and_the_stream_job_parses_every_payl
     harness.feed.append(10)
     run = harness.launch(harness.tick_schedule().run_requests[0])
     assert check_results(run)["payloads_parsed"] is True
-    assert [e.asset_materialization.metadata["unparsed_payloads"].value for e in materialized_events(run)] in (
+    assert [e.materialization.metadata["unparsed_payloads"].value for e in materialized_events(run)] in (
         [0],
         [0, 0],
     )
