@@ -8,6 +8,7 @@ import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
 from feedapi_dagster.errors import PayloadFormMismatch
+from feedapi_dagster.lakehouse.payload_form import UnparsedPayloads
 
 from .conftest import (
     LOG_READERS,
@@ -93,3 +94,18 @@ def test_a_variant_feed_on_s3_holds_every_payload_parsed_and_its_loads_count_the
         assert assert_data_is_the_payload(spark, table_path, unparseable) == 100 + len(ODD_PAYLOADS) + len(UNPARSEABLE)
         assert unparsed_rows(spark, table_path) == {1: 2}
     assert_every_event_once(spark, table_path, feed, exactly_once=True, log=lakehouse.log(table_path))
+
+
+def test_the_write_jobs_count_of_unparsed_payloads_is_exact_for_every_one_of_many_partitions(spark):
+    # 60 feed partitions with uneven counts, their rows spread over 16 Spark tasks whose counts Spark
+    # merges; rows without a payload are not counted (a NULL payload is no payload Spark refused)
+    frame = spark.range(120_000).selectExpr(
+        "CAST(id % 60 AS INT) AS partition_id",
+        "CASE WHEN id % 7 = 0 OR (id % 60 < 6 AND id % 2 = 0) THEN NULL ELSE parse_json('1') END AS data",
+        "CASE WHEN id % 11 = 0 THEN NULL ELSE 'x' END AS payload",
+    )
+    counted = UnparsedPayloads(partitions=60)
+    counted.observe(frame.repartition(16)).write.format("noop").mode("overwrite").save()
+    expected = frame.where("data IS NULL AND payload IS NOT NULL").groupBy("partition_id").count().collect()
+    assert counted.counts() == {row.partition_id: row["count"] for row in expected}
+    assert len(expected) == 60
