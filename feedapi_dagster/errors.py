@@ -21,7 +21,8 @@ A few subclasses live beside the code that raises them, for the code that catche
 `DeltaJarsError` (`spark/jar_resolution.py`), `DeltaJarsNotSetUp` (`spark/jars.py`) and
 `ServerNotStopped` (`spark/embedded.py`) are `SparkError`s, `RecoveryNeedsSpark`
 (`lakehouse/cursor_record.py`) and `UnreadableMetadata` (`orchestration/metadata.py`) `StateError`s,
-`ReadEndsMissing` (`lakehouse/feed_read.py`) a `LoadError`, and `StreamReplayFailed`
+`ReadEndsMissing` (`lakehouse/feed_read.py`) and `UnparsedCountMissing` (`lakehouse/payload_form.py`; `load_execution.py`
+catches it: the load goes on, a warning says the count is unknown) `LoadError`s, and `StreamReplayFailed`
 (`read/stream_source.py`) a `FeedApiDagsterError` of its own.
 
 Messages name the feed by its URL without credentials and never quote a token. This module is pure

@@ -36,8 +36,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _ENDS = "ends"
-# how long the read ends may take to arrive after the job that wrote the rows (they come with its
-# result over Spark Connect; a classic session's listener hands them over shortly after the job)
+# how long the read ends (and a job's other observed metrics) may take to arrive after the job that wrote
+# the rows (they come with its result over Spark Connect; a classic session's listener hands them over
+# shortly after the job)
 ENDS_TIMEOUT_SECONDS = 60.0
 # how long the release of a kept read may take (a Spark Connect call; pyspark's own, run when the
 # DataFrame is collected, has no deadline: SPARK-58846)
@@ -101,22 +102,27 @@ class FeedRead:
         if self._ends is None:
             if self._observation is None:
                 raise ReadEndsMissing("no Spark job has written this read yet")
-            # A classic session's `get` waits for the metrics without a bound (they come by a listener)
-            with ThreadPoolExecutor(1, thread_name_prefix="feedapi-read-ends") as pool:
-                future = pool.submit(lambda: self._observation.get[_ENDS])
-                try:
-                    rows = future.result(timeout=ENDS_TIMEOUT_SECONDS)
-                except FutureTimeout:
-                    raise ReadEndsMissing(f"Spark reported no read ends within {ENDS_TIMEOUT_SECONDS:g} s") from None
-                except Exception as error:  # noqa: BLE001 - pyspark raises its assertion error, or the job's
-                    raise ReadEndsMissing(f"Spark reported no read ends ({type(error).__name__}: {error})") from error
-            self._ends = _ends(rows)
+            self._ends = _ends(observed(self._observation, "read ends", ReadEndsMissing)[_ENDS])
         return self._ends
 
     def release(self) -> None:
         """Free what Spark keeps of a kept read, now and within a bound (nothing for a streamed one)."""
         if self.kept:
             release_kept(self._source)
+
+
+def observed(observation: Any, what: str, missing: type[LoadError]) -> dict[str, Any]:
+    """The metrics of `observation` (Spark's `Observation`, of a job that has run), within
+    `ENDS_TIMEOUT_SECONDS`; `missing` (saying `what` they are) where Spark did not report them."""
+    # A classic session's `get` waits for the metrics without a bound (they come by a listener)
+    with ThreadPoolExecutor(1, thread_name_prefix="feedapi-observed") as pool:
+        future = pool.submit(lambda: observation.get)
+        try:
+            return dict(future.result(timeout=ENDS_TIMEOUT_SECONDS))
+        except FutureTimeout:
+            raise missing(f"Spark reported no {what} within {ENDS_TIMEOUT_SECONDS:g} s") from None
+        except Exception as error:  # noqa: BLE001 - pyspark raises its assertion error, or the job's
+            raise missing(f"Spark reported no {what} ({type(error).__name__}: {error})") from error
 
 
 def _collect_ends(kept: DataFrame) -> dict[int, PartitionEnd]:

@@ -29,6 +29,7 @@ from feedapi_dagster.lakehouse.payload_form import (
     DEFAULT_PAYLOAD_FORM,
     FORM_COLUMNS_DDL,
     PayloadForm,
+    UnparsedPayloads,
     data_column,
     form_mismatch,
     form_of,
@@ -91,12 +92,14 @@ _LISTING_PARALLELISM = "spark.sql.sources.parallelPartitionDiscovery.parallelism
 @dataclass(frozen=True)
 class Commit:
     """One commit of the sink: rows (appended, or replacing the `replace` partitions' rows) with the
-    feed state as user metadata, under `txn_version`."""
+    feed state as user metadata, under `txn_version`; `partitions`: how many partitions the rows may hold
+    (at least), for the count of their unparsed payloads (`UnparsedPayloads`)."""
 
     rows: DataFrame
     user_metadata: str
     txn_version: int
     replace: tuple[int, ...] = ()
+    partitions: int = 0
 
 
 def local_path(path: str) -> str:
@@ -284,17 +287,20 @@ class FeedTable:
         )
         return {row[PARTITION_COLUMN]: (row["position"], row["cursor"]) for row in rows}
 
-    def write(self, commit: Commit, run_id: str | None) -> None:
+    def write(self, commit: Commit, run_id: str | None) -> UnparsedPayloads | None:
         """One Spark job: the rows, stamped with the commit's time and run, into one Delta commit.
-        It may have been skipped (a used txnVersion): the sink looks for it in the history."""
+        It may have been skipped (a used txnVersion): the sink looks for it in the history. A variant
+        table's: the count of the rows whose payload Spark could not parse, observed by the job."""
         from pyspark.sql import functions as F
 
         loaded_at = dt.datetime.now(dt.UTC).replace(tzinfo=None)
         frame = commit.rows.withColumn("loaded_at", F.lit(loaded_at).cast("timestamp")).withColumn(
             "run_id", F.lit(run_id).cast("string")
         )
-        if self.form == "variant":  # parsed in the same job: the rows, their variant, one commit
-            frame = frame.withColumn(DATA_COLUMN, data_column())
+        unparsed = None
+        if self.form == "variant":  # parsed and counted in the same job: the rows, their variant, one commit
+            unparsed = UnparsedPayloads(commit.partitions)
+            frame = unparsed.observe(frame.withColumn(DATA_COLUMN, data_column()))
         writer = (
             frame.write.format("delta")
             .option("txnAppId", TXN_APP_ID)
@@ -306,6 +312,7 @@ class FeedTable:
         else:
             writer = writer.mode("append")
         writer.save(self.path)
+        return unparsed
 
     # ------------------------------------------------------------------ maintenance
     def optimize(self) -> None:

@@ -33,6 +33,7 @@ from feedapi_dagster.lakehouse.cursor_record import CommittedState
 from feedapi_dagster.lakehouse.feed_read import FeedRead
 from feedapi_dagster.lakehouse.load_report import LoadStatus, PartitionReport, read_report
 from feedapi_dagster.lakehouse.load_settings import LoadSettings
+from feedapi_dagster.lakehouse.payload_form import UnparsedCountMissing
 from feedapi_dagster.lakehouse.sink import DeltaSink
 from feedapi_dagster.planning import DEFAULT_TASKS, FeedState, PartitionPlan, PartitionState
 from feedapi_dagster.protocol import FeedInfo, FeedSettings
@@ -160,6 +161,7 @@ class LoadExecution:
             reports[plan.partition_id] = read_report(
                 plan, starts[plan.partition_id], end, end.read.events, rebuilt=False
             )
+        reports = self._counted(reports, self._unparsed(version))
         ended = {pid: r.state() for pid, r in reports.items()}
         if ended == starts:  # nothing read: the rows commit (no row) leaves them where they are (`cursor_record.py`)
             self.log.info(
@@ -223,9 +225,10 @@ class LoadExecution:
         }
         if not updates and not rebuild:
             self.log.info("nothing to commit: partitions %s are where they were", sorted(reports))
-            return reports
+            return self._counted(reports, {})
         committing = time.monotonic()
         version = committer.commit(staged.rows, updates, base, replace=[*reports, *drop] if rebuild else [])
+        reports = self._counted(reports, self._unparsed(version))
         self.log.info(
             "committed partitions %s as Delta version %s in %.1f s",
             sorted(updates),
@@ -233,6 +236,36 @@ class LoadExecution:
             time.monotonic() - committing,
         )
         return {pid: r.but(delta_version=version) if pid in updates else r for pid, r in reports.items()}
+
+    def _unparsed(self, version: int) -> dict[int, int] | None:
+        """A variant table's: how many rows of the commit that just landed (Delta version `version`) have
+        payloads Spark could not parse, per partition with any, as its write job counted them
+        (`payload_form.UnparsedPayloads`); None for a json table, or where Spark did not report it."""
+        if self.sink.table.form != "variant":
+            return None
+        try:
+            if (landed := self.sink.landed_unparsed) is None:
+                raise UnparsedCountMissing("its write raised after it landed")
+            return landed.counts()
+        except UnparsedCountMissing as error:
+            self.log.warning(
+                "Delta version %s: how many of its rows have payloads Spark could not parse is not known (%s); "
+                "`WHERE data IS NULL AND payload IS NOT NULL` finds them",
+                version,
+                error,
+            )
+            return None
+
+    def _counted(
+        self, reports: dict[int, PartitionReport], unparsed: dict[int, int] | None
+    ) -> dict[int, PartitionReport]:
+        """A variant table's `reports` with their partitions' counts of `unparsed` payloads (None: unknown)."""
+        if self.sink.table.form != "variant":
+            return reports
+        return {
+            pid: report.but(unparsed_payloads=None if unparsed is None else unparsed.get(pid, 0))
+            for pid, report in reports.items()
+        }
 
     def _log_read(self, reports: dict[int, PartitionReport], done: str, seconds: float) -> None:
         """`done`: what happened to the events in `seconds` (from the start of the read)."""

@@ -58,6 +58,9 @@ class PartitionReport:
     gap: str | None = None  # events the server's retention dropped after the cursor, unread
     repeated_ids: int = 0  # ids an exactly-once feed sent more than once in this sync's reads (kept)
     repeated_examples: tuple[str, ...] = ()
+    # a variant table's (`payload_form.py`): rows the load committed whose payload Spark could not parse
+    # (`data` NULL, the text in `payload`); None for a json table, or where Spark did not report the count
+    unparsed_payloads: int | None = None
 
     @classmethod
     def unmoved(
@@ -91,6 +94,9 @@ class PartitionReport:
             gap=later.gap or self.gap,
             repeated_ids=later.repeated_ids + self.repeated_ids,
             repeated_examples=(*self.repeated_examples, *later.repeated_examples)[:5],
+            unparsed_payloads=None
+            if self.unparsed_payloads is None or later.unparsed_payloads is None
+            else self.unparsed_payloads + later.unparsed_payloads,
         )
 
     def state(self) -> PartitionState:

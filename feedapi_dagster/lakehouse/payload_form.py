@@ -17,17 +17,24 @@ What `data` holds, row by row (`docs/configuration/payload-form.md`):
   object unless the session sets `spark.sql.variant.allowDuplicateKeys`, nesting deeper than Spark
   takes): SQL NULL. The row is loaded all the same, its text in `payload`: a load
   never fails or drops an event over its variant. `data IS NULL` finds exactly these rows.
+
+So that no such row goes unnoticed, the write job counts them per partition (`UnparsedPayloads`: Spark's
+`observe`, in the same job, no second pass): the load's report, its materializations
+(`unparsed_payloads`), a warning in the run and the `payloads_parsed` check say how many it committed.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from feedapi_dagster.errors import PayloadFormMismatch
+from feedapi_dagster.errors import LoadError, PayloadFormMismatch
+from feedapi_dagster.lakehouse.feed_read import observed
+from feedapi_dagster.read.rows import PARTITION_COLUMN
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column
+    from pyspark.sql import Column, DataFrame
 
 PayloadForm = Literal["json", "variant"]
 DEFAULT_PAYLOAD_FORM: PayloadForm = "json"
@@ -49,6 +56,59 @@ def data_column() -> Column:
     from pyspark.sql import functions as F
 
     return F.expr(DATA_SQL)
+
+
+# a row whose payload Spark could not parse (a JSON `null` payload is a variant null, not SQL NULL)
+UNPARSED_SQL = f"{DATA_COLUMN} IS NULL AND payload IS NOT NULL"
+_UNPARSED = "unparsed"
+
+
+class UnparsedCountMissing(LoadError):
+    """Spark committed a variant write's rows but did not report how many of them it could not parse."""
+
+
+class UnparsedPayloads:
+    """How many rows of one Spark write job (of a variant table's rows) have `data` SQL NULL and a
+    `payload` (`UNPARSED_SQL`), per partition: `observe` it into the job's frame, ask `counts()` once the
+    job is over.
+
+    Spark's `observe`, as the read ends (`feed_read.py`): observed metrics are accumulators merged only
+    from the task attempts whose output Spark keeps, so the counts are of exactly the rows Delta
+    committed, counted as they are written, without a second pass over them. Per partition in one
+    aggregate: `histogram_numeric` of the rows' partition ids (NULL, so not counted, for a parsed row),
+    which counts exactly while the distinct ids are at most its bins (it merges bins only beyond them,
+    and equal ids' bins first): the bins are the partitions the write holds. A merged bin's id is the
+    mean of the two, computed in floating point: the ids go in as doubles and are rounded back (given
+    as integers, Spark truncates 2.9999999999 to 2: measured, a count landed on the wrong partition).
+    Its state is at most a bin per partition, whatever the number of rows (a `collect_list` of their
+    ids would grow with them: a producer that drifts wholly, a list of millions)."""
+
+    def __init__(self, partitions: int):
+        """`partitions`: how many partitions the rows may hold (at least)."""
+        from pyspark.sql import Observation
+
+        # a name of its own, as the read ends' (`FeedRead.frame`)
+        self._observation = Observation(f"feedapi_unparsed_{uuid.uuid4().hex}")
+        self._bins = max(2, partitions)  # Spark takes no fewer
+
+    def observe(self, frame: DataFrame) -> DataFrame:
+        """`frame` (rows with `data`), its unparsed rows counted by the job that writes it."""
+        from pyspark.sql import functions as F
+
+        partition_id = f"CAST({PARTITION_COLUMN} AS DOUBLE)"
+        counted = f"histogram_numeric(CASE WHEN {UNPARSED_SQL} THEN {partition_id} END, {self._bins})"
+        return frame.observe(self._observation, F.expr(counted).alias(_UNPARSED))
+
+    def counts(self) -> dict[int, int]:
+        """The partitions with unparsed rows, and how many each (once the job is over);
+        `UnparsedCountMissing` where Spark did not report them."""
+        bins: list[Any] | None = observed(self._observation, "count of unparsed payloads", UnparsedCountMissing)[
+            _UNPARSED
+        ]
+        counts: dict[int, int] = {}
+        for mean_id, rows in bins or ():  # equal ids' bins may stay apart within the bins' number
+            counts[round(mean_id)] = counts.get(round(mean_id), 0) + round(rows)
+        return counts
 
 
 def form_of(column_types: Mapping[str, str]) -> PayloadForm:

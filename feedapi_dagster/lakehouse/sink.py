@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from feedapi_dagster.errors import CommitExhausted, PartitionConflict
 from feedapi_dagster.lakehouse import cursor_record as committed
 from feedapi_dagster.lakehouse.feed_table import Commit, FeedTable
+from feedapi_dagster.lakehouse.payload_form import UnparsedPayloads
 from feedapi_dagster.planning import FeedState, PartitionState
 from feedapi_dagster.read.rows import EVENT_SCHEMA, spark_ddl
 from feedapi_dagster.spark.failures import is_commit_conflict
@@ -54,6 +55,9 @@ class DeltaSink:
         self.run_id = run_id
         self.max_conflict_retries = max_conflict_retries
         self._committed: committed.CommittedState | None = None
+        # what the write job of the rows the last `commit` landed counted of them (a variant table's
+        # unparsed payloads); None also where it landed though its write raised (no count came back)
+        self.landed_unparsed: UnparsedPayloads | None = None
         self.table.ensure_table()
 
     # ------------------------------------------------------------------ reading
@@ -91,6 +95,7 @@ class DeltaSink:
         replace = tuple(sorted(set(replace)))
         pending = tuple(sorted(set(pending)))
         commit_id = uuid.uuid4().hex
+        self.landed_unparsed = None
         for attempt in range(1, self.max_conflict_retries + 1):
             base = self.committed_state(refresh=attempt > 1)  # a rebase reads what came first
             for partition_id, want in expected.items():
@@ -99,9 +104,9 @@ class DeltaSink:
                     raise partition_conflict(partition_id, want, found)
             new_state = base.state.advanced(dict(updates))
             metadata = committed.encode(new_state, commit_id, self.run_id, pending, replace)
-            commit = Commit(rows(), metadata, base.txn_version, replace)
+            commit = Commit(rows(), metadata, base.txn_version, replace, partitions=len(updates))
             try:
-                self.table.write(commit, self.run_id)
+                unparsed = self.table.write(commit, self.run_id)
             except Exception as error:  # noqa: BLE001 - classified below; Spark raises many types
                 if (version := self._landed(commit_id)) is not None:
                     return self._after(
@@ -112,6 +117,7 @@ class DeltaSink:
                 log.info("commit to %s lost a race (attempt %d); rebasing", self.path, attempt)
                 continue
             if (version := self._landed(commit_id)) is not None:
+                self.landed_unparsed = unparsed
                 return self._after(
                     committed.CommittedState(new_state, "commit", commit_id, version, version, version, pending)
                 )

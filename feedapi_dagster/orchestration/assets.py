@@ -15,8 +15,6 @@ from collections.abc import Callable, Iterator
 
 import dagster as dg
 
-from feedapi_dagster.protocol.registry import protocol_of
-
 from .checks import feed_check_specs
 from .loads import FeedBinding, LoadConfig
 from .resources import FeedApiResource
@@ -51,7 +49,7 @@ def _feed_asset(binding: FeedBinding, spec: dg.AssetSpec, execute: Execute) -> d
         description=spec.description,
         metadata=spec.metadata,
         partitions_def=dg.DynamicPartitionsDefinition(name=binding.partitions_name),
-        check_specs=feed_check_specs(spec.key, protocol_of(binding.feed.settings)),
+        check_specs=feed_check_specs(spec.key, binding.feed),
         # one run may load many partitions: a backfill's contiguous keys become one range run
         backfill_policy=dg.BackfillPolicy.single_run(),
         # one load of a feed at a time (the instance sets the pool's limit; dagster.yaml ships 1)

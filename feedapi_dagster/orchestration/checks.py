@@ -11,11 +11,14 @@ the load found it plus what it logged). And no events were lost to the server's 
 they were read (Nakadi deletes old events whether they were read or not): the check names each
 partition and the offsets between which events are gone (`load.retention_gap` says what the load
 does then); it is registered only where the protocol reports such gaps
-(`FeedProtocol.reports_retention_gaps`), since elsewhere it could never fail.
+(`FeedProtocol.reports_retention_gaps`), since elsewhere it could never fail. And, for a variant feed
+(`payload_form: variant`), that Spark parsed every payload the load committed: one it could not is
+loaded with `data` NULL (its text in `payload`), counted by the write job; the check warns, so that a
+producer whose payloads drift is noticed.
 The first two block: a violation means wrong rows.
 
 A check is one function of the `CheckedLoad` registered by `@feed_check` (its name, its description,
-whether it blocks, which protocols it applies to); `feed_check_specs` and `feed_check_results` go
+whether it blocks, which feeds it applies to); `feed_check_specs` and `feed_check_results` go
 through the registry, and each check's metadata is a typed set (`metadata.MetadataSet`).
 """
 
@@ -30,14 +33,16 @@ import dagster as dg
 from feedapi_dagster.lakehouse.deletes import UserDeletes, count_user_deletes
 from feedapi_dagster.lakehouse.load_report import LoadOutcome
 from feedapi_dagster.lakehouse.stats import NO_ROWS, duplicate_event_ids, partition_stats
-from feedapi_dagster.protocol.interface import FeedProtocol
+from feedapi_dagster.protocol.registry import protocol_of
 
+from .config import FeedConfig
 from .metadata import MetadataSet, PartitionMetadata
 
 NO_DUPLICATES = "no_duplicate_event_ids"
 CONTIGUOUS = "positions_contiguous"
 CURSOR_MIRRORED = "cursor_metadata_matches_delta"
 NO_RETENTION_GAP = "no_events_expired_unread"
+PAYLOADS_PARSED = "payloads_parsed"
 _SHOWN = 20
 
 
@@ -62,7 +67,7 @@ class FeedCheck:
     description: str
     evaluate: Evaluate
     blocking: bool
-    applies: Callable[[FeedProtocol], bool]  # registered only for the protocols it can fail in
+    applies: Callable[[FeedConfig], bool]  # registered only for the feeds it can fail for
 
     def spec(self, key: dg.AssetKey) -> dg.AssetCheckSpec:
         return dg.AssetCheckSpec(self.name, asset=key, blocking=self.blocking, description=self.description)
@@ -72,14 +77,14 @@ class FeedCheck:
 FEED_CHECKS: dict[str, FeedCheck] = {}
 
 
-def _always(protocol: FeedProtocol) -> bool:
+def _always(feed: FeedConfig) -> bool:
     return True
 
 
 def feed_check(
-    name: str, description: str, *, blocking: bool = False, applies: Callable[[FeedProtocol], bool] = _always
+    name: str, description: str, *, blocking: bool = False, applies: Callable[[FeedConfig], bool] = _always
 ) -> Callable[[Evaluate], Evaluate]:
-    """Registers the decorated function as the check `name` of every feed asset (whose protocol it
+    """Registers the decorated function as the check `name` of every feed asset (of the feeds it
     `applies` to)."""
 
     def register(evaluate: Evaluate) -> Evaluate:
@@ -89,9 +94,9 @@ def feed_check(
     return register
 
 
-def feed_check_specs(key: dg.AssetKey, protocol: FeedProtocol) -> list[dg.AssetCheckSpec]:
-    """The checks of a feed's asset: those its protocol can fail."""
-    return [check.spec(key) for check in FEED_CHECKS.values() if check.applies(protocol)]
+def feed_check_specs(key: dg.AssetKey, feed: FeedConfig) -> list[dg.AssetCheckSpec]:
+    """The checks of a feed's asset: those it can fail."""
+    return [check.spec(key) for check in FEED_CHECKS.values() if check.applies(feed)]
 
 
 def feed_check_results(load: CheckedLoad, selected: set[str]) -> Iterator[dg.AssetCheckResult]:
@@ -218,7 +223,7 @@ class GapsChecked(MetadataSet):
     NO_RETENTION_GAP,
     "No events of a loaded partition expired on the server (its retention) after the partition's "
     "cursor before they were read.",
-    applies=lambda protocol: protocol.reports_retention_gaps,
+    applies=lambda feed: protocol_of(feed.settings).reports_retention_gaps,
 )
 def no_events_expired_unread(load: CheckedLoad) -> dg.AssetCheckResult:
     gaps = [report.gap for report in load.outcome.reports.values() if report.gap]
@@ -227,4 +232,35 @@ def no_events_expired_unread(load: CheckedLoad) -> dg.AssetCheckResult:
         passed=not gaps,
         severity=dg.AssetCheckSeverity.ERROR,
         metadata=GapsChecked(gaps=gaps[:_SHOWN]).metadata(),
+    )
+
+
+class PayloadsChecked(MetadataSet):
+    """The partitions the load committed rows to whose payloads Spark could not parse, and how many
+    each; those whose count Spark did not report."""
+
+    unparsed_payloads: dict[str, int]
+    partitions_checked: int
+    not_counted: list[int] | None = None
+
+
+@feed_check(
+    PAYLOADS_PARSED,
+    "Spark parsed every payload the load committed to the variant column `data`: a payload it cannot "
+    "parse is loaded with `data` NULL and its text in `payload` (WHERE data IS NULL AND payload IS NOT "
+    "NULL); counted per partition by the load's write job.",
+    applies=lambda feed: feed.payload_form == "variant",
+)
+def payloads_parsed(load: CheckedLoad) -> dg.AssetCheckResult:
+    reports = [load.outcome.reports[pid] for pid in sorted(load.loaded) if pid in load.outcome.reports]
+    unparsed = {str(r.partition_id): r.unparsed_payloads for r in reports if r.unparsed_payloads}
+    not_counted = [r.partition_id for r in reports if r.unparsed_payloads is None]
+    checked = PayloadsChecked(
+        unparsed_payloads=unparsed, partitions_checked=len(reports), not_counted=not_counted or None
+    )
+    return dg.AssetCheckResult(
+        check_name=PAYLOADS_PARSED,
+        passed=not unparsed and not not_counted,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata=checked.metadata(),
     )

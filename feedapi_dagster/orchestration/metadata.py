@@ -84,6 +84,9 @@ class PartitionMetadata(MetadataSet):
     # the table's rows are the partitions' committed positions summed
     partition_row_count: int = Field(alias="dagster/partition_row_count")
     row_count: int = Field(alias="dagster/row_count")
+    # a variant feed's (`payload_form: variant`) load: its rows whose payload Spark could not parse
+    # (`data` NULL, the text in `payload`); the `payloads_parsed` check warns of them
+    unparsed_payloads: int | None = None
 
     @classmethod
     def of_report(cls, report: PartitionReport, outcome: LoadOutcome) -> Self:
@@ -102,6 +105,7 @@ class PartitionMetadata(MetadataSet):
             drained=report.drained,
             rebuilt=report.rebuilt,
             start_cursor=report.start_cursor,
+            unparsed_payloads=report.unparsed_payloads,
             **_table(outcome, report.position, version),
         )
 

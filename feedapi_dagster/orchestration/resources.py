@@ -218,6 +218,13 @@ class FeedApiResource(dg.ConfigurableResource):
         for report in outcome.reports.values():
             if report.error:  # a failed or invalid partition (a waiting one's reason is `waiting_for`)
                 context.log.error("partition %s: %s", report.partition_id, report.error)
+            if report.unparsed_payloads:  # never silent: a producer whose payloads drift (`payloads_parsed`)
+                context.log.warning(
+                    "feed %s partition %s: %d payloads Spark could not parse: loaded with data NULL, their text in payload",
+                    binding.name,
+                    report.partition_id,
+                    report.unparsed_payloads,
+                )
         return outcome
 
     def _materialize(

@@ -109,6 +109,12 @@ def assert_data_is_the_payload(spark, path, unparseable=(), where="true") -> int
     return len(rows)
 
 
+def unparsed_rows(spark, path) -> dict[int, int]:
+    """The partitions of a variant table with rows whose payload Spark could not parse, and how many each."""
+    frame = spark.read.format("delta").load(path).where("data IS NULL AND payload IS NOT NULL")
+    return {row.partition_id: row["count"] for row in frame.groupBy("partition_id").count().collect()}
+
+
 def create_partitioned_table(spark, path):
     """The table as releases up to 0.1.0 created it: a folder per feed partition, statistics of
     `position` only. Loads must go on with it as it is (it is never rewritten)."""

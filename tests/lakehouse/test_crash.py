@@ -7,7 +7,8 @@
   uploaded but before the commit file is (the S3 server holds the uploads): whatever the Spark
   server then does with the dead client's write, the next load lands every event once;
 * a Python worker SIGKILLed in the middle of a read task (Spark retries the task; the feed grows
-  between the two attempts, so they read different amounts);
+  between the two attempts, so they read different amounts; the load's count of payloads Spark could
+  not parse is of the kept attempt's rows, not of the killed one's too);
 * the Spark Connect server SIGKILLed in the middle of a read, and SIGSTOPped (the load ends with
   `SparkUnresponsive` after its bound, instead of waiting for ever).
 """
@@ -24,11 +25,12 @@ import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults, Gate, NakadiDemoServer, NakadiEventType
 from feedapi_dagster.lakehouse.cursor_record import read_committed_state, read_history
+from feedapi_dagster.lakehouse.load_settings import LoadSettings
 from feedapi_dagster.lakehouse.loader import FeedLoader
 from feedapi_dagster.protocol import FeedSettings, RetryPolicy, feed_settings
 
 from ..spark_processes import kill, python_workers
-from .conftest import add_odd_events, assert_data_is_the_payload, table_rows
+from .conftest import add_odd_events, assert_data_is_the_payload, table_rows, unparsed_rows
 
 SCRIPT = Path(__file__).with_name("load_and_die.py")
 
@@ -92,10 +94,14 @@ def test_sigkill_of_a_streamed_load_then_resume_loads_every_event_exactly_once(
         kill_a_load(spark, server, feed, table_path, moment, generation, connect_server, lakehouse)
         feed.append(50)  # the feed moves on while the loader is down
         unparseable = add_odd_events(feed, partition=1)
-        make_loader(server).sync()
+        resumed = make_loader(server).sync()
     assert_every_event_once(spark, table_path, feed, exactly_once=True, log=lakehouse.log(table_path))
     if payload_form == "variant":
         assert assert_data_is_the_payload(spark, table_path, unparseable) == sum(len(feed.published(p)) for p in (0, 1))
+        # the load that resumed counted the payloads Spark could not parse of the rows it committed: they
+        # are all the table has (the killed load's rows had none)
+        assert unparsed_rows(spark, table_path) == {1: len(unparseable)}
+        assert {pid: report.unparsed_payloads for pid, report in resumed.items()} == {0: 0, 1: len(unparseable)}
 
 
 @pytest.mark.parametrize(
@@ -199,15 +205,21 @@ def _wait_until_the_version_settles(log, quiet_seconds: float = 5, timeout: floa
 
 
 def test_a_python_worker_killed_mid_read_is_retried_and_its_read_lands_once(spark, make_loader, table_path):
+    # One read task reads both partitions of a variant table: partition 0's rows, two of them payloads
+    # Spark cannot parse, go into the Delta write while partition 1's read is held; the worker is killed
+    # and Spark runs the task again. The count of unparsed payloads is of the attempt Spark kept only.
     feed = DemoFeed(partitions=2, events=300, seed=22)
+    one_task = LoadSettings(read_tasks=1)
     with DemoFeedServer(feed, dialect="published") as server:
-        make_loader(server).sync()
+        make_loader(server, payload_form="variant", settings=one_task).sync()
         feed.append(100)
-        gate = server.gate = Gate()
+        unparseable = add_odd_events(feed, partition=0)
+        gate = server.gate = Gate(partition=1)
         outcome = {}
-        load = threading.Thread(target=lambda: outcome.update(reports=make_loader(server).sync()))
+        load = threading.Thread(target=lambda: outcome.update(reports=make_loader(server, settings=one_task).sync()))
         load.start()
         assert gate.arrived.wait(120), "the read tasks never fetched"
+        time.sleep(1)  # partition 0's pages on their way into the write
         killed = kill(python_workers(os.getpid()), signal.SIGKILL)
         assert killed, "no Python worker was reading"
         feed.append(70)  # the retried task reads more than the killed one had
@@ -216,6 +228,9 @@ def test_a_python_worker_killed_mid_read_is_retried_and_its_read_lands_once(spar
         load.join(300)
         assert outcome["reports"][0].status == "loaded"
     assert_every_event_once(spark, table_path, feed, exactly_once=True)
+    assert assert_data_is_the_payload(spark, table_path, unparseable) == sum(len(feed.published(p)) for p in (0, 1))
+    assert unparsed_rows(spark, table_path) == {0: len(unparseable)}
+    assert {pid: report.unparsed_payloads for pid, report in outcome["reports"].items()} == {0: len(unparseable), 1: 0}
 
 
 def test_the_spark_connect_server_killed_mid_read_commits_nothing_then_resume(spark, make_loader, table_path, tmp_path):

@@ -1,19 +1,24 @@
 """The payload's form (`payload_form`): a variant table's `data` column is each payload parsed, written
 in the rows' own commit; a json table switched to variant gets the column in place (its older rows
-NULL), and a variant table is not loaded as json. With the log read by delta-rs and by Spark."""
+NULL), and a variant table is not loaded as json. With the log read by delta-rs and by Spark. On the S3
+server: every row's `data` is its payload, and each load (streamed, and a rebuild's kept read) reports as
+many payloads Spark could not parse as it committed."""
 
 import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
 from feedapi_dagster.errors import PayloadFormMismatch
+from feedapi_dagster.lakehouse.payload_form import UnparsedPayloads
 
 from .conftest import (
     LOG_READERS,
     ODD_PAYLOADS,
+    ON_S3,
     UNPARSEABLE,
     add_odd_events,
     assert_data_is_the_payload,
     table_rows,
+    unparsed_rows,
 )
 from .test_crash import assert_every_event_once
 
@@ -65,3 +70,42 @@ def test_a_json_table_switched_to_variant_gets_the_column_in_place_and_back_to_j
             make_loader(server, payload_form="json")
         assert len(operations(spark, table_path)) == version  # nothing committed
     assert_every_event_once(spark, table_path, feed, exactly_once=True)
+
+
+def unparsed_reported(reports) -> dict[int, int]:
+    return {pid: report.unparsed_payloads for pid, report in reports.items()}
+
+
+@ON_S3
+def test_a_variant_feed_on_s3_holds_every_payload_parsed_and_its_loads_count_the_unparseable(
+    spark, make_loader, table_path, lakehouse
+):
+    feed = DemoFeed(partitions=2, events=100, seed=38)
+    unparseable = add_odd_events(feed, partition=1)
+    with DemoFeedServer(feed, dialect="published") as server:
+        loaded = make_loader(server, payload_form="variant").sync()  # a streamed read: rows, then state
+        assert table_path.startswith("s3a://")
+        assert assert_data_is_the_payload(spark, table_path, unparseable) == 100 + len(ODD_PAYLOADS) + len(UNPARSEABLE)
+        assert unparsed_reported(loaded) == {0: 0, 1: 2}
+        assert unparsed_rows(spark, table_path) == {1: len(UNPARSEABLE)}
+
+        # a rebuild (a kept read, its rows replaced in one commit) counts what it wrote again
+        assert unparsed_reported(make_loader(server).rebuild([1])) == {1: 2}
+        assert assert_data_is_the_payload(spark, table_path, unparseable) == 100 + len(ODD_PAYLOADS) + len(UNPARSEABLE)
+        assert unparsed_rows(spark, table_path) == {1: 2}
+    assert_every_event_once(spark, table_path, feed, exactly_once=True, log=lakehouse.log(table_path))
+
+
+def test_the_write_jobs_count_of_unparsed_payloads_is_exact_for_every_one_of_many_partitions(spark):
+    # 60 feed partitions with uneven counts, their rows spread over 16 Spark tasks whose counts Spark
+    # merges; rows without a payload are not counted (a NULL payload is no payload Spark refused)
+    frame = spark.range(120_000).selectExpr(
+        "CAST(id % 60 AS INT) AS partition_id",
+        "CASE WHEN id % 7 = 0 OR (id % 60 < 6 AND id % 2 = 0) THEN NULL ELSE parse_json('1') END AS data",
+        "CASE WHEN id % 11 = 0 THEN NULL ELSE 'x' END AS payload",
+    )
+    counted = UnparsedPayloads(partitions=60)
+    counted.observe(frame.repartition(16)).write.format("noop").mode("overwrite").save()
+    expected = frame.where("data IS NULL AND payload IS NOT NULL").groupBy("partition_id").count().collect()
+    assert counted.counts() == {row.partition_id: row["count"] for row in expected}
+    assert len(expected) == 60
