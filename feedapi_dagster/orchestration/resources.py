@@ -220,10 +220,11 @@ class FeedApiResource(dg.ConfigurableResource):
                 context.log.error("partition %s: %s", report.partition_id, report.error)
             if report.unparsed_payloads:  # never silent: a producer whose payloads drift (`payloads_parsed`)
                 context.log.warning(
-                    "feed %s partition %s: %d payloads Spark could not parse: loaded with data NULL, their text in payload",
+                    "feed %s partition %s: %d %s Spark could not parse: loaded with data NULL, their text in payload",
                     binding.name,
                     report.partition_id,
                     report.unparsed_payloads,
+                    "payload" if report.unparsed_payloads == 1 else "payloads",
                 )
         return outcome
 
