@@ -8,11 +8,12 @@ subclass for one kind of failure.
     ├── StorageError             the lakehouse's storage refused or cannot be reached
     ├── StateError               the cursor of record cannot be read or recovered
     ├── LayoutMismatch           a feed's table exists with another layout than the feed's `layout`
-    ├── PayloadFormMismatch      a feed's table has the variant column and the feed's `payload_form` is json
+    ├── PayloadFormMismatch      a feed's table has another payload form than its `payload_form` can become
     ├── LoadError                a load could not finish (what was committed before is kept)
     │   ├── CommitExhausted      Delta's optimistic commit lost every retry to other writers
     │   ├── PartitionConflict    another load committed a partition first (`partition_id`)
     │   ├── KeptReadLost         the read Spark kept was lost before its write: nothing committed
+    │   ├── PayloadSchemaFrozen  a key the frozen schema of a columns table has no column for: nothing committed
     │   └── RebuildAbandoned     a rebuild stopped before its atomic replace: nothing was replaced
     └── SparkError               Spark could not be started, reached or set up
         └── SparkUnresponsive    the Spark Connect server stopped answering: the load was abandoned
@@ -71,12 +72,22 @@ class LayoutMismatch(FeedApiDagsterError):
 
 
 class PayloadFormMismatch(FeedApiDagsterError):
-    """A feed's table has the payload's variant column (`data`) and the feed's `payload_form` is `json`:
-    its loads would leave the column NULL, so nothing is loaded into it."""
+    """A feed's table has the payload's variant column (`data`) or typed columns and the feed's
+    `payload_form` is another: its loads would leave them NULL, so nothing is loaded into it."""
 
 
 class LoadError(FeedApiDagsterError):
     """A load could not finish; what it committed before the failure is kept."""
+
+
+class PayloadSchemaFrozen(LoadError):
+    """A columns table's feed freezes its schema (`payload_columns.evolution: freeze`) and a write's
+    payloads have a key (or nested field) it has no column for: the write commits nothing."""
+
+    def __init__(self, message: str, key: str, partition: int):
+        super().__init__(message)
+        self.key = key
+        self.partition = partition
 
 
 class CommitExhausted(LoadError):

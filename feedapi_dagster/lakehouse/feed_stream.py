@@ -30,12 +30,14 @@ import logging
 import shutil
 from typing import TYPE_CHECKING, Any, Literal
 
+from feedapi_dagster.errors import PayloadFormMismatch
 from feedapi_dagster.lakehouse.commit import Moment, PartitionAdvance, ReadCommit
 from feedapi_dagster.lakehouse.cursor_record import CommittedState
 from feedapi_dagster.lakehouse.feed_table import FeedTable, local_path
 from feedapi_dagster.lakehouse.payload_form import DATA_COLUMN, data_column
 from feedapi_dagster.lakehouse.sink import DeltaSink, partition_conflict
 from feedapi_dagster.planning import PartitionState
+from feedapi_dagster.planning.payload_columns import ColumnsSettings
 from feedapi_dagster.protocol import FeedClient, FeedInfo, FeedSettings
 from feedapi_dagster.read.datasource import SOURCE_NAME, FeedSourceOptions
 from feedapi_dagster.read.read_tasks import END_COLUMN
@@ -100,7 +102,7 @@ class FeedStream:
         if self.max_events_per_trigger is not None:
             options[MAX_EVENTS_PER_TRIGGER] = str(self.max_events_per_trigger)
         events = spark.readStream.format(SOURCE_NAME).options(**options).load()
-        commit = MicroBatchCommit(self.table.path, self.run_id, self.info, self.on_moment)
+        commit = MicroBatchCommit(self.table.path, self.run_id, self.info, self.on_moment, self.table.columns)
         return (
             events.writeStream.foreachBatch(commit)
             .option("checkpointLocation", self.checkpoint)
@@ -123,8 +125,17 @@ class MicroBatchCommit:
     It runs where Spark runs a query's `foreachBatch` (the driver of a classic session; a Python process
     of the Spark Connect server), so it holds the table's path, not the client's objects."""
 
-    def __init__(self, path: str, run_id: str, info: FeedInfo, on_moment: Moment | None = None):
+    def __init__(
+        self,
+        path: str,
+        run_id: str,
+        info: FeedInfo,
+        on_moment: Moment | None = None,
+        columns: ColumnsSettings | None = None,
+    ):
+        """`columns`: how a columns table's typed columns evolve (the feed's `payload_columns`)."""
         self.path = path
+        self.columns = columns
         self.run_id = run_id
         self.info = info
         self.on_moment = on_moment
@@ -180,7 +191,8 @@ class MicroBatchCommit:
             # on object storage the log is read through Spark: its session has the credentials, this
             # process (a Python worker of a Spark Connect server) may not
             read_log: Literal["auto", "spark"] = "auto" if local_path(self.path) else "spark"
-            sink = DeltaSink(FeedTable(spark, self.path, read_log=read_log), run_id=self.run_id)
+            table = FeedTable(spark, self.path, read_log=read_log, columns=self.columns)
+            sink = DeltaSink(table, run_id=self.run_id)
             self._committer = ReadCommit(sink, self.info, on_moment=self.on_moment)
         return self._committer
 
@@ -200,6 +212,11 @@ def stream_to_delta(events: DataFrame, path: str, checkpoint: str, run_id: str =
 
     table = FeedTable(events.sparkSession, path)
     table.ensure_table()
+    if table.form == "columns":  # its rows are looked at before they are written: not a plain Delta sink's
+        raise PayloadFormMismatch(
+            f"the Delta table {path} has typed payload columns (payload_form: columns): its stream is the "
+            "feed's own (`FeedStream`, the `feedapi_<feed>_stream` job), which types each micro-batch"
+        )
     if table.form == "variant":  # a variant table's rows have their payload parsed, as `FeedTable.write`'s
         events = events.withColumn(DATA_COLUMN, data_column())
     return (

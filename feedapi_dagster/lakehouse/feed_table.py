@@ -28,12 +28,14 @@ from feedapi_dagster.lakehouse.payload_form import (
     DATA_COLUMN,
     DEFAULT_PAYLOAD_FORM,
     FORM_COLUMNS_DDL,
+    FormCounts,
     PayloadForm,
-    UnparsedPayloads,
     data_column,
     form_mismatch,
     form_of,
 )
+from feedapi_dagster.lakehouse.typed_columns import table_payload_columns, typed_rows
+from feedapi_dagster.planning.payload_columns import ColumnsSettings, PayloadColumn
 from feedapi_dagster.read.rows import PARTITION_COLUMN, TABLE_SCHEMA, spark_ddl
 from feedapi_dagster.spark.failures import first_line
 from feedapi_dagster.spark.storage import explain_storage_error
@@ -90,10 +92,20 @@ _LISTING_PARALLELISM = "spark.sql.sources.parallelPartitionDiscovery.parallelism
 
 
 @dataclass(frozen=True)
+class Written:
+    """What a write of a variant or columns table says beyond its rows: its counts (`FormCounts`, ready
+    once the job is over) and, of a columns table, the payload columns it added or gave new fields."""
+
+    counts: FormCounts
+    added: tuple[PayloadColumn, ...] = ()
+    extended: tuple[PayloadColumn, ...] = ()
+
+
+@dataclass(frozen=True)
 class Commit:
     """One commit of the sink: rows (appended, or replacing the `replace` partitions' rows) with the
     feed state as user metadata, under `txn_version`; `partitions`: how many partitions the rows may hold
-    (at least), for the count of their unparsed payloads (`UnparsedPayloads`)."""
+    (at least), for the count of their unparsed payloads (`FormCounts`)."""
 
     rows: DataFrame
     user_metadata: str
@@ -124,19 +136,23 @@ class FeedTable:
         storage_options: Mapping[str, str] | None = None,
         layout: Layout | None = None,
         payload_form: PayloadForm | None = None,
+        columns: ColumnsSettings | None = None,
     ):
         """`read_log`: `auto` reads the Delta log with delta-rs when this process can open the table
         (decided by `ensure_table`), `spark` always through the Spark session. `storage_options`:
         delta-rs's, for a table on object storage. `layout`: the feed's setting, what `ensure_table`
         creates the table with and finds an existing one in (None: `DEFAULT_LAYOUT` for a new table,
         an existing one as it is). `payload_form`: the feed's setting, the same way (None: json for a new
-        table, an existing one as it is)."""
+        table, an existing one as it is). `columns`: how a columns table's typed columns evolve."""
         self.spark = spark
         self.path = path
         self.read_log = read_log
         self.storage_options = dict(storage_options or {})
         self.layout = layout
         self.payload_form = payload_form
+        self.columns = columns or ColumnsSettings()
+        # a columns table's payload columns after this object's newest write (None: no write yet)
+        self.written_columns: tuple[PayloadColumn, ...] | None = None
         # the form the rows are written in: the table's, once `ensure_table` found or made it
         self.form: PayloadForm = payload_form or DEFAULT_PAYLOAD_FORM
         self._log: DeltaLog | None = None
@@ -172,30 +188,31 @@ class FeedTable:
     def ensure_form(self) -> None:
         """The table's payload form (`form`), brought to the feed's setting where it can be:
 
-        * json table, `variant` setting: the column is added in place (`ALTER TABLE ... ADD COLUMNS`, one
-          metadata commit, no file rewritten; it carries no feed state, which stays the newest load's).
-          The rows loaded before have `data` NULL: their `payload` is all they had, and a query that
-          spans both reads `coalesce(data, try_parse_json(payload))`.
-        * variant table, `json` setting: `PayloadFormMismatch`, nothing loaded. Loading on would leave
-          `data` NULL in the new rows, which a query of it takes for payloads Spark could not parse;
-          dropping the column takes Delta column mapping (a protocol upgrade some readers refuse) and
-          cannot be undone: the user says which they want.
+        * json table, `variant` or `columns` setting: the form's column (`data`, `_rescued_data`) is added
+          in place (`ALTER TABLE ... ADD COLUMNS`, one metadata commit, no file rewritten; it carries no
+          feed state, which stays the newest load's). The rows loaded before have it NULL (and no typed
+          columns): their `payload` is all they had, and a rebuild of their partitions fills them.
+        * any other change (variant or columns table, another setting): `PayloadFormMismatch`, nothing
+          loaded. Loading on would leave the form's columns NULL in the new rows, which a query takes for
+          payloads that had nothing to say; dropping columns takes Delta column mapping (a protocol
+          upgrade some readers refuse) and cannot be undone: the user says which they want.
         * no setting (a `FeedTable` made from a path only: the stream's commits, the state command):
           the table as it is.
         """
         found = self.found_form()
         if self.payload_form is None or found == self.payload_form:
             self.form = found
-        elif self.payload_form == "variant":
+        elif found == "json":
+            added = FORM_COLUMNS_DDL[self.payload_form]
             try:
-                self.spark.sql(f"ALTER TABLE delta.`{self.path}` ADD COLUMNS ({FORM_COLUMNS_DDL['variant']})")
+                self.spark.sql(f"ALTER TABLE delta.`{self.path}` ADD COLUMNS ({added})")
                 log.info(
-                    "added the column `%s VARIANT` to %s (the feed's payload_form is variant)", DATA_COLUMN, self.path
+                    "added the column `%s` to %s (the feed's payload_form is %s)", added, self.path, self.payload_form
                 )
             except Exception:  # noqa: BLE001 - Spark's error types differ between classic and Connect
-                if self.found_form() != "variant":  # not another load's ALTER of the same moment
+                if self.found_form() != self.payload_form:  # not another load's ALTER of the same moment
                     raise
-            self.form = "variant"
+            self.form = self.payload_form
         else:
             raise form_mismatch(self.path, found, self.payload_form)
 
@@ -287,32 +304,49 @@ class FeedTable:
         )
         return {row[PARTITION_COLUMN]: (row["position"], row["cursor"]) for row in rows}
 
-    def write(self, commit: Commit, run_id: str | None) -> UnparsedPayloads | None:
+    def write(self, commit: Commit, run_id: str | None) -> Written | None:
         """One Spark job: the rows, stamped with the commit's time and run, into one Delta commit.
-        It may have been skipped (a used txnVersion): the sink looks for it in the history. A variant
-        table's: the count of the rows whose payload Spark could not parse, observed by the job."""
+        It may have been skipped (a used txnVersion): the sink looks for it in the history. A variant or
+        columns table's: the counts the job observed, and the columns it added (`Written`).
+
+        A columns table's rows are looked at first (a Spark job over them: call it with kept rows), and
+        their typed columns planned against the table's schema as it is now (`typed_columns.py`); new
+        columns come in the rows' commit (`mergeSchema`)."""
         from pyspark.sql import functions as F
 
         loaded_at = dt.datetime.now(dt.UTC).replace(tzinfo=None)
         frame = commit.rows.withColumn("loaded_at", F.lit(loaded_at).cast("timestamp")).withColumn(
             "run_id", F.lit(run_id).cast("string")
         )
-        unparsed = None
+        written = None
+        evolves = False
         if self.form == "variant":  # parsed and counted in the same job: the rows, their variant, one commit
-            unparsed = UnparsedPayloads(commit.partitions)
-            frame = unparsed.observe(frame.withColumn(DATA_COLUMN, data_column()))
+            written = Written(FormCounts(commit.partitions))
+            frame = written.counts.observe(frame.withColumn(DATA_COLUMN, data_column()))
+        elif self.form == "columns":
+            typed = typed_rows(frame, self.payload_columns(), self.columns)
+            written = Written(FormCounts(commit.partitions), typed.plan.added, typed.plan.extended)
+            frame = written.counts.observe(typed.frame, rescued=True).drop(DATA_COLUMN)
+            evolves = typed.plan.changes_schema
+            self.written_columns = typed.plan.columns
         writer = (
             frame.write.format("delta")
             .option("txnAppId", TXN_APP_ID)
             .option("txnVersion", str(commit.txn_version))
             .option("userMetadata", commit.user_metadata)
         )
+        if evolves:
+            writer = writer.option("mergeSchema", "true")
         if commit.replace:
             writer = writer.mode("overwrite").option("replaceWhere", in_partitions(commit.replace))
         else:
             writer = writer.mode("append")
         writer.save(self.path)
-        return unparsed
+        return written
+
+    def payload_columns(self) -> list[PayloadColumn]:
+        """A columns table's typed payload columns as they are now (Spark reads the newest schema)."""
+        return table_payload_columns(self.frame())
 
     # ------------------------------------------------------------------ maintenance
     def optimize(self) -> None:

@@ -36,6 +36,7 @@ from feedapi_dagster.lakehouse.load_settings import LoadSettings
 from feedapi_dagster.lakehouse.payload_form import UnparsedCountMissing
 from feedapi_dagster.lakehouse.sink import DeltaSink
 from feedapi_dagster.planning import DEFAULT_TASKS, FeedState, PartitionPlan, PartitionState
+from feedapi_dagster.planning.payload_columns import RESCUE_COLUMN
 from feedapi_dagster.protocol import FeedInfo, FeedSettings
 from feedapi_dagster.read.datasource import SOURCE_NAME, FeedSourceOptions
 from feedapi_dagster.read.progress import run_with_progress
@@ -87,7 +88,10 @@ class LoadExecution:
         # a rebuild replaces whole partitions in one commit: it is never cut short by the bound
         bound = None if rebuild else self.settings.max_events_per_partition
         started = time.monotonic()
-        read = self._read(info, starts, progress, bound, keep=rebuild or deduplicated)
+        # a columns table's write looks at its rows before it writes them (`typed_columns.py`): kept, so
+        # that the feed is read once
+        keep = rebuild or deduplicated or table.form == "columns"
+        read = self._read(info, starts, progress, bound, keep=keep)
         try:
             done = _ReadToCommit(committer, read, plans, starts, base)
             if read.kept:
@@ -161,7 +165,7 @@ class LoadExecution:
             reports[plan.partition_id] = read_report(
                 plan, starts[plan.partition_id], end, end.read.events, rebuilt=False
             )
-        reports = self._counted(reports, self._unparsed(version))
+        reports = self._counted(reports, version)
         ended = {pid: r.state() for pid, r in reports.items()}
         if ended == starts:  # nothing read: the rows commit (no row) leaves them where they are (`cursor_record.py`)
             self.log.info(
@@ -225,10 +229,10 @@ class LoadExecution:
         }
         if not updates and not rebuild:
             self.log.info("nothing to commit: partitions %s are where they were", sorted(reports))
-            return self._counted(reports, {})
+            return self._counted(reports, None)
         committing = time.monotonic()
         version = committer.commit(staged.rows, updates, base, replace=[*reports, *drop] if rebuild else [])
-        reports = self._counted(reports, self._unparsed(version))
+        reports = self._counted(reports, version)
         self.log.info(
             "committed partitions %s as Delta version %s in %.1f s",
             sorted(updates),
@@ -237,33 +241,51 @@ class LoadExecution:
         )
         return {pid: r.but(delta_version=version) if pid in updates else r for pid, r in reports.items()}
 
-    def _unparsed(self, version: int) -> dict[int, int] | None:
-        """A variant table's: how many rows of the commit that just landed (Delta version `version`) have
-        payloads Spark could not parse, per partition with any, as its write job counted them
-        (`payload_form.UnparsedPayloads`); None for a json table, or where Spark did not report it."""
-        if self.sink.table.form != "variant":
-            return None
-        try:
-            if (landed := self.sink.landed_unparsed) is None:
-                raise UnparsedCountMissing("its write raised after it landed")
-            return landed.counts()
-        except UnparsedCountMissing as error:
-            self.log.warning(
-                "Delta version %s: how many of its rows have payloads Spark could not parse is not known (%s); "
-                "`WHERE data IS NULL AND payload IS NOT NULL` finds them",
-                version,
-                error,
-            )
-            return None
-
-    def _counted(
-        self, reports: dict[int, PartitionReport], unparsed: dict[int, int] | None
-    ) -> dict[int, PartitionReport]:
-        """A variant table's `reports` with their partitions' counts of `unparsed` payloads (None: unknown)."""
-        if self.sink.table.form != "variant":
+    def _counted(self, reports: dict[int, PartitionReport], version: int | None) -> dict[int, PartitionReport]:
+        """A variant or columns table's `reports` with what the write job of the commit that just landed
+        (Delta version `version`; None: no commit, nothing counted) counted of its partitions' rows
+        (`payload_form.FormCounts`): payloads Spark could not parse and (columns) rows with rescued values;
+        None where Spark did not report them. A columns table's: the columns the commit added."""
+        form = self.sink.table.form
+        if form == "json":
             return reports
+        written = self.sink.landed_written if version is not None else None
+        unparsed: dict[int, int] | None = {}
+        rescued: dict[int, int] | None = {}
+        if version is not None:
+            try:
+                if written is None:
+                    raise UnparsedCountMissing("its write raised after it landed")
+                unparsed, rescued = written.counts.unparsed(), written.counts.rescued()
+            except UnparsedCountMissing as error:
+                unparsed = rescued = None
+                self.log.warning(
+                    "Delta version %s: how many of its rows have payloads Spark could not parse%s is not known "
+                    "(%s); `WHERE %s` finds them",
+                    version,
+                    " or rescued values" if form == "columns" else "",
+                    error,
+                    f"{RESCUE_COLUMN} IS NOT NULL" if form == "columns" else "data IS NULL AND payload IS NOT NULL",
+                )
+        added = tuple(column.name for column in written.added) if written else ()
+        extended = tuple(column.name for column in written.extended) if written else ()
+        if written and (written.added or written.extended):
+            changes = [f"added the payload columns {', '.join(f'{c.name} {c.type.ddl()}' for c in written.added)}"]
+            changes = changes[: bool(written.added)] + [f"gave new fields to {', '.join(extended)}"][: bool(extended)]
+            self.log.info("Delta version %s %s", version, " and ".join(changes))
         return {
-            pid: report.but(unparsed_payloads=None if unparsed is None else unparsed.get(pid, 0))
+            pid: report.but(
+                unparsed_payloads=None if unparsed is None else unparsed.get(pid, 0),
+                **(
+                    {
+                        "rescued_values": None if rescued is None else rescued.get(pid, 0),
+                        "columns_added": added,
+                        "columns_extended": extended,
+                    }
+                    if form == "columns"
+                    else {}
+                ),
+            )
             for pid, report in reports.items()
         }
 

@@ -61,6 +61,11 @@ class PartitionReport:
     # a variant table's (`payload_form.py`): rows the load committed whose payload Spark could not parse
     # (`data` NULL, the text in `payload`); None for a json table, or where Spark did not report the count
     unparsed_payloads: int | None = None
+    # a columns table's (`typed_columns.py`): rows the load committed with values in `_rescued_data`
+    # (None as above), and the payload columns its commits added or gave new nested fields
+    rescued_values: int | None = None
+    columns_added: tuple[str, ...] = ()
+    columns_extended: tuple[str, ...] = ()
 
     @classmethod
     def unmoved(
@@ -94,9 +99,10 @@ class PartitionReport:
             gap=later.gap or self.gap,
             repeated_ids=later.repeated_ids + self.repeated_ids,
             repeated_examples=(*self.repeated_examples, *later.repeated_examples)[:5],
-            unparsed_payloads=None
-            if self.unparsed_payloads is None or later.unparsed_payloads is None
-            else self.unparsed_payloads + later.unparsed_payloads,
+            unparsed_payloads=_sum(self.unparsed_payloads, later.unparsed_payloads),
+            rescued_values=_sum(self.rescued_values, later.rescued_values),
+            columns_added=(*self.columns_added, *later.columns_added),
+            columns_extended=tuple(dict.fromkeys((*self.columns_extended, *later.columns_extended))),
         )
 
     def state(self) -> PartitionState:
@@ -104,6 +110,11 @@ class PartitionReport:
         return PartitionState(
             cursor=self.cursor, position=self.position, drained=self.drained, inherited_from=self.inherited_from
         )
+
+
+def _sum(count: int | None, later: int | None) -> int | None:
+    """Two loads' counts; None (unknown) where either is."""
+    return None if count is None or later is None else count + later
 
 
 @dataclass(frozen=True)

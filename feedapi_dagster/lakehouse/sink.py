@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING
 
 from feedapi_dagster.errors import CommitExhausted, PartitionConflict
 from feedapi_dagster.lakehouse import cursor_record as committed
-from feedapi_dagster.lakehouse.feed_table import Commit, FeedTable
-from feedapi_dagster.lakehouse.payload_form import UnparsedPayloads
+from feedapi_dagster.lakehouse.feed_table import Commit, FeedTable, Written
 from feedapi_dagster.planning import FeedState, PartitionState
 from feedapi_dagster.read.rows import EVENT_SCHEMA, spark_ddl
 from feedapi_dagster.spark.failures import is_commit_conflict
@@ -56,8 +55,8 @@ class DeltaSink:
         self.max_conflict_retries = max_conflict_retries
         self._committed: committed.CommittedState | None = None
         # what the write job of the rows the last `commit` landed counted of them (a variant table's
-        # unparsed payloads); None also where it landed though its write raised (no count came back)
-        self.landed_unparsed: UnparsedPayloads | None = None
+        # unparsed payloads, a columns table's added columns); None also where it landed though its write raised (no count came back)
+        self.landed_written: Written | None = None
         self.table.ensure_table()
 
     # ------------------------------------------------------------------ reading
@@ -95,7 +94,7 @@ class DeltaSink:
         replace = tuple(sorted(set(replace)))
         pending = tuple(sorted(set(pending)))
         commit_id = uuid.uuid4().hex
-        self.landed_unparsed = None
+        self.landed_written = None
         for attempt in range(1, self.max_conflict_retries + 1):
             base = self.committed_state(refresh=attempt > 1)  # a rebase reads what came first
             for partition_id, want in expected.items():
@@ -106,7 +105,7 @@ class DeltaSink:
             metadata = committed.encode(new_state, commit_id, self.run_id, pending, replace)
             commit = Commit(rows(), metadata, base.txn_version, replace, partitions=len(updates))
             try:
-                unparsed = self.table.write(commit, self.run_id)
+                written = self.table.write(commit, self.run_id)
             except Exception as error:  # noqa: BLE001 - classified below; Spark raises many types
                 if (version := self._landed(commit_id)) is not None:
                     return self._after(
@@ -117,7 +116,7 @@ class DeltaSink:
                 log.info("commit to %s lost a race (attempt %d); rebasing", self.path, attempt)
                 continue
             if (version := self._landed(commit_id)) is not None:
-                self.landed_unparsed = unparsed
+                self.landed_written = written
                 return self._after(
                     committed.CommittedState(new_state, "commit", commit_id, version, version, version, pending)
                 )

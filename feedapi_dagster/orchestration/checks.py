@@ -12,9 +12,10 @@ they were read (Nakadi deletes old events whether they were read or not): the ch
 partition and the offsets between which events are gone (`load.retention_gap` says what the load
 does then); it is registered only where the protocol reports such gaps
 (`FeedProtocol.reports_retention_gaps`), since elsewhere it could never fail. And, for a variant feed
-(`payload_form: variant`), that Spark parsed every payload the load committed: one it could not is
-loaded with `data` NULL (its text in `payload`), counted by the write job; the check warns, so that a
-producer whose payloads drift is noticed.
+or columns feed (`payload_form: variant | columns`), that Spark parsed every payload the load committed
+(one it could not is loaded with `data` NULL, its text in `payload`) and that every value of a columns
+feed landed in its typed column (not in `_rescued_data`), counted by the write job; the check warns, so
+that a producer whose payloads drift is noticed.
 The first two block: a violation means wrong rows.
 
 A check is one function of the `CheckedLoad` registered by `@feed_check` (its name, its description,
@@ -237,30 +238,40 @@ def no_events_expired_unread(load: CheckedLoad) -> dg.AssetCheckResult:
 
 class PayloadsChecked(MetadataSet):
     """The partitions the load committed rows to whose payloads Spark could not parse, and how many
-    each; those whose count Spark did not report."""
+    each; of a columns feed, those with rows whose values went to `_rescued_data`; those whose counts
+    Spark did not report."""
 
     unparsed_payloads: dict[str, int]
+    rescued_values: dict[str, int] | None = None
     partitions_checked: int
     not_counted: list[int] | None = None
 
 
 @feed_check(
     PAYLOADS_PARSED,
-    "Spark parsed every payload the load committed to the variant column `data`: a payload it cannot "
-    "parse is loaded with `data` NULL and its text in `payload` (WHERE data IS NULL AND payload IS NOT "
-    "NULL); counted per partition by the load's write job.",
-    applies=lambda feed: feed.payload_form == "variant",
+    "Spark parsed every payload the load committed (a payload it cannot parse is loaded with `data` NULL, "
+    "or no typed column, and its text in `payload`) and, for payload_form: columns, every value landed in "
+    "its typed column (a value with no column or that does not fit it is kept in `_rescued_data`: WHERE "
+    "_rescued_data IS NOT NULL); counted per partition by the load's write job.",
+    applies=lambda feed: feed.payload_form in ("variant", "columns"),
 )
 def payloads_parsed(load: CheckedLoad) -> dg.AssetCheckResult:
     reports = [load.outcome.reports[pid] for pid in sorted(load.loaded) if pid in load.outcome.reports]
     unparsed = {str(r.partition_id): r.unparsed_payloads for r in reports if r.unparsed_payloads}
-    not_counted = [r.partition_id for r in reports if r.unparsed_payloads is None]
+    columns = load.outcome.table.form == "columns"
+    rescued = {str(r.partition_id): r.rescued_values for r in reports if r.rescued_values}
+    not_counted = [
+        r.partition_id for r in reports if r.unparsed_payloads is None or (columns and r.rescued_values is None)
+    ]
     checked = PayloadsChecked(
-        unparsed_payloads=unparsed, partitions_checked=len(reports), not_counted=not_counted or None
+        unparsed_payloads=unparsed,
+        rescued_values=rescued if columns else None,
+        partitions_checked=len(reports),
+        not_counted=not_counted or None,
     )
     return dg.AssetCheckResult(
         check_name=PAYLOADS_PARSED,
-        passed=not unparsed and not not_counted,
+        passed=not unparsed and not rescued and not not_counted,
         severity=dg.AssetCheckSeverity.WARN,
         metadata=checked.metadata(),
     )

@@ -28,6 +28,13 @@ from feedapi_dagster.lakehouse.delta_log import Layout
 from feedapi_dagster.lakehouse.load_settings import LoadSettings
 from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
 from feedapi_dagster.lakehouse.payload_form import DEFAULT_PAYLOAD_FORM, PayloadForm
+from feedapi_dagster.planning.payload_columns import (
+    DEFAULT_EVOLUTION,
+    ColumnsSettings,
+    Evolution,
+    TypeSyntaxError,
+    declared_type,
+)
 from feedapi_dagster.protocol import FeedClient, FeedSettings, feed_settings, registered_protocols
 from feedapi_dagster.protocol.registry import DEFAULT_PROTOCOL
 from feedapi_dagster.read.rows import check_id_field
@@ -83,6 +90,35 @@ class ScheduleConfig(_Strict):
     stalled_load_seconds: int = Field(default=300, ge=30)
 
 
+class PayloadColumnsConfig(_Strict):
+    """How a `payload_form: columns` table's typed columns come and change (`planning.payload_columns`)."""
+
+    evolution: Evolution = Field(
+        default=DEFAULT_EVOLUTION,
+        description="evolve: a new key becomes a column (a new nested key a field) in the commit of the rows "
+        "that bring it; rescue: the columns stay as the table's first load made them, new keys go to "
+        "`_rescued_data`; freeze: as rescue, but a new key fails the load and commits nothing",
+    )
+    declared: dict[str, str] = Field(
+        default_factory=dict,
+        description="payload key -> Spark SQL type (`amount: DECIMAL(12,2)`, `created_at: TIMESTAMP`): the "
+        "column's type whatever the events say; a value Spark cannot cast to it is rescued",
+    )
+
+    @field_validator("declared")
+    @classmethod
+    def _types(cls, declared: dict[str, str]) -> dict[str, str]:
+        for key, ddl in declared.items():
+            try:
+                declared_type(ddl)
+            except TypeSyntaxError as error:
+                raise ValueError(f"payload_columns.declared[{key!r}]: {error}") from None
+        return declared
+
+    def settings(self) -> ColumnsSettings:
+        return ColumnsSettings(self.evolution, dict(self.declared))
+
+
 class FeedConfig(BaseModel):
     """A feed of the project: how this project loads it (`name`, `schedule`, `load`, `maintenance`)
     and its protocol's settings (where it is, how to read it: `settings`), written flat in a defs.yaml.
@@ -109,10 +145,13 @@ class FeedConfig(BaseModel):
     )
     payload_form: PayloadForm = Field(
         default=DEFAULT_PAYLOAD_FORM,
-        description="the payload's form in the table: json (the event's JSON text in `payload`) or variant "
-        "(also the payload parsed, in a column `data VARIANT`: `data:amount::int`). A json table switched to "
-        "variant gets the column in place (older rows NULL); a variant table is not loaded as json",
+        description="the payload's form in the table: json (the event's JSON text in `payload`), variant "
+        "(also the payload parsed, in a column `data VARIANT`: `data:amount::int`) or columns (also the "
+        "payload's top-level keys as typed columns, inferred and evolving as `payload_columns` says, what "
+        "does not fit in `_rescued_data`). A json table switched to variant or columns gets the form's "
+        "column in place (older rows NULL); a variant or columns table is loaded in no other form",
     )
+    payload_columns: PayloadColumnsConfig = Field(default_factory=PayloadColumnsConfig)
     # as its protocol's model, not the base's fields only (the model is the registered protocol's)
     settings: SerializeAsAny[FeedSettings]
 

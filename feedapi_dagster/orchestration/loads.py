@@ -90,6 +90,7 @@ class FeedBinding:
             storage_options=self.project.storage_options(),
             layout=self.feed.layout,
             payload_form=self.feed.payload_form,
+            columns=self.feed.payload_columns.settings(),
         )
 
 

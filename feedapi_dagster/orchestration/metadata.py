@@ -26,6 +26,7 @@ from feedapi_dagster.protocol import ProtocolError
 from feedapi_dagster.protocol.models import FIRST
 
 from .loads import SCHEDULED_SYNC, SYNC_TAG
+from .translator import table_column_schema
 
 if TYPE_CHECKING:
     from feedapi_dagster.lakehouse.maintenance import MaintenanceReport
@@ -63,6 +64,8 @@ class PartitionMetadata(MetadataSet):
     """A partition's materialization: its cursor of record and what the load did, with Dagster's
     standard table keys (those of `dg.TableMetadataSet`)."""
 
+    model_config = ConfigDict(arbitrary_types_allowed=True)  # `dg.TableSchema`
+
     status: str
     cursor: str
     position: int
@@ -87,6 +90,11 @@ class PartitionMetadata(MetadataSet):
     # a variant feed's (`payload_form: variant`) load: its rows whose payload Spark could not parse
     # (`data` NULL, the text in `payload`); the `payloads_parsed` check warns of them
     unparsed_payloads: int | None = None
+    # a columns feed's load: its rows with values in `_rescued_data` (the `payloads_parsed` check warns of
+    # them), the payload columns its commit added, and the table's columns after it
+    rescued_values: int | None = None
+    columns_added: list[str] | None = None
+    column_schema: dg.TableSchema | None = Field(default=None, alias="dagster/column_schema")
 
     @classmethod
     def of_report(cls, report: PartitionReport, outcome: LoadOutcome) -> Self:
@@ -106,6 +114,9 @@ class PartitionMetadata(MetadataSet):
             rebuilt=report.rebuilt,
             start_cursor=report.start_cursor,
             unparsed_payloads=report.unparsed_payloads,
+            rescued_values=report.rescued_values,
+            columns_added=list(report.columns_added) or None,
+            **_schema_entry(outcome),
             **_table(outcome, report.position, version),
         )
 
@@ -153,6 +164,14 @@ def _table(outcome: LoadOutcome, position: int, version: int | None) -> dict[str
         "partition_row_count": position,
         "row_count": sum(p.position for p in outcome.committed.state.partitions.values()),
     }
+
+
+def _schema_entry(outcome: LoadOutcome) -> dict[str, Any]:
+    """A columns table's columns as the load's last write left them (none: it wrote none)."""
+    table = outcome.table
+    if table.form != "columns" or table.written_columns is None:
+        return {}
+    return {"dagster/column_schema": table_column_schema("columns", table.written_columns)}
 
 
 def materialized_reports(run: dg.DagsterRun, outcome: LoadOutcome, asked: Iterable[int]) -> list[PartitionReport]:

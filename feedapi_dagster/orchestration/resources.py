@@ -14,6 +14,7 @@ from feedapi_dagster.lakehouse.feed_table import FeedTable
 from feedapi_dagster.lakehouse.load_report import LoadOutcome, LoadStatus
 from feedapi_dagster.lakehouse.loader import FeedLoader
 from feedapi_dagster.lakehouse.maintenance import due, maintain
+from feedapi_dagster.planning.payload_columns import RESCUE_COLUMN
 from feedapi_dagster.spark.sessions import spark_session
 from feedapi_dagster.spark.settings import SparkSettings
 from feedapi_dagster.spark.watchdog import DEFAULT_UNRESPONSIVE_SECONDS, answering, is_connect
@@ -225,6 +226,15 @@ class FeedApiResource(dg.ConfigurableResource):
                     report.partition_id,
                     report.unparsed_payloads,
                     "payload" if report.unparsed_payloads == 1 else "payloads",
+                )
+            if report.rescued_values:  # a drifting producer: values with no column, or not of theirs
+                context.log.warning(
+                    "feed %s partition %s: %d %s values that have no column or do not fit theirs: kept in %s",
+                    binding.name,
+                    report.partition_id,
+                    report.rescued_values,
+                    "row has" if report.rescued_values == 1 else "rows have",
+                    RESCUE_COLUMN,
                 )
         return outcome
 

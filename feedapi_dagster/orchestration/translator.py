@@ -6,12 +6,14 @@ the factory and the Component build every feed's asset from the spec it returns.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
 
 from feedapi_dagster.lakehouse.payload_form import DATA_COLUMN, DEFAULT_PAYLOAD_FORM, PayloadForm
+from feedapi_dagster.planning.payload_columns import RESCUE_COLUMN, PayloadColumn
 from feedapi_dagster.read.rows import TABLE_SCHEMA
 
 from .config import FeedConfig
@@ -47,13 +49,36 @@ class FeedTranslatorData:
         return self.table_path if "://" in self.table_path else Path(self.table_path).resolve().as_uri()
 
 
-def table_column_schema(payload_form: PayloadForm = DEFAULT_PAYLOAD_FORM) -> dg.TableSchema:
-    """The table's columns for the feed's payload form (what `FeedTable.ensure_table` makes of it)."""
+_RESCUED_COLUMN = dg.TableColumn(
+    RESCUE_COLUMN,
+    "string",
+    description="the payload's values that have no column or do not fit theirs, as a JSON object under their "
+    "keys (payload_form: columns); NULL where every value landed in its column",
+)
+
+
+def table_column_schema(
+    payload_form: PayloadForm = DEFAULT_PAYLOAD_FORM, payload_columns: Sequence[PayloadColumn] = ()
+) -> dg.TableSchema:
+    """The table's columns for the feed's payload form (what `FeedTable.ensure_table` makes of it), with
+    a columns table's typed `payload_columns` (as a write found or made them)."""
     columns = [
         dg.TableColumn(field.name, _DAGSTER_TYPES[str(field.type)], description=_COLUMN_DESCRIPTIONS[field.name])
         for field in TABLE_SCHEMA
     ]
-    return dg.TableSchema(columns=[*columns, _DATA_COLUMN] if payload_form == "variant" else columns)
+    if payload_form == "variant":
+        columns.append(_DATA_COLUMN)
+    elif payload_form == "columns":
+        columns.append(_RESCUED_COLUMN)
+        columns.extend(
+            dg.TableColumn(
+                column.name,
+                column.type.ddl().lower(),
+                description=f"the payload's key {column.key!r}" + (", declared" if column.declared else ", inferred"),
+            )
+            for column in payload_columns
+        )
+    return dg.TableSchema(columns=columns)
 
 
 class FeedApiTranslator:

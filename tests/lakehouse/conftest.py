@@ -30,13 +30,14 @@ LOG_READERS = pytest.mark.parametrize("read_log", ["delta-rs", "spark"], indirec
 
 @pytest.fixture
 def make_sink(spark, table_path, read_log, lakehouse):
-    def make(path=None, layout=None, payload_form=None, **kwargs):
+    def make(path=None, layout=None, payload_form=None, columns=None, **kwargs):
         table = lakehouse.feed_table(
             spark,
             path or table_path,
             read_log="spark" if read_log == "spark" else "auto",
             layout=layout,
             payload_form=payload_form,
+            columns=columns,
         )
         return DeltaSink(table, **kwargs)
 
@@ -50,8 +51,10 @@ def source(url, **options) -> FeedSettings:
 
 @pytest.fixture
 def make_loader(make_sink):
-    def make(server, *, path=None, settings=None, on_moment=None, layout=None, payload_form=None, **options):
-        sink = make_sink(path, layout, payload_form)
+    def make(
+        server, *, path=None, settings=None, on_moment=None, layout=None, payload_form=None, columns=None, **options
+    ):
+        sink = make_sink(path, layout, payload_form, columns)
         return FeedLoader(source(server.url, **options), sink, settings, on_moment=on_moment)
 
     return make
@@ -134,3 +137,56 @@ def table_layout(spark, path) -> tuple[list[str], list[str], dict[str, str]]:
         .first()
     )
     return list(row[0]), list(row[1] or []), dict(row[2] or {})
+
+
+def _matches(typed, value) -> bool:
+    """Whether a typed value (as Spark hands it to Python) is the JSON `value`: a struct its object without
+    the null fields (a struct's NULL field is the key absent), a VARIANT the value itself, a DOUBLE the
+    double nearest the number (as every JSON reader's double), a DECIMAL the number exactly."""
+    from pyspark.sql import Row
+    from pyspark.sql.types import VariantVal
+
+    if isinstance(typed, VariantVal):
+        return json.loads(typed.toJson()) == value
+    if isinstance(typed, Row):
+        fields = {k: v for k, v in typed.asDict().items() if v is not None}
+        given = {k: v for k, v in value.items() if v not in (None, [], {}) or k in fields}
+        return isinstance(value, dict) and fields.keys() == given.keys() and all(_matches(fields[k], value[k]) for k in fields)
+    if isinstance(typed, list):
+        return isinstance(value, list) and len(typed) == len(value) and all(map(_matches, typed, value))
+    if isinstance(typed, float):
+        return isinstance(value, int | float) and not isinstance(value, bool) and float(value) == typed
+    return type(typed) is type(value) and typed == value or (typed is not None and typed == value)
+
+
+def assert_columns_are_the_payload(spark, path, unparseable=(), where="true") -> dict[int, int]:
+    """Every row of a columns table (`where` it holds) against its payload: each key of an object payload
+    is in its typed column with the payload's value (a VARIANT column: the value itself), or in
+    `_rescued_data` under the key with the payload's value, or has a value that says no type (null, [],
+    {}) and no column; no typed column has a value its payload has not; a payload Spark's parser refuses
+    (`unparseable`) and a non-object payload have no typed value. Returns the rows with rescued values,
+    per partition."""
+    from feedapi_dagster.lakehouse.typed_columns import table_payload_columns
+
+    frame = spark.read.format("delta").load(path)
+    columns = {column.key: column.name for column in table_payload_columns(frame)}
+    rows = frame.where(where).collect()
+    rescued_rows: dict[int, int] = {}
+    for row in rows:
+        typed = {key: row[name] for key, name in columns.items() if row[name] is not None}
+        rescued = json.loads(row["_rescued_data"]) if row["_rescued_data"] is not None else {}
+        if rescued:
+            rescued_rows[row.partition_id] = rescued_rows.get(row.partition_id, 0) + 1
+        if row.payload_type != "object" or row.payload in unparseable:
+            assert not typed and not rescued, row
+            continue
+        payload = json.loads(row.payload)
+        assert set(typed) <= set(payload), row
+        for key, value in payload.items():
+            if key in rescued:
+                assert rescued[key] == value and key not in typed, (key, row)
+            elif key in typed:
+                assert _matches(typed[key], value), (key, typed[key], row)
+            else:
+                assert value in (None, [], {}) or (key not in columns and _without_nulls(value) in ({}, [])), (key, row)
+    return rescued_rows

@@ -8,7 +8,7 @@ import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
 from feedapi_dagster.errors import PayloadFormMismatch
-from feedapi_dagster.lakehouse.payload_form import UnparsedPayloads
+from feedapi_dagster.lakehouse.payload_form import FormCounts
 
 from .conftest import (
     LOG_READERS,
@@ -104,8 +104,8 @@ def test_the_write_jobs_count_of_unparsed_payloads_is_exact_for_every_one_of_man
         "CASE WHEN id % 7 = 0 OR (id % 60 < 6 AND id % 2 = 0) THEN NULL ELSE parse_json('1') END AS data",
         "CASE WHEN id % 11 = 0 THEN NULL ELSE 'x' END AS payload",
     )
-    counted = UnparsedPayloads(partitions=60)
+    counted = FormCounts(partitions=60)
     counted.observe(frame.repartition(16)).write.format("noop").mode("overwrite").save()
     expected = frame.where("data IS NULL AND payload IS NOT NULL").groupBy("partition_id").count().collect()
-    assert counted.counts() == {row.partition_id: row["count"] for row in expected}
+    assert counted.unparsed() == {row.partition_id: row["count"] for row in expected}
     assert len(expected) == 60
