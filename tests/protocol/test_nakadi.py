@@ -176,6 +176,7 @@ def test_the_event_types_json_schema_declares_the_columns(event_type, canned, mo
             "event type lookup not authorized (HTTP 403): the token was refused: Forbidden: the bearer token may not read this event type",
         ),
     ],
+    ids=["unknown event type", "no token", "wrong token"],
 )
 def test_a_refused_event_type_lookup_says_why(event_type, name, token, status, said, monkeypatch):
     with NakadiDemoServer(event_type, token="the-right-token") as server:
