@@ -99,18 +99,31 @@ class FeedClient(AbstractContextManager["FeedClient"]):
     # ---------------------------------------------------------------- discovery
     def discover(self) -> FeedInfo:
         request = self.protocol.discovery_request(self.feed)
-        if request is None:
-            self._info = self.protocol.discovered(self.feed, None)
-            return self._info
-        answer, attempt = None, 0
-        while answer is None:  # a body cut short is asked for again
-            response, attempt = self._request(
-                lambda: (request, self.timeout), partition=None, what="discovery", first_attempt=attempt + 1
-            )
-            with response:
-                answer = self._read(response, None, attempt, None, "discovery")
+        answer = None if request is None else self._whole_answer(request, "discovery")
         self._info = self.protocol.discovered(self.feed, answer)
         return self._info
+
+    # ---------------------------------------------------------------- declared schema
+    def declared_columns(self) -> dict[str, str]:
+        """The payloads' top-level fields whose types the server declares, each as a Spark SQL DDL type
+        (`FeedProtocol.declared_columns`); {} where the protocol asks for none. Raises `ProtocolError`
+        for a refused or unreadable answer, or when retries run out."""
+        request = self.protocol.schema_request(self.feed)
+        if request is None:
+            return {}
+        return self.protocol.declared_columns(self.feed, self._whole_answer(request, "schema"))
+
+    def _whole_answer(self, request: Request, what: str) -> Response:
+        """The answer to `request` (one JSON document, `what` in errors), its body read whole: retried
+        as any request, and asked for again when its body was cut short."""
+        answer, attempt = None, 0
+        while answer is None:
+            response, attempt = self._request(
+                lambda: (request, self.timeout), partition=None, what=what, first_attempt=attempt + 1
+            )
+            with response:
+                answer = self._read(response, None, attempt, None, what)
+        return answer
 
     # ---------------------------------------------------------------- paging
     def page_runs(self, partition_id: int, cursor: str = FIRST) -> Iterator[PageRun]:

@@ -94,6 +94,18 @@ class FeedProtocol(Generic[Settings]):
         `ProtocolError` for a refused or unreadable answer (`refusal`, `discovery.document`)."""
         raise NotImplementedError
 
+    def schema_request(self, feed: Settings) -> Request | None:
+        """The request whose answer declares the types of the payloads' top-level fields (Nakadi's
+        event type, with its JSON Schema); None: the server declares none (they are inferred)."""
+        return None
+
+    def declared_columns(self, feed: Settings, response: Response) -> dict[str, str]:
+        """The payloads' top-level fields the answer to `schema_request` declares, each as a Spark SQL
+        DDL type (`{"amount": "DOUBLE", "items": "ARRAY<STRUCT<sku: STRING>>"}`), keyed by the field's
+        name as the payloads carry it; a field it cannot type exactly is left out. Raises
+        `ProtocolError` for a refused or unreadable answer (`refusal`)."""
+        return {}
+
     def fetch(self, feed: Settings, info: FeedInfo, partition_id: int, cursor: str) -> Request:
         """The request for the events of `partition_id` after `cursor`."""
         raise NotImplementedError

@@ -120,6 +120,34 @@ def test_partitions_listing() -> None:
         assert_problem(requests.get(partitions, params={"cursors": bad}), 422, "partition 7")
 
 
+def test_the_event_type_and_its_json_schema() -> None:
+    """`GET /event-types/{name}`: the spec's `EventType`, a business event type whose JSON Schema (a
+    string, as Nakadi answers it) requires exactly the fields the events carry besides Nakadi's
+    `metadata`, with the bearer token's rules of the other routes."""
+    token = "s3cret-Token-4711"
+    event_type = NakadiEventType(partitions=2, events=40, seed=4)
+    with NakadiDemoServer(event_type, token=token) as server:
+        url = f"{server.url}/event-types/{NAME}"
+        response = requests.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        assert response.status_code == 200 and response.headers["Content-Type"] == "application/json"
+        definition = response.json()
+        assert {"name", "category", "owning_application", "schema"} <= set(definition)  # the spec's required
+        assert definition["name"] == NAME and definition["category"] == "business"
+        assert definition["schema"]["type"] == "json_schema"
+        schema = json.loads(definition["schema"]["schema"])
+        kinds = {"string": str, "number": float, "integer": int}
+        for _, event in stored(event_type, 0) + stored(event_type, 1):
+            assert set(event) - {"metadata"} == set(schema["required"]) == set(schema["properties"])
+            for field, value in event.items():
+                if field != "metadata":
+                    assert type(value) is kinds[schema["properties"][field]["type"]], (field, value)
+        assert_problem(requests.get(url, timeout=10), 401)
+        assert_problem(requests.get(url, headers={"Authorization": f"Bearer {token}x"}, timeout=10), 403)
+        other = requests.get(f"{server.url}/event-types/other", headers={"Authorization": f"Bearer {token}"})
+        assert_problem(other, 404, "event type other does not exist")
+        assert_problem(requests.get(f"{url}/", headers={"Authorization": f"Bearer {token}"}, timeout=10), 404)
+
+
 def test_stream_from_begin_in_batches_reads_every_event_once() -> None:
     event_type = NakadiEventType(partitions=2, events=300, seed=2)
     with NakadiDemoServer(event_type) as server:

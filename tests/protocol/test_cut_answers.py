@@ -84,6 +84,18 @@ ANSWERS = {
     "nakadi-discovery-refusal": Answer(
         "nakadi", lambda path, status: status == 404, FeedClient.discover, "discovery", 404, (("event_type", "gone"),)
     ),
+    # the event type, whose JSON Schema declares the columns, and its 404
+    "nakadi-event-type": Answer(
+        "nakadi", lambda path, status: path.endswith("/demo.orders"), FeedClient.declared_columns, "schema", 200
+    ),
+    "nakadi-event-type-refusal": Answer(
+        "nakadi",
+        lambda path, status: status == 404,
+        FeedClient.declared_columns,
+        "schema",
+        404,
+        (("event_type", "gone"),),
+    ),
 }
 
 

@@ -141,6 +141,70 @@ def test_refused_tokens_quote_the_problem_and_never_the_token(event_type, sent, 
         assert FeedClient(nakadi_feed(server, token_env="NAKADI_TEST_TOKEN")).discover().partitions
 
 
+def test_the_event_types_json_schema_declares_the_columns(event_type, canned, monkeypatch):
+    """`GET /event-types/{name}` with the feed's token: the demo's JSON Schema types each field of its
+    events (`metadata` is Nakadi's, inferred); a protocol with nothing to ask declares nothing."""
+    monkeypatch.setenv("NAKADI_TEST_TOKEN", "the-right-token")
+    with NakadiDemoServer(event_type, token="the-right-token") as server:
+        with FeedClient(nakadi_feed(server, token_env="NAKADI_TEST_TOKEN")) as client:
+            assert client.declared_columns() == {"order_number": "STRING", "amount": "DOUBLE", "seq": "BIGINT"}
+    feedapi = canned(lambda path, query, headers: (500, {}, b"asked"))
+    with FeedClient(feed_settings(url=feedapi.url, retry=FAST)) as client:
+        assert client.declared_columns() == {}
+    assert feedapi.requests == []
+
+
+@pytest.mark.parametrize(
+    "name, token, status, said",
+    [
+        (
+            "demo.gone",
+            "the-right-token",
+            404,
+            "event type 'demo.gone' not found (HTTP 404): Not Found: event type demo.gone does not exist",
+        ),
+        (
+            "demo.orders",
+            None,
+            401,
+            "event type lookup not authorized (HTTP 401): the server wants a bearer token: Unauthorized: no Authorization header: send Authorization: Bearer <token>",
+        ),
+        (
+            "demo.orders",
+            "wrong-token-value",
+            403,
+            "event type lookup not authorized (HTTP 403): the token was refused: Forbidden: the bearer token may not read this event type",
+        ),
+    ],
+    ids=["unknown event type", "no token", "wrong token"],
+)
+def test_a_refused_event_type_lookup_says_why(event_type, name, token, status, said, monkeypatch):
+    with NakadiDemoServer(event_type, token="the-right-token") as server:
+        options = {}
+        if token:
+            monkeypatch.setenv("NAKADI_TEST_TOKEN", token)
+            options["token_env"] = "NAKADI_TEST_TOKEN"
+        feed = feed_settings(url=server.url, protocol="nakadi", event_type=name, retry=FAST, **options)
+        with FeedClient(feed) as client, pytest.raises(ProtocolError) as error:
+            client.declared_columns()
+    assert str(error.value) == f"feed {server.url}: {said}" and error.value.status == status
+    assert "the-right-token" not in str(error.value)
+
+
+def test_an_event_type_answer_that_is_no_event_type_is_a_clear_error(canned):
+    answers = iter([(200, {}, b"<html>login</html>"), (200, {}, b'{"name": "demo.orders"}')])
+    server = canned(lambda path, query, headers: next(answers))
+    feed = feed_settings(url=server.url, protocol="nakadi", event_type="demo.orders", retry=FAST)
+    for said in [
+        "the event type lookup response is not JSON",
+        "event type 'demo.orders': the event type has no schema object",
+    ]:
+        with FeedClient(feed) as client, pytest.raises(ProtocolError) as error:
+            client.declared_columns()
+        assert str(error.value) == f"feed {server.url}: {said}"
+    assert [path for path, _, _ in server.requests] == ["/feed/event-types/demo.orders"] * 2
+
+
 def test_retention_gap_is_named_and_a_too_old_cursor_is_a_clear_422(event_type):
     protocol = registered_protocols()["nakadi"]
     with NakadiDemoServer(event_type) as server, FeedClient(nakadi_feed(server, page_size_hint=5)) as client:

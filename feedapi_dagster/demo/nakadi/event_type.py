@@ -20,6 +20,19 @@ ORDER_POOL = 250
 _EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
 
+# the JSON Schema of the events `_generate` writes, as their producer declares it; `metadata` is
+# Nakadi's (a business event type's schema may not declare it)
+ORDER_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "order_number": {"type": "string", "description": "the order the event is about"},
+        "amount": {"type": "number", "minimum": 1, "description": "the order's amount"},
+        "seq": {"type": "integer", "minimum": 1, "description": "the event's number, in publication order"},
+    },
+    "required": ["order_number", "amount", "seq"],
+}
+
+
 class UnknownPartitionError(LookupError):
     def __str__(self) -> str:
         return str(self.args[0])
@@ -101,6 +114,30 @@ class NakadiEventType(SeededFeed):
             self.changes.bump()
 
     # ---- reading -------------------------------------------------------------------------------
+
+    def definition(self) -> dict[str, object]:
+        """The spec's `EventType`: a business event type, hashed by order, whose schema is `ORDER_SCHEMA`."""
+        created = f"{_EPOCH:%Y-%m-%dT%H:%M:%SZ}"
+        return {
+            "name": self.name,
+            "owning_application": "demo-shop",
+            "category": "business",
+            "enrichment_strategies": ["metadata_enrichment"],
+            "partition_strategy": "hash",
+            "partition_key_fields": ["order_number"],
+            "compatibility_mode": "compatible",
+            "cleanup_policy": "delete",
+            "ordering_key_fields": ["seq"],
+            "audience": "component-internal",
+            "schema": {
+                "type": "json_schema",
+                "version": "1.0.0",
+                "created_at": created,
+                "schema": json.dumps(ORDER_SCHEMA),
+            },
+            "created_at": created,
+            "updated_at": created,
+        }
 
     def partition_count(self) -> int:
         with self._lock:

@@ -1,6 +1,6 @@
-"""The HTTP handler of the demo Nakadi server: `GET /event-types/{name}/partitions[/{p}]` and the
-streaming `GET /event-types/{name}/events`, its bearer token, its faults, and `application/problem+json`
-errors."""
+"""The HTTP handler of the demo Nakadi server: `GET /event-types/{name}` (the event type, with its JSON
+Schema), `GET /event-types/{name}/partitions[/{p}]` and the streaming `GET /event-types/{name}/events`,
+its bearer token, its faults, and `application/problem+json` errors."""
 
 from __future__ import annotations
 
@@ -20,14 +20,14 @@ from feedapi_dagster.demo.nakadi.stream_request import (
 )
 from feedapi_dagster.demo.tokens import bearer_token, is_token
 
-_EVENTS_PATH = re.compile(r"/event-types/([^/]+)/(events|partitions)(?:/([^/]+))?")
+_EVENT_TYPE_PATH = re.compile(r"/event-types/([^/]+)(?:/(events|partitions)(?:/([^/]+))?)?")
 
 
 class NakadiHandler(DemoHandler):
     def get(self, url: SplitResult) -> None:
         demo = self.server.demo
         try:
-            match = _EVENTS_PATH.fullmatch(url.path)
+            match = _EVENT_TYPE_PATH.fullmatch(url.path)
             if match is None or (match.group(2) == "events" and match.group(3) is not None):
                 raise Problem(404, f"no resource {url.path}")
             self._authorize()
@@ -35,6 +35,9 @@ class NakadiHandler(DemoHandler):
             if name != demo.event_type.name:
                 raise Problem(404, f"event type {name} does not exist")
             params = {key: values[-1] for key, values in parse_qs(url.query, keep_blank_values=True).items()}
+            if resource is None:
+                self._send_json(200, demo.event_type.definition())
+                return
             if resource == "partitions":
                 self._send_json(200, self._partitions(params, partition))
                 return

@@ -8,7 +8,8 @@ pageSizeHint` events a batch and ends after `STREAM_TIMEOUT` seconds (then the c
 from its cursor); the read stops at the newest offset the partition listing gave, or at a keep-alive
 batch (a cursor without events: the partition is caught up), whichever comes first. Events are kept
 as the JSON Nakadi sent; their id is `metadata.eid`, and since Nakadi delivers at least once, loads
-deduplicate by it.
+deduplicate by it. `GET /event-types/{name}` answers the event type, whose JSON Schema declares the
+types of the events' top-level fields (`json_schema.py`).
 
 Why the low-level API, though Nakadi marks it deprecated: its offsets are held by the client, so the
 cursor of record is the one committed in Delta with the rows, in one commit, and nothing else. The
@@ -30,6 +31,7 @@ from feedapi_dagster.errors import ProtocolError
 from .. import discovery
 from ..interface import BodyReader, FeedProtocol, Request, Response, refusal_error
 from ..models import FIRST, FeedInfo, Partition
+from .json_schema import event_type_columns
 from .offsets import BEGIN, offset_key, same_timeline
 from .settings import NakadiSettings
 from .stream import EventStream
@@ -57,6 +59,22 @@ class Nakadi(FeedProtocol[NakadiSettings]):
         partitions, rejected = discovery.partitions(feed, document, _partition)
         return FeedInfo(protocol=feed.protocol, exactly_once=False, partitions=partitions, rejected=rejected)
 
+    def schema_request(self, feed: NakadiSettings) -> Request:
+        return Request(_event_type_url(feed))
+
+    def declared_columns(self, feed: NakadiSettings, response: Response) -> dict[str, str]:
+        """The columns the event type's JSON Schema types exactly (`json_schema.event_type_columns`)."""
+        if response.status == 404:
+            said = _problem_text(response) or response.text[:500].strip()
+            raise ProtocolError(
+                f"feed {feed.safe_url}: event type {feed.event_type!r} not found (HTTP 404): {said}", status=404
+            )
+        document = discovery.document(self, feed, response, "event type lookup")
+        try:
+            return event_type_columns(document)
+        except ValueError as error:
+            raise ProtocolError(f"feed {feed.safe_url}: event type {feed.event_type!r}: {error}") from None
+
     def fetch(self, feed: NakadiSettings, info: FeedInfo, partition_id: int, cursor: str) -> Request:
         offset = BEGIN if cursor == FIRST else cursor
         return Request(
@@ -82,13 +100,9 @@ class Nakadi(FeedProtocol[NakadiSettings]):
 
     def refusal(self, feed: NakadiSettings, response: Response, partition: int | None, what: str) -> ProtocolError:
         """Nakadi answers errors with a `Problem` (RFC 7807): its title and detail say what is wrong."""
-        try:
-            problem = response.json()
-        except ValueError:
-            problem = None
-        if not isinstance(problem, dict) or not (problem.get("title") or problem.get("detail")):
+        said = _problem_text(response)
+        if said is None:
             return super().refusal(feed, response, partition, what)
-        said = ": ".join(str(problem[key])[:300] for key in ("title", "detail") if problem.get(key))
         return refusal_error(feed, response, partition, what, said)
 
     def events_behind(self, partition: Partition, cursor: str) -> int | None:
@@ -120,6 +134,17 @@ class Nakadi(FeedProtocol[NakadiSettings]):
 
 def _event_type_url(feed: NakadiSettings) -> str:
     return f"{feed.url.rstrip('/')}/event-types/{quote(feed.event_type, safe='')}"
+
+
+def _problem_text(response: Response) -> str | None:
+    """The title and detail of the `Problem` (RFC 7807) `response` holds, or None."""
+    try:
+        problem = response.json()
+    except ValueError:
+        return None
+    if not isinstance(problem, dict) or not (problem.get("title") or problem.get("detail")):
+        return None
+    return ": ".join(str(problem[key])[:300] for key in ("title", "detail") if problem.get(key))
 
 
 def _partition(entry: Any) -> Partition:
