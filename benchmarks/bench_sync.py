@@ -8,7 +8,7 @@ through Dagster on the embedded Spark Connect server, cold and warm.
     .venv/bin/python benchmarks/bench_sync.py --partitions 2000 --events 20000 --page-size 100 --incremental 10
     .venv/bin/python benchmarks/bench_sync.py --lakehouse s3         # the tables on an S3 server
     .venv/bin/python benchmarks/bench_sync.py --protocol nakadi      # a Nakadi event type instead of a feed
-    .venv/bin/python benchmarks/bench_sync.py --payload-forms json,variant   # the warm syncs in each form
+    .venv/bin/python benchmarks/bench_sync.py --payload-forms json,variant,columns   # the warm syncs in each form
 
 Needs the `bench` extra (dlt) and the Delta jars (`make setup`); benchmarks/README.md says what each
 line measures. In order: the bundled demo feed in its own process (generated once, read by all); raw
@@ -666,6 +666,12 @@ def verify(setup: Setup, run_id: str, events: int, changed: int | None) -> None:
         and (parsed := dataset.count_rows(filter=ds.field("data").is_valid())) != rows
     ):
         raise RuntimeError(f"run {run_id}: {rows - parsed} of {rows} rows have no `data`")
+    # a columns table: no value rescued (each load's columns are inferred from its own rows)
+    if (
+        setup.binding.feed.payload_form == "columns"
+        and (rescued := dataset.count_rows(filter=ds.field("_rescued_data").is_valid())) != 0
+    ):
+        raise RuntimeError(f"run {run_id}: {rescued} of {rows} rows have rescued values")
     partitions = setup.instance.get_dynamic_partitions(setup.binding.partitions_name)
     materialized = [
         e
@@ -910,13 +916,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--payload-forms",
         default="json",
-        help="the feed's payload_form of the syncs, comma-separated (json,variant: the warm syncs in each, "
+        help="the feed's payload_form of the syncs, comma-separated (json,variant,columns: the warm syncs in each, "
         "taking turns; the cold one in the first)",
     )
     args = parser.parse_args(argv)
     forms = args.payload_forms.split(",")
-    if not forms or set(forms) - {"json", "variant"} or len(set(forms)) != len(forms):
-        parser.error("--payload-forms: json and/or variant, each once (json,variant)")
+    if not forms or set(forms) - {"json", "variant", "columns"} or len(set(forms)) != len(forms):
+        parser.error("--payload-forms: json, variant and/or columns, each once (json,variant,columns)")
     if args.incremental and args.protocol != "feedapi":
         parser.error("--incremental appends to given partitions: FeedAPI's demo server only")
     if args.repeat < 1:

@@ -87,6 +87,8 @@ class FeedStream:
         once here (`info`): whether it is exactly-once, and its method-2 ancestry, for deduplication."""
         with FeedClient(self.feed) as client:
             self.info = client.discover()
+            if self.table.form == "columns":
+                self.table.declare(client.declared_columns())
         spark = self.table.spark
         name = f"feedapi {self.table.path}"  # one query per table: Spark refuses a second of the same name
         for running in spark.streams.active:

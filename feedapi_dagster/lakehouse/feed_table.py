@@ -26,6 +26,7 @@ from feedapi_dagster.errors import LayoutMismatch
 from feedapi_dagster.lakehouse.delta_log import DeltaLog, HistoryEntry, Layout, as_strings, layout_of
 from feedapi_dagster.lakehouse.payload_form import (
     DATA_COLUMN,
+    DATA_SQL,
     DEFAULT_PAYLOAD_FORM,
     FORM_COLUMNS_DDL,
     FormCounts,
@@ -35,7 +36,7 @@ from feedapi_dagster.lakehouse.payload_form import (
     form_of,
 )
 from feedapi_dagster.lakehouse.typed_columns import table_payload_columns, typed_rows
-from feedapi_dagster.planning.payload_columns import ColumnsSettings, PayloadColumn
+from feedapi_dagster.planning.payload_columns import RESCUE_COLUMN, ColumnsSettings, PayloadColumn
 from feedapi_dagster.read.rows import PARTITION_COLUMN, TABLE_SCHEMA, spark_ddl
 from feedapi_dagster.spark.failures import first_line
 from feedapi_dagster.spark.storage import explain_storage_error
@@ -344,9 +345,38 @@ class FeedTable:
         writer.save(self.path)
         return written
 
+    def declare(self, server: Mapping[str, str], logger: logging.Logger | logging.LoggerAdapter = log) -> None:
+        """Take the column types the feed's server declares (`FeedClient.declared_columns`: a Nakadi event
+        type's JSON Schema) for a columns table's new columns; the feed's own `declared` win."""
+        if server:
+            self.columns = self.columns.with_server_declared(server)
+            logger.info("the feed's server declares the types of payload keys %s", ", ".join(sorted(server)))
+
     def payload_columns(self) -> list[PayloadColumn]:
         """A columns table's typed payload columns as they are now (Spark reads the newest schema)."""
         return table_payload_columns(self.frame())
+
+    def committed_counts(self, ranges: Mapping[int, tuple[int, int]]) -> dict[int, tuple[int, int | None]]:
+        """Of the rows at positions `[start, end)` of each partition in `ranges`: how many have payloads
+        Spark could not parse, and (a columns table's) values in `_rescued_data` (None for another form),
+        per partition: one Spark aggregate over those rows. For the rows the feed's stream committed:
+        its write job's own counts (`FormCounts`) stay where `foreachBatch` ran."""
+        from pyspark.sql import functions as F
+
+        if not ranges:
+            return {}
+        where = " OR ".join(
+            f"({PARTITION_COLUMN} = {int(p)} AND position >= {int(a)} AND position < {int(b)})"
+            for p, (a, b) in ranges.items()
+        )
+        counts = [F.count_if(F.expr(f"({DATA_SQL}) IS NULL AND payload IS NOT NULL")).alias("unparsed")]
+        if self.form == "columns":
+            counts.append(F.count_if(F.col(RESCUE_COLUMN).isNotNull()).alias("rescued"))
+        rows = self.frame().where(where).groupBy(PARTITION_COLUMN).agg(*counts).collect()
+        found = {
+            row[PARTITION_COLUMN]: (row["unparsed"], row["rescued"] if self.form == "columns" else None) for row in rows
+        }
+        return {pid: found.get(pid, (0, 0 if self.form == "columns" else None)) for pid in ranges}
 
     # ------------------------------------------------------------------ maintenance
     def optimize(self) -> None:

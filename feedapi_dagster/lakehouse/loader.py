@@ -51,6 +51,7 @@ class FeedLoader:
         self.spark = sink.table.spark
         self.settings = settings or LoadSettings()
         self.ship_package = ship_package
+        self._declared_asked = False  # a columns table's server-declared types: asked once per loader
         self.execution = LoadExecution(
             self.feed, sink, self.settings, on_moment=on_moment or (lambda moment, updates: None), logger=logger or log
         )
@@ -96,6 +97,10 @@ class FeedLoader:
             unresponsive_seconds=self.settings.spark_unresponsive_seconds,
         ):
             register_feed_source(self.spark, ship=self.ship_package, protocol=self.feed.protocol)
+            table = self.sink.table
+            if table.form == "columns" and not self._declared_asked:
+                table.declare(self.client.declared_columns(), self.log)
+                self._declared_asked = True
             yield
 
     # ------------------------------------------------------------------ entry points

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from feedapi_dagster.errors import StateError
 from feedapi_dagster.lakehouse.load_report import LoadOutcome, LoadStatus, PartitionReport
+from feedapi_dagster.planning.payload_columns import RESCUE_COLUMN
 from feedapi_dagster.protocol import ProtocolError
 from feedapi_dagster.protocol.models import FIRST
 
@@ -172,6 +173,25 @@ def _schema_entry(outcome: LoadOutcome) -> dict[str, Any]:
     if table.form != "columns" or table.written_columns is None:
         return {}
     return {"dagster/column_schema": table_column_schema("columns", table.written_columns)}
+
+
+def payload_warnings(feed: str, report: PartitionReport) -> list[str]:
+    """The warnings of a load's partition whose rows have payloads Spark could not parse, or values in
+    `_rescued_data` (the `payloads_parsed` check fails too): a producer whose payloads drift is noticed."""
+    lines = []
+    if report.unparsed_payloads:
+        lines.append(
+            f"feed {feed} partition {report.partition_id}: {report.unparsed_payloads} "
+            f"{'payload' if report.unparsed_payloads == 1 else 'payloads'} Spark could not parse: loaded with data "
+            "NULL, their text in payload"
+        )
+    if report.rescued_values:
+        lines.append(
+            f"feed {feed} partition {report.partition_id}: {report.rescued_values} "
+            f"{'row has' if report.rescued_values == 1 else 'rows have'} values that have no column or do not fit "
+            f"theirs: kept in {RESCUE_COLUMN}"
+        )
+    return lines
 
 
 def materialized_reports(run: dg.DagsterRun, outcome: LoadOutcome, asked: Iterable[int]) -> list[PartitionReport]:

@@ -14,7 +14,6 @@ from feedapi_dagster.lakehouse.feed_table import FeedTable
 from feedapi_dagster.lakehouse.load_report import LoadOutcome, LoadStatus
 from feedapi_dagster.lakehouse.loader import FeedLoader
 from feedapi_dagster.lakehouse.maintenance import due, maintain
-from feedapi_dagster.planning.payload_columns import RESCUE_COLUMN
 from feedapi_dagster.spark.sessions import spark_session
 from feedapi_dagster.spark.settings import SparkSettings
 from feedapi_dagster.spark.watchdog import DEFAULT_UNRESPONSIVE_SECONDS, answering, is_connect
@@ -34,6 +33,7 @@ from .metadata import (
     materialization,
     materialized_reports,
     mirror_repairs,
+    payload_warnings,
     sync_observation,
 )
 from .run_storage import (
@@ -219,23 +219,8 @@ class FeedApiResource(dg.ConfigurableResource):
         for report in outcome.reports.values():
             if report.error:  # a failed or invalid partition (a waiting one's reason is `waiting_for`)
                 context.log.error("partition %s: %s", report.partition_id, report.error)
-            if report.unparsed_payloads:  # never silent: a producer whose payloads drift (`payloads_parsed`)
-                context.log.warning(
-                    "feed %s partition %s: %d %s Spark could not parse: loaded with data NULL, their text in payload",
-                    binding.name,
-                    report.partition_id,
-                    report.unparsed_payloads,
-                    "payload" if report.unparsed_payloads == 1 else "payloads",
-                )
-            if report.rescued_values:  # a drifting producer: values with no column, or not of theirs
-                context.log.warning(
-                    "feed %s partition %s: %d %s values that have no column or do not fit theirs: kept in %s",
-                    binding.name,
-                    report.partition_id,
-                    report.rescued_values,
-                    "row has" if report.rescued_values == 1 else "rows have",
-                    RESCUE_COLUMN,
-                )
+            for line in payload_warnings(binding.name, report):  # never silent: a producer whose payloads drift
+                context.log.warning(line)
         return outcome
 
     def _materialize(

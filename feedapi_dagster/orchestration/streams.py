@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import dagster as dg
 from pydantic import Field
@@ -31,12 +31,13 @@ from feedapi_dagster.lakehouse.cursor_record import CommittedState, read_committ
 from feedapi_dagster.lakehouse.feed_stream import FeedStream
 from feedapi_dagster.lakehouse.feed_table import FeedTable
 from feedapi_dagster.lakehouse.load_report import LoadOutcome, LoadStatus, PartitionReport
+from feedapi_dagster.planning import FeedState
 from feedapi_dagster.protocol import FeedInfo
 from feedapi_dagster.spark.failures import python_cause
 from feedapi_dagster.spark.watchdog import answering
 
 from .loads import FeedBinding, failing_clearly
-from .metadata import materializations
+from .metadata import materializations, payload_warnings
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
@@ -183,6 +184,8 @@ class _Progress:
         self.committed = now
         if not reports:
             return
+        if self.table.form != "json":
+            reports = self._counted(reports, before)
         self.context.log.info(
             "feed %s: committed %d events of partitions %s (Delta version %s)",
             self.binding.name,
@@ -196,6 +199,30 @@ class _Progress:
             self.context.instance.add_dynamic_partitions(self.binding.partitions_name, new)
         outcome = LoadOutcome(reports, self.info, self.table, now)
         yield from materializations(self.binding, [*reports.values()], outcome)
+
+    def _counted(self, reports: dict[int, PartitionReport], before: FeedState) -> dict[int, PartitionReport]:
+        """A variant or columns table's `reports` with what the micro-batches committed of payloads Spark
+        could not parse and rows with rescued values (counted in the table: `FeedTable.committed_counts`),
+        and a columns table's columns as they are now and those the micro-batches added."""
+        ranges = {
+            pid: ((old.position if (old := before.get(pid)) else 0), report.position) for pid, report in reports.items()
+        }
+        counts = self.table.committed_counts(ranges)
+        changes: dict[str, Any] = {}
+        if self.table.form == "columns":
+            columns = tuple(self.table.payload_columns())
+            known = {c.name for c in self.table.written_columns} if self.table.written_columns is not None else None
+            if known is not None:
+                changes["columns_added"] = tuple(c.name for c in columns if c.name not in known)
+            self.table.written_columns = columns
+        counted = {
+            pid: report.but(unparsed_payloads=counts[pid][0], rescued_values=counts[pid][1], **changes)
+            for pid, report in reports.items()
+        }
+        for report in counted.values():
+            for line in payload_warnings(self.binding.name, report):
+                self.context.log.warning(line)
+        return counted
 
     def _log(self, progress: dict) -> None:
         batch = progress.get("batchId")

@@ -310,7 +310,8 @@ def evolve(column: ColumnType, values: ColumnType) -> ColumnType:
 
 def misfit(shape: ColumnType, column: ColumnType, declared: bool = False, path: str = "") -> str | None:
     """Why a value of `shape` (as `schema_of_variant` says it) does not fit `column` unchanged; None where
-    it does. `declared`: the column's type is the user's (a scalar is cast; a failed cast is rescued)."""
+    it does. `declared`: the column's type is the user's (a top-level scalar is cast, and a failed cast is
+    rescued; nested values are not cast: a failed cast there would be a NULL nothing reports)."""
     if _untyped(shape) and not isinstance(shape, Array | Struct) or column == VARIANT:
         return None
     if isinstance(shape, Struct):
@@ -323,13 +324,13 @@ def misfit(shape: ColumnType, column: ColumnType, declared: bool = False, path: 
                 if _untyped(kind):
                     continue  # null, [] or {}: no type said, the field reads as absent (NULL)
                 return f"new field {where}"
-            if (why := misfit(kind, inner, declared, where)) is not None:
+            if (why := misfit(kind, inner, path=where)) is not None:  # a nested value is never cast
                 return why
         return None
     if isinstance(shape, Array):
         if not isinstance(column, Array):
             return f"{path or 'the value'} is an array, its column {column.ddl()}"
-        return misfit(shape.element, column.element, declared, f"{path}[]")
+        return misfit(shape.element, column.element, path=f"{path}[]")
     if isinstance(column, Struct | Array):
         return f"{path or 'the value'} is {shape.name}, its column {column.ddl()}"
     value = shape_type(shape)
@@ -405,6 +406,11 @@ class ColumnsPlan:
 class ColumnsSettings:
     evolution: Evolution = DEFAULT_EVOLUTION
     declared: Mapping[str, str] = field(default_factory=dict)  # key -> Spark DDL type
+
+    def with_server_declared(self, server: Mapping[str, str]) -> ColumnsSettings:
+        """These settings with the types the feed's server declares (a Nakadi event type's JSON Schema):
+        the feed's own declarations win."""
+        return ColumnsSettings(self.evolution, {**server, **self.declared})
 
 
 def column_name(key: str, taken: Iterable[str]) -> str:

@@ -304,7 +304,19 @@ def load_variant_table(spark, folder: Path, demo_url: str) -> None:
     FeedLoader(feed_settings(url=demo_url), sink).sync()
 
 
-SETUPS = {"orders_table": load_orders_table, "variant_table": load_variant_table}
+def load_columns_table(spark, folder: Path, demo_url: str) -> None:
+    """`setup=columns_table`: the page's lakehouse/orders loaded from the demo feed with
+    `payload_form: columns`."""
+    from feedapi_dagster.lakehouse.feed_table import FeedTable
+    from feedapi_dagster.lakehouse.loader import FeedLoader
+    from feedapi_dagster.lakehouse.sink import DeltaSink
+    from feedapi_dagster.protocol import feed_settings
+
+    sink = DeltaSink(FeedTable(spark, str(folder / "lakehouse" / "orders"), payload_form="columns"))
+    FeedLoader(feed_settings(url=demo_url), sink).sync()
+
+
+SETUPS = {"orders_table": load_orders_table, "variant_table": load_variant_table, "columns_table": load_columns_table}
 PAGES_TO_RUN = sorted({b.page for b in BLOCKS if b.lang in ("python", "sql")})
 
 

@@ -30,7 +30,13 @@ from feedapi_dagster.lakehouse.loader import FeedLoader
 from feedapi_dagster.protocol import FeedSettings, RetryPolicy, feed_settings
 
 from ..spark_processes import kill, python_workers
-from .conftest import add_odd_events, assert_data_is_the_payload, table_rows, unparsed_rows
+from .conftest import (
+    add_odd_events,
+    assert_columns_are_the_payload,
+    assert_data_is_the_payload,
+    table_rows,
+    unparsed_rows,
+)
 
 SCRIPT = Path(__file__).with_name("load_and_die.py")
 
@@ -79,6 +85,8 @@ def nakadi_feed(server: NakadiDemoServer) -> FeedSettings:
         ("rows_committed", 2, "s3", "json"),
         # the payload parsed into `data` by the same Spark job (`FeedTable.write`), through Spark Connect
         ("rows_committed", 2, "local", "variant"),
+        # typed columns: the read kept, its columns planned and written with the rows in one commit
+        ("before_commit", 1, "local", "columns"),
     ],
     indirect=["lakehouse"],
 )
@@ -88,7 +96,7 @@ def test_sigkill_of_a_streamed_load_then_resume_loads_every_event_exactly_once(
     # An exactly-once feed: each load is one Spark job that reads and commits the rows, then the state
     # commit. Killed before the job, between the two commits, or after both, in the second of its loads.
     feed = DemoFeed(partitions=2, events=600, seed=20)
-    if payload_form == "variant":  # the table made in this form; the loads (given no form) write the table's
+    if payload_form != "json":  # the table made in this form; the loads (given no form) write the table's
         lakehouse.feed_table(spark, table_path, payload_form=payload_form).ensure_table()
     with DemoFeedServer(feed, dialect="published") as server:
         kill_a_load(spark, server, feed, table_path, moment, generation, connect_server, lakehouse)
@@ -101,6 +109,9 @@ def test_sigkill_of_a_streamed_load_then_resume_loads_every_event_exactly_once(
         # the load that resumed counted the payloads Spark could not parse of the rows it committed: they
         # are all the table has (the killed load's rows had none)
         assert unparsed_rows(spark, table_path) == {1: len(unparseable)}
+        assert {pid: report.unparsed_payloads for pid, report in resumed.items()} == {0: 0, 1: len(unparseable)}
+    if payload_form == "columns":
+        assert assert_columns_are_the_payload(spark, table_path, unparseable) == {}
         assert {pid: report.unparsed_payloads for pid, report in resumed.items()} == {0: 0, 1: len(unparseable)}
 
 

@@ -93,7 +93,9 @@ def test_an_evolving_producer_lands_every_value_in_its_column_or_rescued(spark, 
         # a rebuild writes the partition's rows again, typed by the columns the table has now
         make_loader(server, layout=layout, payload_form="columns").rebuild([0])
         assert assert_columns_are_the_payload(spark, table_path, unparseable) == {1: 2}
-        with pytest.raises(PayloadFormMismatch, match=r"typed payload columns and `_rescued_data`.*payload_form is variant"):
+        with pytest.raises(
+            PayloadFormMismatch, match=r"typed payload columns and `_rescued_data`.*payload_form is variant"
+        ):
             make_loader(server, payload_form="variant")
     assert_every_event_once(spark, table_path, feed, exactly_once=True)
 
@@ -157,7 +159,7 @@ def test_two_loads_that_add_columns_at_once_end_with_both(spark, make_loader, ta
 
 
 @ON_S3
-def test_a_columns_feed_on_s3_lands_every_value_typed(spark, make_loader, table_path):
+def test_a_columns_feed_on_s3_lands_every_value_typed(spark, make_loader, table_path, lakehouse):
     feed = DemoFeed(partitions=2, events=120, seed=44)
     with DemoFeedServer(feed, dialect="published") as server:
         publish(feed, FIRST, partition=0)
@@ -165,4 +167,4 @@ def test_a_columns_feed_on_s3_lands_every_value_typed(spark, make_loader, table_
         publish(feed, SECOND, partition=1)
         make_loader(server, payload_form="columns").sync()
     assert assert_columns_are_the_payload(spark, table_path) == {1: 2}
-    assert_every_event_once(spark, table_path, feed, exactly_once=True)
+    assert_every_event_once(spark, table_path, feed, exactly_once=True, log=lakehouse.log(table_path))

@@ -133,6 +133,7 @@ def harness(spark, instance, tmp_path, request):
             schedule=ScheduleConfig(rebuild_on_split=options.get("rebuild_on_split", False)),
             maintenance=MaintenanceSettings(**options.get("maintenance", {})),
             payload_form=options.get("payload_form", "json"),
+            payload_columns=options.get("payload_columns", {}),
         )
         project = ProjectConfig(
             lakehouse=lakehouse.root,

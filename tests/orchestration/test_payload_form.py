@@ -81,6 +81,17 @@ def test_a_variant_feed_through_batch_loads_and_the_stream_job_parses_every_payl
     assert run.success and materialized(run)
     assert_exactly_once(spark, harness, [0, 1])
     assert assert_data_is_the_payload(spark, harness.table, unparseable) == 150 + 10 + 10 + 40 + 10
+    # the stream's micro-batches' unparsed payloads, counted in the table: materializations and a warning
+    # (a partition's events may land in several micro-batches: a materialization each)
+    counted: dict[str, int] = {}
+    for event in materialized_events(run):
+        counted[event.partition] = (
+            counted.get(event.partition, 0) + event.materialization.metadata["unparsed_payloads"].value
+        )
+    assert counted == {"0": 0, "1": 2}
+    warned = [line for line in run_log(harness, run) if "could not parse" in line]
+    assert warned and all(line.startswith("feed orders partition 1: ") for line in warned)
+    assert sum(int(line.split(": ")[1].split()[0]) for line in warned) == 2
 
 
 def materialized_events(run: dg.ExecuteInProcessResult) -> list[dg.DagsterEvent]:

@@ -4,7 +4,7 @@ STRING>>"}`). A field left out is inferred from the events, as a field of an eve
 declares nothing is: the mapping never guesses.
 
 The types: `integer` BIGINT, `number` DOUBLE, `boolean` BOOLEAN, `string` STRING (`format: date-time`
-TIMESTAMP, `format: date` DATE), an object with `properties` a STRUCT of them, an array with one
+TIMESTAMP, `format: date` DATE, of a top-level property only), an object with `properties` a STRUCT of them, an array with one
 `items` schema an ARRAY of it; `type: [x, "null"]` is x (every column is nullable). Not typed exactly,
 so left out: no `type`, several types besides `null`, `$ref` and the combinators (`anyOf`, `oneOf`,
 `allOf`, `not`, `if`), an object without properties or with typed extra keys (`patternProperties`,
@@ -96,7 +96,11 @@ def _ddl(schema: Any, depth: int) -> str | None:
         return None
     kind = _one_type(schema.get("type"))
     if kind in _SCALARS:
-        return _STRING_FORMATS.get(str(schema.get("format")), "STRING") if kind == "string" else _SCALARS[kind]
+        if kind != "string":
+            return _SCALARS[kind]
+        # a format types a top-level column only: a nested value is never cast (a failed cast there would
+        # leave a NULL in its struct that nothing reports; a top-level one is rescued)
+        return _STRING_FORMATS.get(str(schema.get("format")), "STRING") if depth == 1 else "STRING"
     if kind == "array":
         item = _ddl(schema.get("items"), depth + 1)  # a list of `items` (a tuple) is not one type
         return None if item is None else f"ARRAY<{item}>"
