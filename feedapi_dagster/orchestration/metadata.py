@@ -97,6 +97,12 @@ class PartitionMetadata(MetadataSet):
     columns_added: list[str] | None = None
     column_schema: dg.TableSchema | None = Field(default=None, alias="dagster/column_schema")
 
+    def metadata(self) -> dict[str, RawMetadataValue]:
+        dumped = super().metadata()
+        if self.column_schema is not None:  # pydantic dumps Dagster's NamedTuple as a plain tuple
+            dumped["dagster/column_schema"] = self.column_schema
+        return dumped
+
     @classmethod
     def of_report(cls, report: PartitionReport, outcome: LoadOutcome) -> Self:
         """What the load did to the partition; one it committed nothing for has the cursor and Delta

@@ -31,6 +31,7 @@ import copy
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -300,7 +301,9 @@ def load_variant_table(spark, folder: Path, demo_url: str) -> None:
     from feedapi_dagster.lakehouse.sink import DeltaSink
     from feedapi_dagster.protocol import feed_settings
 
-    sink = DeltaSink(FeedTable(spark, str(folder / "lakehouse" / "orders"), payload_form="variant"))
+    table = folder / "lakehouse" / "orders"
+    shutil.rmtree(table, ignore_errors=True)  # a page's earlier block may have loaded it in another form
+    sink = DeltaSink(FeedTable(spark, str(table), payload_form="variant"))
     FeedLoader(feed_settings(url=demo_url), sink).sync()
 
 
@@ -312,7 +315,9 @@ def load_columns_table(spark, folder: Path, demo_url: str) -> None:
     from feedapi_dagster.lakehouse.sink import DeltaSink
     from feedapi_dagster.protocol import feed_settings
 
-    sink = DeltaSink(FeedTable(spark, str(folder / "lakehouse" / "orders"), payload_form="columns"))
+    table = folder / "lakehouse" / "orders"
+    shutil.rmtree(table, ignore_errors=True)  # a page's earlier block may have loaded it in another form
+    sink = DeltaSink(FeedTable(spark, str(table), payload_form="columns"))
     FeedLoader(feed_settings(url=demo_url), sink).sync()
 
 

@@ -121,7 +121,12 @@ def test_one_storage_setting_becomes_spark_s3a_settings_and_delta_rs_options(tmp
         (GOOD + "    dialect: v1\n", "feeds.0", "dialect v1 needs partition_count"),
         (GOOD + "    page_size_hint: zero\n", "feeds.0.page_size_hint", "valid integer"),
         (GOOD + "    layout: liquid\n", "feeds.0.layout", "'clustered', 'partitioned' or 'none'"),
-        (GOOD + "    payload_form: columns\n", "feeds.0.payload_form", "'json' or 'variant'"),
+        (GOOD + "    payload_form: typed\n", "feeds.0.payload_form", "'json', 'variant' or 'columns'"),
+        (
+            GOOD + "    payload_columns: {declared: {amount: NUMBER}}\n",
+            "feeds.0.payload_columns.declared",
+            "'NUMBER' names types Spark SQL has not: NUMBER",
+        ),
         (GOOD + "    token: '{{ env.X }}'\n", "feeds.0", "set token or token_env, not both"),
         (GOOD.replace("mode: local", "mode: remote"), "spark", "sc://"),
         (S3.replace("http://127.0.0.1:9000", "127.0.0.1:9000"), "storage.s3.endpoint", "endpoint must be an http"),
