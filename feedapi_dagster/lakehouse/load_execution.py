@@ -33,7 +33,7 @@ from feedapi_dagster.lakehouse.cursor_record import CommittedState
 from feedapi_dagster.lakehouse.feed_read import FeedRead
 from feedapi_dagster.lakehouse.load_report import LoadStatus, PartitionReport, read_report
 from feedapi_dagster.lakehouse.load_settings import LoadSettings
-from feedapi_dagster.lakehouse.payload_form import UnparsedCountMissing
+from feedapi_dagster.lakehouse.payload_form import DATA_COLUMN, UnparsedCountMissing, data_column
 from feedapi_dagster.lakehouse.sink import DeltaSink
 from feedapi_dagster.planning import DEFAULT_TASKS, FeedState, PartitionPlan, PartitionState
 from feedapi_dagster.planning.payload_columns import RESCUE_COLUMN
@@ -131,6 +131,8 @@ class LoadExecution:
         source = self.spark.read.format(SOURCE_NAME).options(**options).load()
         if not keep:
             return FeedRead.streamed(source)
+        if self.sink.table.form == "columns":  # parsed once, kept parsed: the write looks at it twice
+            source = source.withColumn(DATA_COLUMN, data_column())
         # `localCheckpoint`, not `cache`: a cached read that lost a block would be read from the feed
         # again, and a second read may differ from the first (the feed grew, a retry): the cursors
         # committed must be those of the rows committed. On disk: memory stays bounded whatever the

@@ -78,10 +78,11 @@ def table_payload_columns(table: DataFrame) -> list[PayloadColumn]:
 
 
 def typed_rows(rows: DataFrame, existing: Sequence[PayloadColumn], settings: ColumnsSettings) -> TypedRows:
-    """`rows` (the table's columns but the payload's) as a columns table takes them, planned against
+    """`rows` (the table's columns but the payload's, and maybe `data`) as a columns table takes them, planned against
     its payload columns `existing`, with `data` (the payload parsed, for the write's counts to look at:
     drop it before the write). `PayloadSchemaFrozen` where `settings` freeze the schema and a key is new."""
-    with_data = rows.withColumn(DATA_COLUMN, data_column())
+    # a kept read of a columns table holds the payload parsed already (`LoadExecution._read`)
+    with_data = rows if DATA_COLUMN in rows.columns else rows.withColumn(DATA_COLUMN, data_column())
     plan = plan_columns(existing, shapes_of(with_data), settings, RESERVED_COLUMNS)
     typed = [_typed_column(key_plan) for key_plan in plan.keys if key_plan.column is not None]
     in_rows = {key_plan.key for key_plan in plan.keys}
