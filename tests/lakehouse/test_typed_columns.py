@@ -168,3 +168,14 @@ def test_a_columns_feed_on_s3_lands_every_value_typed(spark, make_loader, table_
         make_loader(server, payload_form="columns").sync()
     assert assert_columns_are_the_payload(spark, table_path) == {1: 2}
     assert_every_event_once(spark, table_path, feed, exactly_once=True, log=lakehouse.log(table_path))
+
+
+def test_a_thousand_fields_are_a_thousand_columns(spark, make_loader, table_path):
+    feed = DemoFeed(partitions=1, events=0, seed=46)
+    wide = [{f"field {j}": i * 1000 + j for j in range(1000)} for i in range(3)]
+    with DemoFeedServer(feed, dialect="published") as server:
+        publish(feed, wide, partition=0)
+        make_loader(server, payload_form="columns").sync()
+    types = column_types(spark, table_path)
+    assert {f"field_{j}" for j in range(1000)} <= set(types) and types["field_999"] == "bigint"
+    assert assert_columns_are_the_payload(spark, table_path) == {}
