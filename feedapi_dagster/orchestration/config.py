@@ -28,13 +28,8 @@ from feedapi_dagster.lakehouse.delta_log import Layout
 from feedapi_dagster.lakehouse.load_settings import LoadSettings
 from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
 from feedapi_dagster.lakehouse.payload_form import DEFAULT_PAYLOAD_FORM, PayloadForm
-from feedapi_dagster.planning.payload_columns import (
-    DEFAULT_EVOLUTION,
-    ColumnsSettings,
-    Evolution,
-    TypeSyntaxError,
-    declared_type,
-)
+from feedapi_dagster.planning.column_types import TypeSyntaxError, declared_type
+from feedapi_dagster.planning.payload_columns import DEFAULT_EVOLUTION, ColumnsSettings, Evolution
 from feedapi_dagster.protocol import FeedClient, FeedSettings, feed_settings, registered_protocols
 from feedapi_dagster.protocol.registry import DEFAULT_PROTOCOL
 from feedapi_dagster.read.rows import check_id_field

@@ -293,35 +293,28 @@ def load_orders_table(spark, folder: Path, demo_url: str) -> None:
     FeedLoader(feed_settings(url=demo_url), sink).sync()
 
 
-def load_variant_table(spark, folder: Path, demo_url: str) -> None:
-    """`setup=variant_table`: the page's lakehouse/orders loaded from the demo feed with
-    `payload_form: variant`."""
-    from feedapi_dagster.lakehouse.feed_table import FeedTable
-    from feedapi_dagster.lakehouse.loader import FeedLoader
-    from feedapi_dagster.lakehouse.sink import DeltaSink
-    from feedapi_dagster.protocol import feed_settings
+def load_table_in(form: str):
+    """`setup=variant_table`, `setup=columns_table`: the page's lakehouse/orders loaded from the demo feed
+    with `payload_form: <form>` (a page's earlier block may have loaded it in another form)."""
 
-    table = folder / "lakehouse" / "orders"
-    shutil.rmtree(table, ignore_errors=True)  # a page's earlier block may have loaded it in another form
-    sink = DeltaSink(FeedTable(spark, str(table), payload_form="variant"))
-    FeedLoader(feed_settings(url=demo_url), sink).sync()
+    def load(spark, folder: Path, demo_url: str) -> None:
+        from feedapi_dagster.lakehouse.feed_table import FeedTable
+        from feedapi_dagster.lakehouse.loader import FeedLoader
+        from feedapi_dagster.lakehouse.sink import DeltaSink
+        from feedapi_dagster.protocol import feed_settings
 
+        table = folder / "lakehouse" / "orders"
+        shutil.rmtree(table, ignore_errors=True)
+        FeedLoader(feed_settings(url=demo_url), DeltaSink(FeedTable(spark, str(table), payload_form=form))).sync()
 
-def load_columns_table(spark, folder: Path, demo_url: str) -> None:
-    """`setup=columns_table`: the page's lakehouse/orders loaded from the demo feed with
-    `payload_form: columns`."""
-    from feedapi_dagster.lakehouse.feed_table import FeedTable
-    from feedapi_dagster.lakehouse.loader import FeedLoader
-    from feedapi_dagster.lakehouse.sink import DeltaSink
-    from feedapi_dagster.protocol import feed_settings
-
-    table = folder / "lakehouse" / "orders"
-    shutil.rmtree(table, ignore_errors=True)  # a page's earlier block may have loaded it in another form
-    sink = DeltaSink(FeedTable(spark, str(table), payload_form="columns"))
-    FeedLoader(feed_settings(url=demo_url), sink).sync()
+    return load
 
 
-SETUPS = {"orders_table": load_orders_table, "variant_table": load_variant_table, "columns_table": load_columns_table}
+SETUPS = {
+    "orders_table": load_orders_table,
+    "variant_table": load_table_in("variant"),
+    "columns_table": load_table_in("columns"),
+}
 PAGES_TO_RUN = sorted({b.page for b in BLOCKS if b.lang in ("python", "sql")})
 
 

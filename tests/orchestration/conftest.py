@@ -154,3 +154,14 @@ def user_project(tmp_path, monkeypatch):
     monkeypatch.setenv("ORDERS_FEED_TOKEN", "tok-user-project-secret")
     with importable(root):
         yield root
+
+
+def nakadi_harness(event_type, server, instance, tmp_path, **feed_options) -> Harness:
+    """A project of one Nakadi feed `orders` of `event_type` on `server` (pages of 50; `feed_options`: its
+    other settings), its lakehouse in `tmp_path`, local Spark."""
+    feed = FeedConfig(
+        name="orders", protocol="nakadi", url=server.url, event_type=event_type.name, page_size_hint=50, **feed_options
+    )
+    project = ProjectConfig(lakehouse=str(tmp_path / "lakehouse"), spark=SparkSettings(mode="local"), feeds=[feed])
+    defs = build_feedapi_definitions(project, spark=SparkResource(settings=SparkSettings(mode="local")))
+    return Harness(event_type, server, project, defs, instance)

@@ -10,11 +10,9 @@ import dagster as dg
 import pytest
 
 from feedapi_dagster.demo.nakadi import NakadiDemoServer, NakadiEventType
-from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, SparkResource, build_feedapi_definitions
-from feedapi_dagster.spark.settings import SparkSettings
 
 from ..lakehouse.conftest import assert_columns_are_the_payload
-from .conftest import Harness
+from .conftest import nakadi_harness
 from .test_flow import assert_exactly_once, check_results
 from .test_stream_job import materialized, run_log, stream
 
@@ -82,18 +80,10 @@ def test_a_columns_feed_through_batch_loads_and_the_stream_job_types_every_value
 def test_a_nakadi_event_type_declares_its_columns_types(spark, instance, tmp_path):
     event_type = NakadiEventType(partitions=2, events=150, seed=45, duplicate_ratio=0.1)
     with NakadiDemoServer(event_type) as server:
-        feed = FeedConfig(
-            name="orders",
-            protocol="nakadi",
-            url=server.url,
-            event_type=event_type.name,
-            page_size_hint=50,
-            payload_form="columns",
-            payload_columns={"declared": {"seq": "INT"}},  # the feed's own declaration wins over the server's
+        # the feed's own declaration wins over the server's
+        harness = nakadi_harness(
+            event_type, server, instance, tmp_path, payload_form="columns", payload_columns={"declared": {"seq": "INT"}}
         )
-        project = ProjectConfig(lakehouse=str(tmp_path / "lakehouse"), spark=SparkSettings(mode="local"), feeds=[feed])
-        defs = build_feedapi_definitions(project, spark=SparkResource(settings=SparkSettings(mode="local")))
-        harness = Harness(event_type, server, project, defs, instance)
         (request,) = harness.tick_sensor().run_requests
         assert harness.launch(request).success
         assert_exactly_once(spark, harness, [0, 1])

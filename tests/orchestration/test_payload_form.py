@@ -11,11 +11,9 @@ import dagster as dg
 import pytest
 
 from feedapi_dagster.demo.nakadi import NakadiDemoServer, NakadiEventType
-from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, SparkResource, build_feedapi_definitions
-from feedapi_dagster.spark.settings import SparkSettings
 
 from ..lakehouse.conftest import add_odd_events, assert_data_is_the_payload, unparsed_rows
-from .conftest import Harness
+from .conftest import nakadi_harness
 from .test_flow import assert_exactly_once, check_results
 from .test_stream_job import materialized, run_log, stream
 
@@ -101,17 +99,7 @@ def materialized_events(run: dg.ExecuteInProcessResult) -> list[dg.DagsterEvent]
 def test_a_nakadi_event_type_in_variant_form_parses_every_event(spark, instance, tmp_path):
     event_type = NakadiEventType(partitions=2, events=200, seed=43, duplicate_ratio=0.1)
     with NakadiDemoServer(event_type) as server:
-        feed = FeedConfig(
-            name="orders",
-            protocol="nakadi",
-            url=server.url,
-            event_type=event_type.name,
-            page_size_hint=50,
-            payload_form="variant",
-        )
-        project = ProjectConfig(lakehouse=str(tmp_path / "lakehouse"), spark=SparkSettings(mode="local"), feeds=[feed])
-        defs = build_feedapi_definitions(project, spark=SparkResource(settings=SparkSettings(mode="local")))
-        harness = Harness(event_type, server, project, defs, instance)
+        harness = nakadi_harness(event_type, server, instance, tmp_path, payload_form="variant")
         (request,) = harness.tick_sensor().run_requests
         assert harness.launch(request).success
         assert_exactly_once(spark, harness, [0, 1])

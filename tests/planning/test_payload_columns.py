@@ -4,25 +4,21 @@ load's values ask for, what fits a column unchanged, names Delta cannot take, an
 import pytest
 
 from feedapi_dagster.errors import PayloadSchemaFrozen
-from feedapi_dagster.planning.payload_columns import (
+from feedapi_dagster.planning.column_types import (
     BIGINT,
     DOUBLE,
     VARIANT,
     Array,
-    ColumnsSettings,
-    PayloadColumn,
     Scalar,
-    Shape,
     Struct,
     TypeSyntaxError,
-    column_name,
     declared_type,
     misfit,
     parse_type,
-    plan_columns,
     shape_type,
     unify,
 )
+from feedapi_dagster.planning.payload_columns import ColumnsSettings, PayloadColumn, Shape, column_name, plan_columns
 
 RESERVED = ("partition_id", "position", "payload", "data", "_rescued_data")
 
