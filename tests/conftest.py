@@ -64,6 +64,14 @@ def spark(spark_work_dir: Path, s3_storage: S3Storage):
     session.stop()
 
 
+# The Spark Connect servers the tests start themselves run C1 only, as local sessions do: the
+# embedded server's default, C2 (for a server that lives for days), spent ~15 s more CPU on each
+# server's start and first Delta job, on a suite that keeps both cores busy. Which JIT compiles a
+# method changes nothing a test checks. (`spark.driver.extraJavaOptions` of a server's conf comes
+# last on its command line: its flag wins.)
+TEST_SERVER_CONF = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
+
+
 @pytest.fixture(scope="session")
 def connect_server(tmp_path_factory: pytest.TempPathFactory):
     """One embedded Spark Connect server for the tests whose loads run in other processes (crash and
@@ -72,7 +80,9 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory):
     from feedapi_dagster.spark.embedded import start_embedded_server
     from tests.ports import find_free_port
 
-    server = start_embedded_server(find_free_port(), work_dir=tmp_path_factory.mktemp("connect-server"))
+    server = start_embedded_server(
+        find_free_port(), work_dir=tmp_path_factory.mktemp("connect-server"), conf=TEST_SERVER_CONF
+    )
     yield server
     server.stop()
 
