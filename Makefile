@@ -39,7 +39,9 @@ postgres:
 
 # Two pytest workers (pytest-xdist), a test file each at a time: much of the suite waits on other
 # processes (Spark servers, the cluster, Dagster runs), and a file's module-scoped servers stay in one
-# worker: the suite takes three quarters of the time of one worker (benchmarks/README.md).
+# worker: the suite takes three quarters of the time of one worker (benchmarks/README.md). Files are
+# handed out longest first (tests/conftest.py, LONGEST_FILES; `--no-loadscope-reorder` keeps that
+# order), so that the run ends on short files on both workers.
 # ruff (lint, and the formatter's check), mypy and import-linter's contracts (the layers), configured
 # in pyproject.toml: no findings allowed.
 lint: setup
@@ -54,7 +56,7 @@ docs: setup
 	$(BIN)/mkdocs build --strict --quiet --site-dir .cache/docs-site
 
 test: setup browser postgres lint docs
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .cache

@@ -26,7 +26,7 @@ from feedapi_dagster.spark.jars import pyspark_home
 from feedapi_dagster.spark.settings import LOOPBACK
 from tests.ports import find_free_port
 
-from ..conftest import BUCKET
+from ..conftest import BUCKET, C1_ONLY, TEST_SERVER_CONF
 from ..lakehouse.conftest import payloads
 from ..orchestration.test_secrets import files_containing
 
@@ -50,6 +50,7 @@ class StandaloneCluster:
             "SPARK_HOME": str(pyspark_home()),
             "SPARK_LOCAL_IP": LOOPBACK,
             "SPARK_LOG_DIR": str(self.work / "logs"),
+            "SPARK_DAEMON_JAVA_OPTS": C1_ONLY,  # the master and the workers, as the tests' servers (conftest)
         }
         log = open(self.work / f"{name}.log", "wb")
         self.processes.append(
@@ -146,6 +147,8 @@ def cluster(tmp_path_factory, s3_storage):
         find_free_port(),
         work_dir=work / "connect",
         conf={
+            **TEST_SERVER_CONF,
+            "spark.executor.extraJavaOptions": C1_ONLY,
             "spark.master": cluster.master,
             "spark.executor.cores": "1",
             "spark.cores.max": "2",

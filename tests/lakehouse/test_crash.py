@@ -28,6 +28,7 @@ from feedapi_dagster.lakehouse.cursor_record import read_committed_state, read_h
 from feedapi_dagster.lakehouse.load_settings import LoadSettings
 from feedapi_dagster.lakehouse.loader import FeedLoader
 from feedapi_dagster.protocol import FeedSettings, RetryPolicy, feed_settings
+from tests.conftest import TEST_SERVER_CONF
 
 from ..spark_processes import kill, python_workers
 from .conftest import (
@@ -250,7 +251,7 @@ def test_the_spark_connect_server_killed_mid_read_commits_nothing_then_resume(sp
 
     feed = DemoFeed(partitions=2, events=300, seed=23)
     port = find_free_port()
-    spark_server = start_embedded_server(port, work_dir=tmp_path / "doomed-server")
+    spark_server = start_embedded_server(port, work_dir=tmp_path / "doomed-server", conf=TEST_SERVER_CONF)
     try:
         with DemoFeedServer(feed, dialect="published") as server:
             before, gate, process = _a_load_caught_reading(server, feed, make_loader, table_path, spark_server)
@@ -260,7 +261,7 @@ def test_the_spark_connect_server_killed_mid_read_commits_nothing_then_resume(sp
             # the client waits up to 10 minutes for a server that went away; one that comes back
             # has lost the client's session and the run's query with it: the run fails
             spark_server.stop()
-            spark_server = start_embedded_server(port, work_dir=tmp_path / "restarted-server")
+            spark_server = start_embedded_server(port, work_dir=tmp_path / "restarted-server", conf=TEST_SERVER_CONF)
             out, err = process.communicate(timeout=300)
             assert process.returncode not in (0, -signal.SIGKILL), out + err[-3000:]
             assert read_committed_state(table_path) == before
@@ -281,7 +282,7 @@ def test_a_stopped_spark_connect_server_ends_the_load_with_a_clear_error_not_a_h
     from tests.ports import find_free_port
 
     feed = DemoFeed(partitions=2, events=300, seed=24)
-    spark_server = start_embedded_server(find_free_port(), work_dir=tmp_path / "stopped-server")
+    spark_server = start_embedded_server(find_free_port(), work_dir=tmp_path / "stopped-server", conf=TEST_SERVER_CONF)
     try:
         with DemoFeedServer(feed, dialect="published") as server:
             before, gate, process = _a_load_caught_reading(

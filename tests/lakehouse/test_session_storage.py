@@ -21,6 +21,7 @@ import pytest
 
 from feedapi_dagster.spark.embedded import start_embedded_server
 from feedapi_dagster.spark.storage import S3Storage
+from tests.conftest import TEST_SERVER_CONF
 from tests.ports import find_free_port
 from tests.s3_server import S3Server
 
@@ -57,7 +58,9 @@ def bare_server(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         for name in AWS_VARIABLES:
             patch.delenv(name, raising=False)
-        server = start_embedded_server(find_free_port(), work_dir=tmp_path_factory.mktemp("bare-server"))
+        server = start_embedded_server(
+            find_free_port(), work_dir=tmp_path_factory.mktemp("bare-server"), conf=TEST_SERVER_CONF
+        )
     yield server
     server.stop()
 

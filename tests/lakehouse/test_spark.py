@@ -29,6 +29,7 @@ from feedapi_dagster.spark.jars import (
 )
 from feedapi_dagster.spark.server_record import process_group
 from feedapi_dagster.spark.settings import SparkSettings, installation_port
+from tests.conftest import TEST_SERVER_CONF
 from tests.ports import find_free_port
 
 # Java-level proxies that lead nowhere: any HTTP(S) download attempted by the JVM (Ivy) would fail.
@@ -97,7 +98,9 @@ def test_local_session_delta_roundtrip_without_package_resolution(spark, spark_w
 @pytest.fixture(scope="module")
 def connect_server(tmp_path_factory: pytest.TempPathFactory):
     work_dir = tmp_path_factory.mktemp("connect-server")
-    server = SparkConnectServer(find_free_port(), work_dir=work_dir, java_options=NO_NETWORK_JAVA_OPTIONS)
+    server = SparkConnectServer(
+        find_free_port(), work_dir=work_dir, conf=TEST_SERVER_CONF, java_options=NO_NETWORK_JAVA_OPTIONS
+    )
     with server:
         yield server
 

@@ -25,6 +25,7 @@ from deltalake import DeltaTable
 
 import feedapi_dagster.demo
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
+from tests.conftest import TEST_SERVER_CONF
 from tests.ports import find_free_port
 
 from ..backfills import launch_backfill, running_daemon, wait_for_backfill
@@ -109,7 +110,7 @@ def test_a_backfill_of_up_to_date_partitions_completes_successfully(tmp_path, mo
         project = write_user_project(
             tmp_path / "project",
             server.url,
-            {"mode": "embedded", "port": port},
+            {"mode": "embedded", "port": port, "conf": TEST_SERVER_CONF},
             lakehouse=tmp_path / "lakehouse",
             feed={"schedule": {"enabled": False, "discovery_enabled": True}},
         )
