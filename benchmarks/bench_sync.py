@@ -714,10 +714,12 @@ def stages(
         message, at = entry.user_message, entry.timestamp
         read = re.search(r"read and written by Spark as Delta version \d+ in ([0-9.]+) s", message)
         quiet = re.search(r": nothing new \(Spark's read took ([0-9.]+) s", message)
-        if read or quiet:
-            marks.setdefault("read start", at - float((read or quiet).group(1)))
+        # a kept read (a columns table's sync): read and kept first, then one commit of the rows and state
+        kept = re.search(r"\]: read and kept by Spark in ([0-9.]+) s", message)
+        if read or quiet or kept:
+            marks.setdefault("read start", at - float((read or quiet or kept).group(1)))
             marks.setdefault("read end", at)
-        if quiet or re.match(r"cursors of partitions .* committed as Delta version", message):
+        if quiet or re.match(r"(cursors of partitions|committed partitions) .* as Delta version", message):
             marks["commit end"] = at
     for text in log_path.read_text(errors="replace").splitlines():
         if text.startswith("BENCH "):
@@ -733,8 +735,14 @@ def stages(
         ("feedapi data source registered in the session", marks.get("connect end")),
         ("table check/creation (CREATE TABLE IF NOT EXISTS)", marks.get("table start")),
         ("discovery, planning (Delta log read by delta-rs)", marks.get("table end")),
-        ("the Spark job: feed read and written to Delta (rows commit) + history check", marks.get("read start")),
-        ("read ends (observed), state commit (no rows) + history check", marks.get("read end")),
+        (
+            "the Spark job: feed read and written to Delta (rows commit) + history check; kept: read and kept",
+            marks.get("read start"),
+        ),
+        (
+            "read ends (observed), state commit (no rows) + history check; kept: the commit (columns: shapes, typed write)",
+            marks.get("read end"),
+        ),
         ("Dagster: materializations, mirror check", marks.get("commit end")),
         ("asset checks (positions, duplicate ids, cursor mirror)", marks.get("checks start")),
         ("maintenance check (OPTIMIZE/VACUUM due?)", marks.get("maintenance start")),

@@ -114,10 +114,14 @@ def _fits(key_plan: KeyPlan) -> str:
 def _typed_sql(key_plan: KeyPlan) -> str:
     assert key_plan.column is not None
     ddl = sql_string(key_plan.column.type.ddl())
+    # An inferred column's values are cast only where their shape fits it exactly (`misfit`): such a cast
+    # cannot fail, and one that did would be a bug to see, not a NULL to hide (`variant_get` raises). A
+    # declared column's cast may fail: `try_`, and the value is rescued (`_rescued_when`).
+    get = "try_variant_get" if key_plan.cast_checked else "variant_get"
     path = key_path(key_plan.key)
     if path is None:
-        return f"try_variant_get({_value(key_plan.key)}, '$', {ddl})"
-    return f"try_variant_get({DATA_COLUMN}, {sql_string(path)}, {ddl})"
+        return f"{get}({_value(key_plan.key)}, '$', {ddl})"
+    return f"{get}({DATA_COLUMN}, {sql_string(path)}, {ddl})"
 
 
 def _typed_column(key_plan: KeyPlan) -> Column:

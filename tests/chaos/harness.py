@@ -345,8 +345,9 @@ class ChaosRun:
         return code
 
     def _kill_later(self, processes: list[subprocess.Popen], how: str, version: int | None) -> None:
-        # a run spends its first seconds importing and connecting; kill anywhere after that
-        deadline = time.monotonic() + (self.rng.uniform(2, 20) if how == "timer" else 120)
+        # a run spends its first seconds importing and connecting; kill anywhere after that, within the
+        # few seconds a load of these small feeds takes on a warm server (later draws would miss it)
+        deadline = time.monotonic() + (self.rng.uniform(1.5, 7) if how == "timer" else 120)
         while time.monotonic() < deadline and any(p.poll() is None for p in processes):
             if how == "after_commit" and self._table_version() != version:
                 break  # a commit just landed: the run is between its commit and its end

@@ -13,3 +13,4 @@ def test_short_chaos_run_on_a_nakadi_event_type_keeps_exactly_once(tmp_path, con
         chaos.close()
     assert tally.checks == 7
     assert chaos.chaos_runs >= 3 and chaos.chaos_faults > 0 and sum(tally.kills.values()) > 0
+    assert tally.runs["killed"] >= 1  # a kill landed: a run died at a moment the harness drew
