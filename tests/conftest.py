@@ -183,6 +183,7 @@ LONGEST_FILES = {
     "tests/lakehouse/test_feed_stream.py": 100,
     "tests/orchestration/test_stalled_loads.py": 100,
     "tests/browser/test_dagster_ui.py": 95,
+    "tests/lakehouse/test_typed_columns.py": 90,
     "tests/orchestration/test_nakadi_flow.py": 80,
     "tests/orchestration/test_dev_command.py": 75,
     "tests/chaos/test_chaos_short.py": 70,
@@ -190,6 +191,7 @@ LONGEST_FILES = {
     "tests/lakehouse/test_progress.py": 65,
     "tests/lakehouse/test_spark.py": 60,
     "tests/lakehouse/test_maintenance.py": 50,
+    "tests/orchestration/test_payload_columns.py": 45,
     "tests/orchestration/test_postgres_instance.py": 40,
 }
 

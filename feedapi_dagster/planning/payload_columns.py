@@ -5,7 +5,7 @@ payloads, with the type Spark's `schema_of_variant` gives its value (`BIGINT`, `
 how many rows have it and the first partition that does. `plan_columns` decides, from these and the
 table's payload columns as they are, what the write does:
 
-* **types** (`ColumnType`): integers are `BIGINT`, other numbers `DOUBLE` (a load that sees both makes
+* **types** (`column_types.py`): integers are `BIGINT`, other numbers `DOUBLE` (a load that sees both makes
   `DOUBLE`; integers beyond `BIGINT` `DECIMAL(38,0)`, numbers with more digits than a double holds
   exactly `VARIANT`), `BOOLEAN`, `STRING` (timestamps too, unless declared), objects `STRUCT`, arrays `ARRAY`; a
   key whose values have no common type in one write (a number and a string) gets a `VARIANT` column.
@@ -16,7 +16,7 @@ table's payload columns as they are, what the write does:
   columns (a table's first payload columns come from its first load, as Auto Loader's `rescue` does):
   `freeze` then fails the write over a new key, naming it and a partition that holds it.
 * **fit**: a column's type never changes (Delta's type widening would make delta-rs 1.6 unable to read
-  the table: measured). A value fits its column when its shape does exactly (`fits`): an integer fits
+  the table: measured). A value fits its column when its shape does exactly (`misfit`): an integer fits
   `DOUBLE`, a number does not fit `BIGINT`, a string fits no number. A value that does not fit, and a
   key that has no column, are **rescued**: the row's `_rescued_data` holds them as a JSON object under
   their own key. Nothing is cast that would change it (Spark's casts turn `1.5` into `1`, `"12"` into
@@ -28,8 +28,8 @@ table's payload columns as they are, what the write does:
   metadata keeps its key (`KEY_METADATA`), so a mapping, once made, lasts.
   Nested keys are not renamed: an object whose keys Delta cannot take as field names is rescued whole.
 * **declared** columns (a feed's `payload_columns.declared`, a Nakadi event type's JSON Schema) win
-  over inference: their type is used as it is and a value is cast to it (a value Spark cannot cast is
-  rescued).
+  over inference: their type is used as it is, and a top-level scalar value is cast to it (a value Spark
+  cannot cast is rescued; a nested value is never cast, so it must fit as an inferred one does).
 """
 
 from __future__ import annotations

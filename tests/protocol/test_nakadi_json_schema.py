@@ -65,7 +65,7 @@ TYPED = {
             "required": ["id"],
         },
         "STRUCT<id: BIGINT, `first.name`: STRING, `e-mail`: STRING, `back``tick`: STRING, `1st`: BOOLEAN, "
-        "address: STRUCT<city: STRING, since: DATE>>",
+        "address: STRUCT<city: STRING, since: STRING>>",  # a format types a top-level property only
     ),
     # Spark SQL keywords as nested names
     "keywords": (
