@@ -130,10 +130,9 @@ def _parsed_object(keys: Sequence[KeyPlan]) -> Column:
     (measured: each top-level scalar column ~1.7 us an event, the demo's nested object ~10 us), while its
     JSON reader types a whole row in one pass (the demo's rows: about half the time). They agree exactly
     on values whose shape fits the column (`misfit`: strings as strings, integers as integers, numbers
-    as the double nearest them, objects and arrays field by field), which are the only ones given to it.
-    One difference, by design: a JSON null in a VARIANT column is SQL NULL, as in a column of any other
-    type, where `variant_get` keeps a variant null. A payload Spark's variant parser refused (`data` SQL
-    NULL) gets no typed value, as before."""
+    as the double nearest them, objects and arrays field by field, a VARIANT's JSON null a variant null),
+    which are the only ones given to it. A payload Spark's variant parser refused (`data` SQL NULL) gets
+    no typed value, as before."""
     from pyspark.sql import functions as F
 
     fields = ", ".join(f"{quoted(k.key)}: {k.column.type.ddl()}" for k in keys if k.column is not None)

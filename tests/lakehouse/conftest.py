@@ -179,6 +179,8 @@ def assert_columns_are_the_payload(spark, path, unparseable=(), where="true") ->
     {}) and no column; no typed column has a value its payload has not; a payload Spark's parser refuses
     (`unparseable`) and a non-object payload have no typed value. Returns the rows with rescued values,
     per partition."""
+    from pyspark.sql.types import VariantVal
+
     from feedapi_dagster.lakehouse.typed_columns import table_payload_columns
 
     frame = spark.read.format("delta").load(path)
@@ -200,6 +202,8 @@ def assert_columns_are_the_payload(spark, path, unparseable=(), where="true") ->
                 assert rescued[key] == value and key not in typed, (key, row)
             elif key in typed:
                 assert _matches(typed[key], value), (key, typed[key], row)
+                # a JSON null has a value only in a VARIANT column: a variant null (`is_variant_null`)
+                assert value is not None or isinstance(typed[key], VariantVal), (key, row)
             else:
                 assert _says_no_type(value), (key, row)
     return rescued_rows

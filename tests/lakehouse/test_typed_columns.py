@@ -16,11 +16,12 @@ from .conftest import ON_S3, add_odd_events, assert_columns_are_the_payload
 from .test_crash import assert_every_event_once
 
 # the first load's odd events: awkward names (a space, a dot, a comma, an empty key, a project column's
-# name, two keys Spark takes for one, both quotes), nested objects and arrays, nulls, a mixed array
+# name, two keys Spark takes for one, both quotes), nested objects and arrays, nulls (one in a VARIANT
+# column), a mixed array
 FIRST = [
     {"id": "t-1", "amount": 10, "ratio": 1, "mixed": 5, "customer": {"name": "Zoë", "tier": 2}, "tags": ["a"]},
     {"id": "t-2", "amount": 11, "ratio": 2.5, "mixed": "five", "customer": {"name": "Al"}, "tags": []},
-    {"a b": 1, "x.y": "dot", "c,d": True, "": 0, "position": 99, "Amount": 3, "both'\"": 1, "n": None},
+    {"a b": 1, "x.y": "dot", "c,d": True, "": 0, "position": 99, "Amount": 3, "both'\"": 1, "n": None, "mixed": None},
     {"items": [{"sku": "x", "qty": 2}, {"sku": "y", "qty": 1, "note": None}], "mixedlist": [1, "two"]},
 ]
 # the second load's: a new top-level field, a new nested field, a float where the column is BIGINT
