@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 
 # the project's own columns: a payload key of one of these names gets another (`column_name`)
 RESERVED_COLUMNS = (*TABLE_SCHEMA.names, DATA_COLUMN, RESCUE_COLUMN)
+# `payload` where the feed's settings do not keep it: only where the typed columns cannot hold the payload
+# (not an object, or one Spark's parser refused: `data` NULL; the write's unparsed count looks for those)
+_PAYLOAD_KEPT_SQL = f"CASE WHEN payload_type = 'object' AND {DATA_COLUMN} IS NOT NULL THEN NULL ELSE payload END"
 # the struct `_parsed_object` parses, for the projection only (not a name a payload column can take: `column_name`)
 _PARSED = "feedapi parsed object"
 
@@ -99,6 +102,8 @@ def typed_rows(rows: DataFrame, existing: Sequence[PayloadColumn], settings: Col
     # a declared column no row has yet: in the frame all the same, so that the write adds it
     absent = [_null_column(column) for column in plan.added if column.key not in in_rows]
     columns = [F.col(quoted(name)) for name in with_data.columns]
+    if not settings.keep_payload:  # what the typed columns and `_rescued_data` hold is not kept twice
+        columns[with_data.columns.index("payload")] = F.expr(_PAYLOAD_KEPT_SQL).alias("payload")
     if parsed:  # a projection of its own: Spark parses each row once, however many columns read the struct
         with_data = with_data.select("*", _parsed_object(parsed))
     parsed_columns = [_parsed_column(key_plan) for key_plan in parsed]

@@ -100,6 +100,14 @@ class PayloadColumnsConfig(_Strict):
         "column's type whatever the events say; a value Spark cannot cast to it is rescued",
     )
 
+    keep_payload: bool = Field(
+        default=True,
+        description="false: `payload` is NULL where the event is a JSON object Spark parsed (its values are in "
+        "the typed columns and `_rescued_data`); strings, numbers, arrays and payloads Spark cannot parse keep "
+        "their text. Lost with it: the exact text (number spellings, key order), and keys whose only values "
+        "are null, [] or {} (no column holds them)",
+    )
+
     @field_validator("declared")
     @classmethod
     def _types(cls, declared: dict[str, str]) -> dict[str, str]:
@@ -111,7 +119,7 @@ class PayloadColumnsConfig(_Strict):
         return declared
 
     def settings(self) -> ColumnsSettings:
-        return ColumnsSettings(self.evolution, dict(self.declared))
+        return ColumnsSettings(self.evolution, dict(self.declared), self.keep_payload)
 
 
 class FeedConfig(BaseModel):

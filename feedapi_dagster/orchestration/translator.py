@@ -23,7 +23,8 @@ _COLUMN_DESCRIPTIONS = {
     "partition_id": "the feed's partition (the Delta partition column, and the asset's partition key)",
     "position": "0-based position of the event in its partition",
     "cursor": "cursor of the page that delivered the event",
-    "payload": "the event as the feed sent it (JSON object bytes or the string)",
+    "payload": "the event as the feed sent it (JSON object bytes or the string; NULL for an object in typed "
+    "columns where `payload_columns.keep_payload` is false)",
     "payload_type": "object | string",
     "event_id": "the configured id field of an object payload",
     "loaded_at": "when the commit that wrote the row happened",

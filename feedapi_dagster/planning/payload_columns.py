@@ -120,11 +120,14 @@ class ColumnsPlan:
 class ColumnsSettings:
     evolution: Evolution = DEFAULT_EVOLUTION
     declared: Mapping[str, str] = field(default_factory=dict)  # key -> Spark DDL type
+    # False: an object payload Spark parsed is not kept as text (`payload` NULL), its values being in the
+    # typed columns and `_rescued_data`; other payloads (strings, numbers, unparsed) keep their text
+    keep_payload: bool = True
 
     def with_server_declared(self, server: Mapping[str, str]) -> ColumnsSettings:
         """These settings with the types the feed's server declares (a Nakadi event type's JSON Schema):
         the feed's own declarations win."""
-        return ColumnsSettings(self.evolution, {**server, **self.declared})
+        return ColumnsSettings(self.evolution, {**server, **self.declared}, self.keep_payload)
 
 
 def column_name(key: str, taken: Iterable[str]) -> str:

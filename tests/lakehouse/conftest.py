@@ -172,13 +172,15 @@ def _says_no_type(value) -> bool:
     return value is None
 
 
-def assert_columns_are_the_payload(spark, path, unparseable=(), where="true") -> dict[int, int]:
+def assert_columns_are_the_payload(spark, path, unparseable=(), where="true", sent=None) -> dict[int, int]:
     """Every row of a columns table (`where` it holds) against its payload: each key of an object payload
     is in its typed column with the payload's value (a VARIANT column: the value itself), or in
     `_rescued_data` under the key with the payload's value, or has a value that says no type (null, [],
     {}) and no column; no typed column has a value its payload has not; a payload Spark's parser refuses
-    (`unparseable`) and a non-object payload have no typed value. Returns the rows with rescued values,
-    per partition."""
+    (`unparseable`) and a non-object payload have no typed value. `sent`: {(partition, position): the
+    payload's text as the feed sent it} of a table that does not keep the text of parsed objects
+    (`keep_payload` false): each row's values are compared with that, and its `payload` is NULL exactly
+    where the row is such an object. Returns the rows with rescued values, per partition."""
     from pyspark.sql.types import VariantVal
 
     from feedapi_dagster.lakehouse.typed_columns import table_payload_columns
@@ -192,10 +194,14 @@ def assert_columns_are_the_payload(spark, path, unparseable=(), where="true") ->
         rescued = json.loads(row["_rescued_data"]) if row["_rescued_data"] is not None else {}
         if rescued:
             rescued_rows[row.partition_id] = rescued_rows.get(row.partition_id, 0) + 1
-        if row.payload_type != "object" or row.payload in unparseable:
+        text = row.payload if sent is None else sent[row.partition_id, row.position]
+        if sent is not None:  # the text kept only where the columns cannot hold the payload
+            typed_object = row.payload_type == "object" and text not in unparseable
+            assert row.payload == (None if typed_object else text), row
+        if row.payload_type != "object" or text in unparseable:
             assert not typed and not rescued, row
             continue
-        payload = json.loads(row.payload)
+        payload = json.loads(text)
         assert set(typed) <= set(payload), row
         for key, value in payload.items():
             if key in rescued:

@@ -101,6 +101,31 @@ def test_an_evolving_producer_lands_every_value_in_its_column_or_rescued(spark, 
     assert_every_event_once(spark, table_path, feed, exactly_once=True)
 
 
+def test_a_table_that_does_not_keep_the_payload_text_holds_every_value_in_columns(spark, make_loader, table_path):
+    """`keep_payload: false`: an object payload's text is not stored beside its typed values; a string
+    payload and one Spark cannot parse keep theirs (nothing else holds them), and are counted."""
+    feed = DemoFeed(partitions=2, events=200, seed=43)  # generated objects and string payloads
+    settings = ColumnsSettings(keep_payload=False)
+    with DemoFeedServer(feed, dialect="published") as server:
+        publish(feed, FIRST, partition=0)
+        unparseable = add_odd_events(feed, partition=1)
+        first = make_loader(server, payload_form="columns", columns=settings).sync()
+        publish(feed, SECOND, partition=1)  # 12.5 and "n/a" in a BIGINT column, an object in a STRING field
+        make_loader(server, payload_form="columns", columns=settings).sync()
+        sent = {(pid, position): text for pid in (0, 1) for position, text in enumerate(feed.published(pid))}
+        assert assert_columns_are_the_payload(spark, table_path, unparseable, sent=sent) == {1: 2}
+        assert {pid: r.unparsed_payloads for pid, r in first.items()} == {0: 0, 1: len(unparseable)}
+        frame = spark.read.format("delta").load(table_path)
+        # every event once: each of its positions, nothing more
+        assert frame.select("partition_id", "position").distinct().count() == frame.count() == len(sent)
+        kept = {
+            r.payload_type: r["count"]
+            for r in frame.where("payload IS NOT NULL").groupBy("payload_type").count().collect()
+        }
+        assert kept["object"] == len(unparseable) and kept["string"] > 0
+        assert frame.where("payload IS NULL").count() == len(sent) - sum(kept.values())
+
+
 def test_a_frozen_contract_fails_a_load_that_brings_a_new_field_and_commits_nothing(spark, make_loader, table_path):
     feed = DemoFeed(partitions=2, events=0, seed=42)
     frozen = ColumnsSettings(evolution="freeze", declared={"created": "TIMESTAMP", "amount": "DECIMAL(12,2)"})

@@ -161,6 +161,12 @@ def test_a_feeds_payload_form_is_its_tables_and_its_assets_columns(tmp_path):
     unset = FeedApiComponent(**dict(validate(GOOD))).project_config(tmp_path)
     assert unset.feeds[0].payload_form == "json"  # the default: today's table
     assert "data" not in [c.name for c in table_column_schema(unset.feeds[0].payload_form).columns]
+    # a columns feed's settings reach its table: the payload's text kept unless the feed says not
+    columns = GOOD + "    payload_form: columns\n    payload_columns: {evolution: rescue, keep_payload: false}\n"
+    project = FeedApiComponent(**dict(validate(columns))).project_config(tmp_path)
+    table = FeedBinding(project, project.feeds[0], dg.AssetKey("orders")).table_for(spark=None)  # type: ignore[arg-type]
+    assert (table.columns.evolution, table.columns.keep_payload) == ("rescue", False)
+    assert unset.feeds[0].payload_columns.settings().keep_payload is True
 
 
 def test_duplicate_feed_names_and_a_missing_token_variable(tmp_path, monkeypatch):
