@@ -154,16 +154,27 @@ def test_a_frozen_contract_fails_a_load_that_brings_a_new_field_and_commits_noth
     assert_every_event_once(spark, table_path, feed, exactly_once=True)
 
 
-def test_two_loads_that_add_columns_at_once_end_with_both(spark, make_loader, table_path):
+@pytest.mark.parametrize(
+    ("rebuild_key", "sync_key", "rebuild_column"),
+    [("from_rebuild", "from_sync", "from_rebuild"), ("Amount", "amount", "Amount_1")],
+    ids=["two-keys", "keys-equal-but-for-case"],
+)
+def test_two_loads_that_add_columns_at_once_end_with_both(
+    spark, make_loader, table_path, rebuild_key, sync_key, rebuild_column
+):
     # A rebuild of partition 0 plans its columns; before it commits, a sync of partition 1 commits a column
     # of its own: the rebuild's commit is planned again on the schema that won, and both columns stay.
+    # Keys equal but for case: the rebuild planned `Amount` as the name of its new column, but `amount`
+    # committed first; had the rebuild's write merged its column into that one by name (Spark compares
+    # names ignoring case), `Amount`'s values would be in `amount`'s column: planned again, it gets a name
+    # of its own, and each column's key metadata stays its key.
     feed = DemoFeed(partitions=2, events=0, seed=43)
     with DemoFeedServer(feed, dialect="published") as server:
         publish(feed, [{"id": "r-1", "base": 1}], partition=0)
         publish(feed, [{"id": "s-1", "base": 2}], partition=1)
         make_loader(server, payload_form="columns").sync()
-        publish(feed, [{"id": "r-2", "from_rebuild": "yes"}], partition=0)
-        publish(feed, [{"id": "s-2", "from_sync": 7}], partition=1)
+        publish(feed, [{"id": "r-2", rebuild_key: "yes"}], partition=0)
+        publish(feed, [{"id": "s-2", sync_key: 7}], partition=1)
         rebuild = make_loader(server, payload_form="columns")
         table = rebuild.sink.table
         planned = table.payload_columns
@@ -179,7 +190,7 @@ def test_two_loads_that_add_columns_at_once_end_with_both(spark, make_loader, ta
         rebuild.rebuild([0])
         assert raced
         types = column_types(spark, table_path)
-        assert types["from_rebuild"] == "string" and types["from_sync"] == "bigint"
+        assert types[rebuild_column] == "string" and types[sync_key] == "bigint"
         assert assert_columns_are_the_payload(spark, table_path) == {}
     assert_every_event_once(spark, table_path, feed, exactly_once=True)
 
