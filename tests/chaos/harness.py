@@ -431,16 +431,18 @@ class ChaosRun:
             if self._table_version() is None:
                 return FeedState()
             table = DeltaTable(self.table)
+        version = table.version()  # `table`'s snapshot: the rows are read from it, the state is its
         for commit in table.history():
             decoded = decode(commit.get("userMetadata"), commit["version"])
-            if decoded is None or commit["version"] > table.version():
+            if decoded is None or commit["version"] > version:
                 continue
             state, _, pending = decoded
             if not pending:
                 return state
             if rows is None:
                 rows = {}
-                for row in table.to_pyarrow_table(columns=["partition_id", "position", "cursor"]).to_pylist():
+                snapshot = DeltaTable(self.table, version=version)
+                for row in snapshot.to_pyarrow_table(columns=["partition_id", "position", "cursor"]).to_pylist():
                     rows.setdefault(row["partition_id"], []).append(row)
                 for partition_rows in rows.values():
                     partition_rows.sort(key=lambda r: r["position"])
@@ -457,11 +459,13 @@ class ChaosRun:
 
     def check(self, final: bool, where: str) -> None:
         self.tally.checks += 1
-        if self._table_version() is None:
+        if (version := self._table_version()) is None:
             if final:
                 raise InvariantBroken(f"seed {self.seed}, {where}: nothing was ever loaded")
             return
-        table = DeltaTable(self.table)
+        # one version, named: a load may commit while the check reads (seen once: the rows of version 9
+        # checked against version 10's state, with the table opened at "the newest")
+        table = DeltaTable(self.table, version=version)
         rows: dict[int, list[dict]] = {}
         for row in table.to_pyarrow_table(
             columns=["partition_id", "position", "payload", "event_id", "cursor"]
