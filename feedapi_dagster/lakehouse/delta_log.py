@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from feedapi_dagster.errors import StorageError
 from feedapi_dagster.read.rows import PARTITION_COLUMN
 
 if TYPE_CHECKING:
@@ -162,8 +163,32 @@ class DeltaLog:
                 as_strings(h.get("operationMetrics")),
                 as_strings(h.get("operationParameters")),
             )
-            for h in self.snapshot().history(limit)
+            for h in numbered_history(self.snapshot(), limit)
         ]
+
+
+_HISTORY_ATTEMPTS = 10
+
+
+def numbered_history(snapshot: Any, limit: int | None) -> list[dict[str, Any]]:
+    """`snapshot`'s commits (a `deltalake.DeltaTable`), newest first, each with its true version, none
+    newer than the snapshot.
+
+    delta-rs 1.6's `history` lists the commits from the log's newest, but numbers them down from the
+    snapshot's version: a commit that lands between the snapshot and the call shifts every number (seen
+    in the chaos test: version 10's feed state read as version 9's; a pinned older snapshot lists the
+    newer commits too). The log's newest version, the same just before and just after the listing, is
+    where the listing started: the shift. `get_latest_version` is delta-rs's internal table's: no public
+    call says the log's newest version without loading its snapshot."""
+    newest_of = snapshot._table.get_latest_version
+    for _ in range(_HISTORY_ATTEMPTS):
+        newest = newest_of()
+        listed = snapshot.history(limit)
+        if newest_of() == newest:
+            shift, version = newest - snapshot.version(), snapshot.version()
+            numbered = ({**h, "version": h["version"] + shift} for h in listed)
+            return [h for h in numbered if h["version"] <= version]
+    raise StorageError(f"the Delta log of {snapshot.table_uri} kept changing while its history was read")
 
 
 def _files_admitting(snapshot: Any, wanted: set[int]) -> set[str]:

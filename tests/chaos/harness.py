@@ -26,7 +26,7 @@ from deltalake import DeltaTable
 import feedapi_dagster.demo
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults, NakadiDemoServer, NakadiEventType
 from feedapi_dagster.lakehouse.cursor_record import decode
-from feedapi_dagster.lakehouse.delta_log import FILE_MAINTENANCE
+from feedapi_dagster.lakehouse.delta_log import FILE_MAINTENANCE, numbered_history
 from feedapi_dagster.lakehouse.load_settings import LoadSettings
 from feedapi_dagster.lakehouse.maintenance import MaintenanceSettings
 from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, build_feedapi_definitions, feed_bindings
@@ -432,9 +432,9 @@ class ChaosRun:
                 return FeedState()
             table = DeltaTable(self.table)
         version = table.version()  # `table`'s snapshot: the rows are read from it, the state is its
-        for commit in table.history():
+        for commit in numbered_history(table, None):
             decoded = decode(commit.get("userMetadata"), commit["version"])
-            if decoded is None or commit["version"] > version:
+            if decoded is None:
                 continue
             state, _, pending = decoded
             if not pending:
@@ -463,8 +463,8 @@ class ChaosRun:
             if final:
                 raise InvariantBroken(f"seed {self.seed}, {where}: nothing was ever loaded")
             return
-        # one version, named: a load may commit while the check reads (seen once: the rows of version 9
-        # checked against version 10's state, with the table opened at "the newest")
+        # one version, named, its rows and its state (`numbered_history`): a load may commit while the
+        # check reads (seen once: the rows of version 9 checked against version 10's state)
         table = DeltaTable(self.table, version=version)
         rows: dict[int, list[dict]] = {}
         for row in table.to_pyarrow_table(
@@ -517,7 +517,7 @@ class ChaosRun:
             raise InvariantBroken(f"seed {self.seed}, {where}:\n  " + "\n  ".join(problems))
 
     def _method1_order(self, table: DeltaTable, live: dict) -> list[str]:
-        history = [(c["version"], decode(c.get("userMetadata"), c["version"])) for c in table.history()]
+        history = [(c["version"], decode(c.get("userMetadata"), c["version"])) for c in numbered_history(table, None)]
         states = sorted((version, d[0]) for version, d in history if d is not None)
         problems = []
         # (an inferred parent - feedapi-go's omitted startsAfterPartition: 0 - is no real split here)

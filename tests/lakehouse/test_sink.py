@@ -448,3 +448,31 @@ def _assert_the_table_holds_the_feed(spark, table_path, feed, partitions=(0, 1))
     """Every published event once, in order, in each partition."""
     for partition in partitions:
         assert payloads(spark, table_path, partition) == feed.published(partition)
+
+
+def test_the_history_of_a_snapshot_numbers_each_commit_right_when_newer_ones_land(tmp_path):
+    """delta-rs 1.6 lists a snapshot's history from the log's newest commit but numbers it from the
+    snapshot's version: a commit landing in between had the chaos test read version 10's feed state as
+    version 9's. `numbered_history` gives each commit its version and none newer than the snapshot."""
+    import pyarrow as pa
+    from deltalake import CommitProperties, DeltaTable, write_deltalake
+
+    from feedapi_dagster.lakehouse.delta_log import numbered_history
+
+    def commit(n: int) -> None:
+        rows = pa.table({"n": pa.array([n], pa.int64())})
+        write_deltalake(
+            str(tmp_path), rows, mode="append", commit_properties=CommitProperties(custom_metadata={"tag": f"v{n}"})
+        )
+
+    commit(0)
+    commit(1)
+    latest_then = DeltaTable(str(tmp_path))  # version 1, then a commit lands before its history is read
+    pinned = DeltaTable(str(tmp_path), version=0)
+    commit(2)
+    for snapshot, version in ((latest_then, 1), (pinned, 0)):
+        for limit in (None, 1):
+            listed = numbered_history(snapshot, limit)
+            assert [(h["version"], h["tag"]) for h in listed][: limit or None] == [
+                (v, f"v{v}") for v in range(version, -1, -1)
+            ][: limit or None]
