@@ -95,9 +95,8 @@ def typed_rows(rows: DataFrame, existing: Sequence[PayloadColumn], settings: Col
     with_data = rows if DATA_COLUMN in rows.columns else rows.withColumn(DATA_COLUMN, data_column())
     plan = plan_columns(existing, shapes_of(with_data), settings, RESERVED_COLUMNS)
     parsed = _parsed_whole(plan.keys)
-    typed = [
-        _typed_column(key_plan) for key_plan in plan.keys if key_plan.column is not None and key_plan not in parsed
-    ]
+    parsed_keys = {key_plan.key for key_plan in parsed}
+    typed = [_typed_column(k) for k in plan.keys if k.column is not None and k.key not in parsed_keys]
     in_rows = {key_plan.key for key_plan in plan.keys}
     # a declared column no row has yet: in the frame all the same, so that the write adds it
     absent = [_null_column(column) for column in plan.added if column.key not in in_rows]
