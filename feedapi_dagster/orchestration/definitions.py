@@ -21,10 +21,11 @@ from .automation import build_discovery_sensor, build_load_schedule
 from .config import ProjectConfig
 from .loads import FeedBinding
 from .maintenance_jobs import build_maintenance_job, build_maintenance_schedule
-from .resources import RESOURCE_KEY, FeedApiResource, shared_resource
+from .resources import RESOURCE_KEY, FeedApiResource, SparkResource, shared_resource
 from .stalled_loads import build_stalled_load_sensor
 from .stream_jobs import build_stream_job
 from .translator import FeedApiTranslator, FeedTranslatorData
+from .warm_up import warm_up_under_dagster_dev
 
 
 def feed_bindings(
@@ -58,6 +59,8 @@ def feed_definitions(
 ) -> dg.Definitions:
     """The definitions of `project`'s feeds, `resource` bound to `RESOURCE_KEY`; `execute`: what each
     feed's asset runs (a component's `execute`)."""
+    if isinstance(resource.spark, SparkResource):
+        warm_up_under_dagster_dev(resource.spark.spark_settings, [feed.payload_form for feed in project.feeds])
     assets: list[dg.AssetsDefinition] = []
     jobs: list[dg.JobDefinition | UnresolvedAssetJobDefinition] = []
     sensors: list[dg.SensorDefinition] = []

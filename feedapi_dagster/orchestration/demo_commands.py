@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from .config import FeedConfig, ProjectConfig, ScheduleConfig
 from .definitions import build_feedapi_definitions, feed_bindings
 from .loads import FeedBinding
 from .resources import RESOURCE_KEY
+from .warm_up import WARM_UP_EVENTS, WarmUpFailed, warm_up
 
 # package data: Dagster's default launcher and coordinator, and the `concurrency` a deployment needs
 INSTANCE_TEMPLATE = Path(feedapi_dagster.demo.__file__).with_name("dagster.yaml")
@@ -227,6 +229,8 @@ def run_dev(args: argparse.Namespace) -> int:
         target = ["-m", __name__]
         env.update({FEED_PORT_ENV: str(feed_port), SPARK_PORT_ENV: str(spark_port), PROTOCOL_ENV: args.protocol})
     with demo_services(demo_project(root, feed_port, spark_port, args.protocol), args.events, args.partitions):
+        # while `dagster dev` starts (20-40 s), so that the sensor's first run finds a warm server
+        threading.Thread(target=_warm_up, args=(spark_port,), name="spark-warm-up", daemon=True).start()
         command = [str(Path(sys.executable).with_name("dagster")), "dev", *target, *extra]
         print("running:", " ".join(command), flush=True)
         # its own process group: stopped as a whole (webserver, daemon, code servers), as `timeout` would
@@ -235,6 +239,17 @@ def run_dev(args: argparse.Namespace) -> int:
             return process.wait()
         except KeyboardInterrupt:
             return _stop_dagster_dev(process)
+
+
+def _warm_up(port: int) -> None:
+    print(f"warming the Spark server up ({WARM_UP_EVENTS:,} events of a scratch feed into a scratch table)", flush=True)
+    try:
+        record = warm_up(port)
+    except WarmUpFailed as failed:
+        print(str(failed), file=sys.stderr, flush=True)
+        return
+    if record is not None:
+        print(record.describe(), flush=True)
 
 
 def _stop_dagster_dev(process: subprocess.Popen, grace_seconds: float = 20) -> int:

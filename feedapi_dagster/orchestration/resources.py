@@ -45,6 +45,7 @@ from .run_storage import (
 )
 from .stalled_loads import signs_of_life
 from .streams import StreamConfig, stream_run
+from .warm_up import log_warm_up
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -102,9 +103,10 @@ class SparkResource(dg.ConfigurableResource):
             # the run's log says which Spark it is, where its UI is, and when the embedded server starts
             # (~40 s); a run is a short-lived process: the embedded server it starts stays for the next runs
             settings = self.spark_settings.model_copy(update={"detach_server": True})
-            self._session = spark_session(
-                settings, logger=dg.get_dagster_logger(), unresponsive_seconds=unresponsive_seconds
-            )
+            logger = dg.get_dagster_logger()
+            self._session = spark_session(settings, logger=logger, unresponsive_seconds=unresponsive_seconds)
+            if settings.mode == "embedded":
+                log_warm_up(settings.port, logger)
         return self._session
 
 
