@@ -13,7 +13,9 @@ through Dagster on the embedded Spark Connect server, cold and warm.
 Needs the `bench` extra (dlt) and the Delta jars (`make setup`); benchmarks/README.md says what each
 line measures. In order: the bundled demo feed in its own process (generated once, read by all); raw
 HTTP reads (a plain loop, then `--threads` threads); dlt into Delta (`dlt_load.py`, its own process);
-the Spark Connect server started (timed); then `--repeat` + 1 scheduled loads through Dagster, each
+the Spark Connect server started (timed), then warmed up as `dg dev` and `feedapi-dagster dev` do
+(`orchestration/warm_up.py`: scratch loads in the forms of the syncs; timed; `--no-warm-up` leaves it
+cold, as when a run starts the server itself); then `--repeat` + 1 scheduled loads through Dagster, each
 into a fresh deployment (a code location `definitions.py` calling `build_feedapi_definitions` on a
 `project.json` with one feed `bench`, the lakehouse, a DAGSTER_HOME with the dagster.yaml
 feedapi-dagster ships, partitions registered as the discovery sensor does: untimed), timed from the

@@ -124,6 +124,10 @@ def test_a_backfill_of_up_to_date_partitions_completes_successfully(tmp_path, mo
                 re.match(rf"Spark Connect server ready on sc://127.0.0.1:{port} after [\d.]+ s \(pid \d+\)", m)
                 for m in said
             ), said
+            # it started the server itself: nobody warmed it up, and the run says what that costs
+            assert any(
+                m.startswith(f"the Spark server on port {port} was not warmed up: the first loads") for m in said
+            )
             assert (
                 f"Spark: the embedded Spark Connect server on sc://127.0.0.1:{port}; Spark UI: off "
                 "(spark.ui.enabled is false in the Spark settings' conf; set it to true for one)" in said

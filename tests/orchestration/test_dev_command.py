@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -100,6 +101,14 @@ def test_dev_serves_the_demo_loads_it_and_stops_everything_on_sigterm(tmp_path: 
         )
         assert (workdir / "lakehouse" / "demo" / "_delta_log").is_dir()
         assert (workdir / ".dagster_home" / "dagster.yaml").is_file()
+        # the Spark server was warmed while `dagster dev` started, and the runs' logs say so
+        said = (tmp_path / "dev.log").read_text(errors="replace")
+        assert "warming the Spark server up (60,000 events of a scratch feed into a scratch table)" in said, _tail(
+            tmp_path / "dev.log"
+        )
+        assert re.search(r"the Spark server \(pid \d+\) was warmed up at [\d:]+ UTC in [\d.]+ s", said), _tail(
+            tmp_path / "dev.log"
+        )
 
         dev.send_signal(signal.SIGTERM)
         code = dev.wait(90)
