@@ -3,6 +3,8 @@ its table's maintenance, by Spark, as dagster-dlt's `DagsterDltResource.run(cont
 and dagster-sling's `SlingResource.replicate(context)` a replication; `SparkResource` is the Spark
 session it uses unless given another, made from the project's `SparkSettings`."""
 
+import atexit
+import gc
 from collections.abc import Generator, Iterator
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
@@ -101,12 +103,18 @@ class SparkResource(dg.ConfigurableResource):
         within `unresponsive_seconds` ends the run with `SparkUnresponsive`."""
         if self._session is None:
             # the run's log says which Spark it is, where its UI is, and when the embedded server starts
-            # (~40 s); a run is a short-lived process: the embedded server it starts stays for the next runs
+            # (~40 s); a run is a short-lived process: the embedded server it starts stays for the next runs.
+            # At exit the interpreter's last garbage collection walks every object the imports made
+            # (Dagster's, pyspark's, pydantic's): 0.5 s of the run process's 0.7 s teardown
+            # (benchmarks/README.md, "The process around the load"). `gc.freeze` in an exit hook leaves
+            # them to the process's end; the hooks registered after it (the Spark client's close) run
+            # before it, and nothing of a run is left to a finalizer at exit.
             settings = self.spark_settings.model_copy(update={"detach_server": True})
             logger = dg.get_dagster_logger()
             self._session = spark_session(settings, logger=logger, unresponsive_seconds=unresponsive_seconds)
             if settings.mode == "embedded":
                 log_warm_up(settings.port, logger)
+            atexit.register(gc.freeze)
         return self._session
 
 
