@@ -785,6 +785,46 @@ def start_spark(port: int, work: Path, s3: S3Lake | None):
     return ensure_embedded_server(port, work_dir=work, conf=settings.conf)
 
 
+def measure_floors(port: int, url: str, page_size: int, events: int, table_path: str, work: Path) -> list[Line]:
+    """The floor of the sync's Spark job on the same server after the syncs (warm), from the bench
+    process as a Spark Connect client of the runs' session, each twice (the second counts): the feed
+    read by the `feedapi` data source alone (Spark's `noop` sink: HTTP, parsing, the Arrow hand-off from
+    the Python workers), the same rows copied from the last sync's table into a new Delta table (the
+    Parquet and Delta write with no Python), and the data source's read written to Delta (the job's
+    own work with no cursor state, no progress notes, no Dagster)."""
+    from feedapi_dagster import FeedDataSource
+    from feedapi_dagster.spark.connect_server import SparkConnectServer
+    from feedapi_dagster.spark.sessions import connect_session
+
+    spark = connect_session(SparkConnectServer.attach(port).client_url())
+    spark.dataSource.register(FeedDataSource)
+
+    def read():
+        return spark.read.format("feedapi").option("url", url).option("pageSizeHint", str(page_size)).load()
+
+    jobs = {
+        "Spark floor: the feed read alone (feedapi source, noop sink)": lambda n: (
+            read().write.format("noop").mode("overwrite").save()
+        ),
+        "Spark floor: the sync's rows copied into a new Delta table": lambda n: (
+            spark.read.format("delta").load(table_path).write.format("delta").save(str(work / f"floor-copy-{n}"))
+        ),
+        "Spark floor: the feed read and written to Delta, no state": lambda n: (
+            read().write.format("delta").save(str(work / f"floor-job-{n}"))
+        ),
+    }
+    lines = []
+    for name, job in jobs.items():
+        seconds = []
+        for attempt in range(2):
+            started = time.perf_counter()
+            job(attempt)
+            seconds.append(time.perf_counter() - started)
+        lines.append(Line(name, seconds[-1], events, notes=f"first {seconds[0]:.2f} s"))
+        say(f"  {name}: {seconds[0]:.2f} / {seconds[1]:.2f} s")
+    return lines
+
+
 def report(
     args: argparse.Namespace,
     lines: list[Line],
@@ -1074,6 +1114,9 @@ def main(argv: list[str] | None = None) -> int:
             setup.instance.dispose()
             incremental.append(run)
             say(f"  {run.line.seconds:.2f} s ({run.line.notes}); verified")
+        if args.protocol == "feedapi" and s3 is None:
+            say(f"the floor of the Spark job, on the same server; load average {load_average()}")
+            lines.extend(measure_floors(spark_port, url, args.page_size, args.events, setup.binding.table_path, work))
         watch.sample()
     except Exception:  # noqa: BLE001 - reported, exit 1
         traceback.print_exc()
