@@ -271,6 +271,42 @@ def run_dlt(protocol: str, url: str, page_size: int, work: Path, events: int, wo
     )
 
 
+def run_dagster_dlt(url: str, page_size: int, work: Path, events: int) -> Line:
+    """dagster-dlt: `dagster_dlt_load.py`'s `@dlt_assets` job in one `dagster job execute` process (its
+    own DAGSTER_HOME, SQLite), timed from process start to exit; the table's rows checked."""
+    from deltalake import DeltaTable
+
+    home = work / "dagster_home"
+    home.mkdir(parents=True)
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "BENCH_FEED_URL": url,
+        "BENCH_PAGE_SIZE": str(page_size),
+        "BENCH_WORK": str(work),
+    }
+    command = [
+        str(BIN / "dagster"),
+        "job",
+        "execute",
+        "-f",
+        str(HERE / "dagster_dlt_load.py"),
+        "-j",
+        "dagster_dlt_bench",
+    ]
+    with open(work.parent / "dagster_dlt.log", "ab") as log:
+        started = time.perf_counter()
+        proc = subprocess.Popen(command, stdout=log, stderr=log, cwd=ROOT, env=env)
+        code, rss, cpu = wait_with_usage(proc)
+        wall = time.perf_counter() - started
+    rows = DeltaTable(str(work / "dlt_lake" / "feed" / "events")).to_pyarrow_dataset().count_rows() if code == 0 else 0
+    if code != 0 or rows != events:
+        raise RuntimeError(f"dagster-dlt failed (exit {code}, {rows} rows); see {work.parent / 'dagster_dlt.log'}")
+    return Line(
+        "dagster-dlt (@dlt_assets, `dagster job execute`)", wall, events, rss, f"process start to exit, CPU {cpu:.1f} s"
+    )
+
+
 # ----------------------------------------------------------------------------- 4. Dagster
 # The code location of one deployment, written into its folder: what a user's project does with the
 # Python factory (`build_feedapi_definitions`), the feeds from `project.json` beside it.
@@ -1054,6 +1090,10 @@ def main(argv: list[str] | None = None) -> int:
         dlt_line = run_dlt(args.protocol, url, args.page_size, work / "dlt", args.events, args.threads, s3)
         lines.append(dlt_line)
         say(f"  {dlt_line.seconds:.2f} s: {dlt_line.rate:,.0f} events/s")
+        if args.protocol == "feedapi" and s3 is None:
+            say(f"dagster-dlt; load average {load_average()}")
+            lines.append(run_dagster_dlt(url, args.page_size, work / "dagster_dlt", args.events))
+            say(f"  {lines[-1].seconds:.2f} s: {lines[-1].rate:,.0f} events/s")
 
         say(f"starting the Spark Connect server on port {spark_port}; load average {load_average()}")
         started = time.perf_counter()

@@ -131,6 +131,31 @@ def group_pages(url: str, token: str | None, partitions: list, page_size: int):
 MAX_RESOURCES = 16
 
 
+def feed_resources(url: str, page_size: int, nakadi_event_type: str | None = None) -> list:
+    """The dlt resources of the feed at `url` (or of the Nakadi event type there): one `parallelized`
+    resource per partition, per group of partitions past `MAX_RESOURCES`, all into the table `events`."""
+    import dlt
+
+    if nakadi_event_type:
+        url = f"{url}/event-types/{nakadi_event_type}"
+        token, partitions = None, requests.get(f"{url}/partitions", timeout=30).json()
+    else:
+        document = requests.get(url, timeout=30).json()
+        token, partitions = document["token"], [int(p["id"]) for p in document["partitions"]]
+    groups = [partitions[i::MAX_RESOURCES] for i in range(min(MAX_RESOURCES, len(partitions)))]
+    return [
+        dlt.resource(
+            group_pages,
+            name=f"feed_partitions_{index}",
+            table_name="events",
+            write_disposition="append",
+            table_format="delta",
+            parallelized=True,
+        )(url, token, group, page_size)
+        for index, group in enumerate(groups)
+    ]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("url")
@@ -148,24 +173,7 @@ def main() -> int:
     import dlt
     from dlt.common.libs.deltalake import get_delta_tables
 
-    if args.nakadi_event_type:
-        url = f"{args.url}/event-types/{args.nakadi_event_type}"
-        token, partitions = None, requests.get(f"{url}/partitions", timeout=30).json()
-    else:
-        url, document = args.url, requests.get(args.url, timeout=30).json()
-        token, partitions = document["token"], [int(p["id"]) for p in document["partitions"]]
-    groups = [partitions[i::MAX_RESOURCES] for i in range(min(MAX_RESOURCES, len(partitions)))]
-    resources = [
-        dlt.resource(
-            group_pages,
-            name=f"feed_partitions_{index}",
-            table_name="events",
-            write_disposition="append",
-            table_format="delta",
-            parallelized=True,
-        )(url, token, group, args.page_size)
-        for index, group in enumerate(groups)
-    ]
+    resources = feed_resources(args.url, args.page_size, args.nakadi_event_type)
     if args.bucket_url:
         from dlt.common.configuration.specs import AwsCredentials
 
