@@ -10,6 +10,8 @@ import fcntl
 import json
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -18,17 +20,13 @@ import dagster as dg
 import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
-from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, build_feedapi_definitions
 from feedapi_dagster.orchestration.warm_up import (
     WARM_UP_EVENTS,
     log_warm_up,
     read_warm_up,
 )
-from feedapi_dagster.spark.connect_server import port_open
 from feedapi_dagster.spark.embedded import stop_recorded_server
 from feedapi_dagster.spark.server_record import read_record, remove_server_files, write_record
-from feedapi_dagster.spark.settings import SparkSettings
-from tests.conftest import TEST_SERVER_CONF
 from tests.ports import find_free_port
 
 KEY = dg.AssetKey(["feedapi", "orders"])
@@ -36,34 +34,33 @@ KEY = dg.AssetKey(["feedapi", "orders"])
 
 @pytest.mark.spark
 def test_dagster_dev_loading_the_definitions_starts_and_warms_the_server_and_the_first_run_says_so(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     port = find_free_port()  # nothing runs there: the definitions' load starts the server
-    monkeypatch.setenv("DAGSTER_IS_DEV_CLI", "1")  # what `dg dev` sets for its code servers
     feed = DemoFeed(partitions=2, events=300, seed=5)
     with DemoFeedServer(feed, dialect="published") as server:
-        project = ProjectConfig(
-            lakehouse=str(tmp_path / "lakehouse"),
-            spark=SparkSettings(mode="embedded", port=port, conf=TEST_SERVER_CONF),
-            feeds=[FeedConfig(name="orders", url=server.url, payload_form="variant")],
-        )
         try:
-            began = time.monotonic()
-            defs = build_feedapi_definitions(project)
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.orchestration.warm_up_run",
+                    server.url,
+                    str(port),
+                    str(tmp_path / "lakehouse"),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=400,
+                cwd=Path(__file__).parents[2],
+            )
+            assert done.returncode == 0, done.stderr[-4000:]
+            seen = json.loads(done.stdout.strip().splitlines()[-1])
             # the definitions are not held up by the JVM's start: a process of its own starts it
-            assert time.monotonic() - began < 5
-            assert not port_open(port)
-            record = _first_record(port, within=120)
-            assert record.state == "warming" and record.forms == ("variant",), record
-            # loading the definitions again (a run's process, a code server's reload) starts nothing more
-            build_feedapi_definitions(project)
-            with dg.instance_for_test() as instance:
-                instance.add_dynamic_partitions("feedapi_orders", ["0", "1"])
-                result = dg.materialize(
-                    [defs.get_assets_def(KEY)], partition_key="0", instance=instance, resources=defs.resources
-                )
-                said = [entry.user_message for entry in instance.all_logs(result.run_id)]
-            assert result.success
+            assert seen["load_seconds"] < 5 and not seen["port_open_after_load"], seen
+            assert seen["first_record"] == {"state": "warming", "forms": ["variant"]}, seen
+            assert seen["success"]
+            said = seen["said"]
             warmed = read_warm_up(port)
             assert warmed is not None and warmed.state == "warmed", warmed
             assert warmed.events == WARM_UP_EVENTS and warmed.seconds is not None and warmed.seconds > 0
@@ -76,8 +73,7 @@ def test_dagster_dev_loading_the_definitions_starts_and_warms_the_server_and_the
             assert server_record.pid == warmed.server_pid
             # the scratch tables are gone; the run's table has its rows
             assert not (Path(server_record.work_dir) / "warm-up").exists()
-            (materialized,) = result.asset_materializations_for_node("feedapi__orders")
-            assert materialized.metadata["position"].value == len(feed.expected_events(0)) > 0
+            assert seen["position"] == len(feed.expected_events(0)) > 0
         finally:
             stop_recorded_server(port)
 
