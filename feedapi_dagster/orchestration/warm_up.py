@@ -242,21 +242,32 @@ def log_warm_up(port: int, logger: logging.Logger | logging.LoggerAdapter) -> No
         logger.info("%s", record.describe())
 
 
-# `DAGSTER_IS_DEV_CLI`: what `dagster dev` and `dg dev` set for the processes they start (Dagster's
-# own marker, read by `dagster._utils.env.using_dagster_dev`; no public API says it)
-_DAGSTER_DEV = "DAGSTER_IS_DEV_CLI"
+# The processes of `dagster dev` and `dg dev` (their code servers, and the runs they launch): Dagster
+# marks them with `DAGSTER_IS_DEV_CLI` (every `dg` command sets it too: `dg check defs`, `dg list
+# defs`) and `DAGSTER_verbose` (set only by `dagster dev`'s implementation, which `dg dev` calls), and
+# `dg check defs` with `DAGSTER_IS_DEFS_VALIDATION_CLI`. Dagster's own markers, no public API: a
+# Dagster upgrade that drops them leaves the server cold, never a JVM started by a `dg` command.
+_DAGSTER_DEV = ("DAGSTER_IS_DEV_CLI", "DAGSTER_verbose")
+_DEFS_VALIDATION = "DAGSTER_IS_DEFS_VALIDATION_CLI"
 _started_in_background: set[int] = set()
 
 
-def warm_up_under_dagster_dev(settings: SparkSettings, forms: Sequence[PayloadForm]) -> None:
+def under_dagster_dev() -> bool:
+    """Whether this process is one of `dagster dev`'s or `dg dev`'s (not another `dg` command's)."""
+    return all(name in os.environ for name in _DAGSTER_DEV) and _DEFS_VALIDATION not in os.environ
+
+
+def warm_up_under_dagster_dev(settings: SparkSettings, forms: Sequence[PayloadForm]) -> bool:
     """As the definitions load under `dg dev` / `dagster dev`: the embedded server started and warmed
     in the background when none runs on its port yet (a server already running is left alone: a run
-    may be using it)."""
-    if settings.mode != "embedded" or not os.environ.get(_DAGSTER_DEV) or settings.port in _started_in_background:
-        return
-    if warm_up_in_background(settings.port, settings.conf, forms or ("json",)):
-        _started_in_background.add(settings.port)
-        log.info("starting and warming the embedded Spark server on port %d in the background", settings.port)
+    may be using it); whether it was."""
+    if settings.mode != "embedded" or not under_dagster_dev() or settings.port in _started_in_background:
+        return False
+    if not warm_up_in_background(settings.port, settings.conf, forms or ("json",)):
+        return False
+    _started_in_background.add(settings.port)
+    log.info("starting and warming the embedded Spark server on port %d in the background", settings.port)
+    return True
 
 
 # the server's Spark settings for the warm-up's process: in its environment, not on its command line

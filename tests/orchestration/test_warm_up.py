@@ -16,20 +16,21 @@ import threading
 import time
 from pathlib import Path
 
-import dagster as dg
 import pytest
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
+from feedapi_dagster.orchestration import FeedConfig, ProjectConfig, build_feedapi_definitions
 from feedapi_dagster.orchestration.warm_up import (
     WARM_UP_EVENTS,
     log_warm_up,
     read_warm_up,
+    warm_up_under_dagster_dev,
 )
+from feedapi_dagster.spark.connect_server import port_open
 from feedapi_dagster.spark.embedded import stop_recorded_server
 from feedapi_dagster.spark.server_record import read_record, remove_server_files, write_record
+from feedapi_dagster.spark.settings import SparkSettings
 from tests.ports import find_free_port
-
-KEY = dg.AssetKey(["feedapi", "orders"])
 
 
 @pytest.mark.spark
@@ -167,3 +168,30 @@ def test_a_warm_up_whose_process_died_is_not_waited_for_and_a_stale_record_is_no
     logger, said = _logger()
     log_warm_up(port, logger)
     assert said.lines[-1][1].startswith(f"the Spark server on port {port} was not warmed up: the first loads on it pay")
+
+
+@pytest.mark.parametrize(
+    "environment",
+    [
+        {"DAGSTER_IS_DEV_CLI": "1"},  # any `dg` command: `dg list defs`, `dg launch`
+        {"DAGSTER_IS_DEV_CLI": "1", "DAGSTER_verbose": "", "DAGSTER_IS_DEFS_VALIDATION_CLI": "1"},  # dg check defs
+        {},  # a deployment's code server
+    ],
+    ids=["a-dg-command", "dg-check-defs", "no-dagster-dev"],
+)
+def test_only_dagster_devs_processes_start_and_warm_a_server_when_the_definitions_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, environment: dict[str, str]
+) -> None:
+    for name in ("DAGSTER_IS_DEV_CLI", "DAGSTER_verbose", "DAGSTER_IS_DEFS_VALIDATION_CLI"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    port = find_free_port()
+    project = ProjectConfig(
+        lakehouse=str(tmp_path / "lakehouse"),
+        spark=SparkSettings(mode="embedded", port=port),
+        feeds=[FeedConfig(name="orders", url="http://127.0.0.1:9/feed")],
+    )
+    assert not warm_up_under_dagster_dev(project.spark_settings(), ["json"])
+    build_feedapi_definitions(project)
+    assert read_record(port) is None and not port_open(port)

@@ -1,6 +1,6 @@
 """What `dg dev`'s processes do, in a process of its own (a pytest worker may hold a classic Spark
 session, beside which pyspark makes no Connect session): the definitions loaded with
-`DAGSTER_IS_DEV_CLI` set (the embedded server on SPARK_PORT started and warmed in the background),
+`dagster dev`'s markers set (the embedded server on SPARK_PORT started and warmed in the background),
 loaded again, then a run of partition 0 (`test_warm_up.py`). Prints what it saw as JSON.
 
 Usage: warm_up_run.py FEED_URL SPARK_PORT LAKEHOUSE"""
@@ -20,7 +20,8 @@ from tests.conftest import TEST_SERVER_CONF
 
 
 def main(feed_url: str, spark_port: str, lakehouse: str) -> None:
-    os.environ["DAGSTER_IS_DEV_CLI"] = "1"  # what `dg dev` sets for its code servers
+    # what `dg dev` and `dagster dev` set for their code servers
+    os.environ.update({"DAGSTER_IS_DEV_CLI": "1", "DAGSTER_verbose": ""})
     port = int(spark_port)
     project = ProjectConfig(
         lakehouse=lakehouse,
