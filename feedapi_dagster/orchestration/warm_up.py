@@ -34,7 +34,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal, get_args
@@ -172,12 +172,12 @@ def warm_up(
         try:
             _scratch_loads(port, scratch, forms, events)
         except Exception as error:
-            failed = WarmUpRecord(**{**asdict(record), "state": "failed", "error": str(error).splitlines()[0]})
+            failed = replace(record, state="failed", error=str(error).splitlines()[0])
             _write(server, failed)
             raise WarmUpFailed(failed.describe()) from error
         finally:
             shutil.rmtree(scratch.parent, ignore_errors=True)
-        done = WarmUpRecord(**{**asdict(record), "state": "warmed", "seconds": round(time.monotonic() - began, 1)})
+        done = replace(record, state="warmed", seconds=round(time.monotonic() - began, 1))
         _write(server, done)
         log.info("%s", done.describe())
         return done
@@ -218,7 +218,7 @@ def _ended(record: WarmUpRecord | None) -> WarmUpRecord | None:
     """`record` once nobody holds the lock: one still "warming" is of a process that died warming."""
     if record is None or record.state != "warming":
         return record
-    return WarmUpRecord(**{**asdict(record), "state": "failed", "error": "its process ended before it finished"})
+    return replace(record, state="failed", error="its process ended before it finished")
 
 
 def log_warm_up(port: int, logger: logging.Logger | logging.LoggerAdapter) -> None:
