@@ -8,14 +8,18 @@ Two shapes, by what is known before the write (`feed_read.py` says when each is 
   known first. At-least-once rows are deduplicated against the event ids the table holds (the
   partitions' dedup groups), positions renumbered; the rows and the states they end at land in one
   Delta commit.
-* **rows commit, then state commit** (`commit_rows`, then `commit_ends`): a streamed read whose ends
-  are known only once Spark has written its rows.
+* **rows commit** (`commit_rows`), **then a state commit only where the rows cannot say the ends**
+  (`commit_ends`): a streamed read, whose ends are known only once Spark has written its rows. The
+  rows commit names its partitions pending: each resumes after its newest row in that commit
+  (`cursor_record.py`). That is where the read stopped unless the read moved a cursor past its last
+  row (pages without events) or drained a closed partition: only then does a state commit follow.
 
 And the state alone again (`commit_state_again`, no rows, nothing moves): a loader's, so that Delta's
 log cleanup never reaches the commit holding the state (`CommittedState.due_for_reassertion`).
 
 The dangerous moments are reported to `on_moment` (tests kill the process there): `BEFORE_COMMIT`,
-`ROWS_COMMITTED` (between a streamed read's two commits), `AFTER_COMMIT`; `READ` is the load's
+`ROWS_COMMITTED` (a streamed read's rows commit landed), `AFTER_COMMIT` (after the rows commit too,
+where no state commit follows); `READ` is the load's
 (a kept read, before anything of its commit).
 """
 
@@ -44,7 +48,7 @@ log = logging.getLogger(__name__)
 # Moments a commit passes through, reported to `on_moment` (tests kill the process there).
 READ = "read"  # a kept read, before its write
 BEFORE_COMMIT = "before_commit"
-ROWS_COMMITTED = "rows_committed"  # a streamed read's rows commit landed; its state commit follows
+ROWS_COMMITTED = "rows_committed"  # a streamed read's rows commit landed; a state commit may follow
 AFTER_COMMIT = "after_commit"
 
 Moment = Callable[[str, dict[int, PartitionState]], None]
@@ -81,6 +85,29 @@ class RowsCommit:
     def delta_version(self) -> int:
         assert self.landed.delta_version is not None  # `DeltaSink.commit` returns the commit it landed
         return self.landed.delta_version
+
+
+def rows_say(rows_commit: RowsCommit, ended: Mapping[int, PartitionState]) -> bool:
+    """Whether the state each of the rows commit's partitions ended at is the one its rows give it
+    (`cursor_record._with_pending_rows`): after its newest row (that row's page cursor, the position
+    after it), or at its start where it wrote none. Not so where the read moved the cursor past its last
+    row (pages without events) or drained a closed partition: a state commit must say that."""
+    starts = rows_commit.landed.state
+    for pid, state in ended.items():
+        start = starts.get(pid) or PartitionState()
+        end = rows_commit.ends[pid].read
+        from_rows = (
+            start
+            if not end.events
+            else PartitionState(
+                cursor=end.last_row_cursor or "",
+                position=start.position + end.events,
+                inherited_from=start.inherited_from,
+            )
+        )
+        if state != from_rows:
+            return False
+    return True
 
 
 def state_after(start: PartitionState, *, cursor: str, events: int, drained: bool) -> PartitionState:
@@ -180,8 +207,13 @@ class ReadCommit:
         return RowsCommit(landed=landed, ends=ends)
 
     def commit_ends(self, rows_commit: RowsCommit, ended: dict[int, PartitionState]) -> int | None:
-        """The state a rows commit's partitions end at (`ended`), committed after it: its Delta version,
-        or None where another load committed after the rows first (the rows then hold the ends)."""
+        """The state a rows commit's partitions end at (`ended`): where its rows say it (`rows_say`),
+        nothing more is committed and this is the rows commit's Delta version; else the state is
+        committed after it: its Delta version, or None where another load committed after the rows
+        first (the rows then hold the ends, and the pages after them no event)."""
+        if rows_say(rows_commit, ended):
+            self.on_moment(AFTER_COMMIT, ended)
+            return rows_commit.delta_version
         rows_state = rows_commit.landed.state  # rebased on others' commits, if any came first
         version = self.sink.commit_state(
             rows_commit.delta_version,

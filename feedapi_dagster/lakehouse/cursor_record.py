@@ -8,11 +8,14 @@ page's cursor and its position, so the rows themselves hold each partition's res
 
 A load whose rows are written by the same Spark job that reads them (`commit.py`) cannot know where
 its partitions stop before Delta commits the rows: that commit (the **rows commit**) carries the
-state the load started from and names its partitions as `pending`; the load then commits the state
-those rows end at (the **state commit**, no rows), from what Spark reports of the committed task
-attempts. Until the state commit lands, the rows commit *is* the cursor of record: each pending
-partition resumes after its newest row (read from the table, as below) or, with no row past its
-start, from its start. A load killed between the two commits loses nothing and repeats nothing.
+state the load started from and names its partitions as `pending`. Each pending partition resumes
+after its newest row in that commit (read from the commit's own data files, `DeltaLog.rows_added_by`:
+milliseconds) or, with no row past its start, from its start. Where that is where the read ended
+(the usual case: the read stopped after a page of events), the rows commit is the load's only commit.
+Where the rows cannot say it (the read moved the cursor past its last row over pages without events,
+or drained a closed partition), the load then commits the state those rows end at (the **state
+commit**, no rows), from what Spark reports of the committed task attempts. A load killed between
+the two commits loses nothing and repeats nothing: the pages after the last row hold no event.
 
 **How it is read** (`read_committed_state`), newest first through the Delta log:
 
@@ -50,6 +53,7 @@ from feedapi_dagster.errors import StateError
 from feedapi_dagster.lakehouse.delta_log import FILE_MAINTENANCE, DeltaLog, HistoryEntry
 from feedapi_dagster.lakehouse.feed_table import FeedTable
 from feedapi_dagster.planning import FeedState, PartitionState
+from feedapi_dagster.read.rows import PARTITION_COLUMN
 
 METADATA_KEY = "feedapi_dagster"
 # Commits made by others (OPTIMIZE, manual writes) carry no state; look this far back first.
@@ -79,9 +83,10 @@ class CommittedState:
     # the files of `delta_version` that OPTIMIZE rewrote.
     rows_version: int | None
     table_version: int | None  # the version it was read at: a commit on it uses txnVersion + 1
-    # a rows commit's partitions whose end is in its rows, not (yet) in a state commit: `resolve`
-    # reads them from the rows (`source` "rows"); always () on a resolved state
+    # a rows commit's partitions whose end is in its rows, not in a state commit: `resolve` reads them
+    # from the rows; always () on a resolved state, whose `ends_from_rows` they are
     pending: tuple[int, ...] = ()
+    ends_from_rows: tuple[int, ...] = ()
 
     @property
     def txn_version(self) -> int:
@@ -89,7 +94,10 @@ class CommittedState:
 
     @property
     def due_for_reassertion(self) -> bool:
-        """Whether the next load should commit the state again even with nothing new to add."""
+        """Whether the next load should commit the state again even with nothing new to add: a state
+        recovered from the whole table's rows (no commit carries it), or one whose commit others' commits
+        pushed far back. A rows commit's state is carried by that commit as any other's (the ends of its
+        partitions by its rows, which outlive the log)."""
         if self.source == "rows":
             return True
         return (
@@ -100,12 +108,8 @@ class CommittedState:
 
     def describe(self) -> str:
         if self.source == "commit":
-            return f"commit {self.delta_version} (load {self.load_id}), read at version {self.table_version}"
-        if self.source == "rows" and self.delta_version is not None:
-            return (
-                f"commit {self.delta_version} (load {self.load_id}): its rows, whose load ended before it "
-                f"committed their cursors; read at version {self.table_version}"
-            )
+            in_rows = f", the ends of partitions {list(self.ends_from_rows)} in its rows" if self.ends_from_rows else ""
+            return f"commit {self.delta_version} (load {self.load_id}){in_rows}, read at version {self.table_version}"
         if self.source == "rows":
             return f"recovered from the rows at version {self.table_version} (no commit in the log carries it)"
         return "a new table: no state yet"
@@ -213,7 +217,8 @@ def resolve(table: FeedTable | DeltaLog | str, history: History) -> CommittedSta
     path = table if isinstance(table, str) else table.path
     spark_table = table if isinstance(table, FeedTable) else None
     if history.states and history.states[0].pending:
-        return _with_pending_rows(history.states[0], spark_table, path)
+        log = table.delta_log if isinstance(table, FeedTable) else DeltaLog(table) if isinstance(table, str) else table
+        return _with_pending_rows(history.states[0], spark_table, log, path)
     if history.states:
         return history.states[0]
     if history.complete:  # every commit is in the log, and no load's commit is in effect
@@ -240,16 +245,26 @@ def resolve(table: FeedTable | DeltaLog | str, history: History) -> CommittedSta
     )
 
 
-def _with_pending_rows(rows_commit: CommittedState, table: FeedTable | None, path: str) -> CommittedState:
+def _with_pending_rows(
+    rows_commit: CommittedState, table: FeedTable | None, log: DeltaLog | None, path: str
+) -> CommittedState:
     """A rows commit's state: each pending partition after its newest row, or at its start when the
-    commit added none past it (the pages it read held no new event: read again, they give none)."""
-    if table is None:
+    commit added none past it (the pages it read held no new event: read again, they give none).
+
+    Its newest rows are those of the commit's own files, read by delta-rs (`log`); where those cannot
+    be read (rewritten by OPTIMIZE, storage only the cluster reaches), those of the table as of the
+    commit, by Spark: the same newest rows, as every earlier row of a partition lies before its start."""
+    assert rows_commit.delta_version is not None  # a pending state is a commit's
+    last_rows = _commit_last_rows(log, rows_commit.delta_version, rows_commit.pending) if log is not None else None
+    if last_rows is None and table is None:
         raise RecoveryNeedsSpark(
-            f"the newest feed state in the Delta log of {path} is a load's rows commit whose "
-            "cursors were not committed after it: they are read from its rows, which takes "
+            f"the newest feed state in the Delta log of {path} is a load's rows commit whose data files "
+            "were rewritten since: its partitions' ends are read from the table's rows, which takes "
             "Spark (`feedapi-dagster state` does it)"
         )
-    last_rows = table.last_rows(rows_commit.rows_version, rows_commit.pending)
+    if last_rows is None:
+        assert table is not None  # raised above otherwise
+        last_rows = table.last_rows(rows_commit.rows_version, rows_commit.pending)
     state = rows_commit.state
     updates = {}
     for pid in rows_commit.pending:
@@ -260,12 +275,35 @@ def _with_pending_rows(rows_commit: CommittedState, table: FeedTable | None, pat
     resolved = FeedState(generation=state.generation, partitions={**state.partitions, **updates})
     return CommittedState(
         resolved,
-        "rows",
+        "commit",
         rows_commit.load_id,
         rows_commit.delta_version,
         rows_commit.rows_version,
         rows_commit.table_version,
+        ends_from_rows=rows_commit.pending,
     )
+
+
+def _commit_last_rows(log: DeltaLog, version: int, partitions: tuple[int, ...]) -> dict[int, tuple[int, str]] | None:
+    """Each of `partitions`' newest row among the rows the commit at `version` added: its position
+    and its page's cursor; None where delta-rs cannot read that commit's rows (`rows_added_by`)."""
+    rows = log.rows_added_by(version, [PARTITION_COLUMN, "position", "cursor"])
+    if rows is None or rows.column("position").null_count:
+        return None
+    wanted = set(partitions)
+    newest = (
+        rows.sort_by("position")
+        .group_by(PARTITION_COLUMN, use_threads=False)  # in order: `last` is the newest row's cursor
+        .aggregate([("position", "max"), ("cursor", "last")])
+        .to_pydict()
+    )
+    return {
+        int(pid): (position, cursor)
+        for pid, position, cursor in zip(
+            newest[PARTITION_COLUMN], newest["position_max"], newest["cursor_last"], strict=True
+        )
+        if int(pid) in wanted
+    }
 
 
 def read_committed_state(table: FeedTable | DeltaLog | str) -> CommittedState:

@@ -154,7 +154,7 @@ class LoadExecution:
 
     def _commit_streamed(self, done: _ReadToCommit, progress: str | None) -> dict[int, PartitionReport]:
         """One Spark job reads the feed and commits the rows (the rows commit: the state the load
-        started from, its partitions pending), then the state they end at is committed."""
+        started from, its partitions pending); then the state they end at, where the rows cannot say it."""
         committer, read, plans, starts, base = done.committer, done.read, done.plans, done.starts, done.base
         started = time.monotonic()
         rows_commit: RowsCommit = committer.commit_rows(
@@ -180,7 +180,9 @@ class LoadExecution:
         self._log_read(reports, f"read and written by Spark as Delta version {version}", time.monotonic() - started)
         committing = time.monotonic()
         state_version = committer.commit_ends(rows_commit, ended)
-        if state_version is not None:
+        if state_version == version:
+            self.log.info("cursors of partitions %s: in their rows of Delta version %s", sorted(ended), version)
+        elif state_version is not None:
             self.log.info(
                 "cursors of partitions %s committed as Delta version %s in %.1f s",
                 sorted(ended),

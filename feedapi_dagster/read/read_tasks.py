@@ -52,6 +52,9 @@ class ReadEnd:
     # `no_duplicate_event_ids` check of the rows a load adds, answered without scanning them
     repeated_ids: int = 0
     repeated_examples: tuple[str, ...] = ()
+    # the page cursor of the last event read (None: none read): where the read stopped too, unless
+    # pages without events moved the cursor on; then the rows alone cannot say where it stopped
+    last_row_cursor: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, separators=(",", ":"))
@@ -176,6 +179,7 @@ class PartitionRead:
         self.events = self.pages = self.duplicates = 0
         self._fetched = 0  # events fetched, duplicates included (what `maxEvents` bounds)
         self.done = False
+        self.last_row_cursor: str | None = None
         self.end: ReadEnd | None = None
         # Ids seen in this read. An at-least-once feed repeats events: they are dropped (ids stored by
         # earlier loads are the loader's business, in Spark). An exactly-once feed must not: they are
@@ -211,6 +215,7 @@ class PartitionRead:
                 round(time.monotonic() - started, 3),
                 self.repeated_ids,
                 tuple(self._repeated_examples),
+                self.last_row_cursor,
             )
             yield pa.RecordBatch.from_pydict(
                 {
@@ -282,6 +287,8 @@ class PartitionRead:
             self.cursor = run.cursor
             self.done = self.done or run.done
         rows = batch.to_arrow()
+        if rows.num_rows:
+            self.last_row_cursor = rows.column("cursor")[-1].as_py()
         if self._exactly_once:
             self._count_repeats(rows.column("event_id").to_pylist())
         if END_COLUMN in schema.names:

@@ -5,11 +5,14 @@ import threading
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer, Faults
 from feedapi_dagster.errors import PartitionConflict, RebuildAbandoned
 from feedapi_dagster.lakehouse.cursor_record import read_committed_state
+from feedapi_dagster.lakehouse.feed_table import FeedTable
 from feedapi_dagster.lakehouse.load_settings import LoadSettings
+from feedapi_dagster.planning import PartitionState
 from feedapi_dagster.protocol import EventFilter
 
 from .conftest import LOG_READERS, payloads, table_rows
@@ -95,6 +98,38 @@ def test_cursor_only_pages_advance_the_stored_cursor(spark, make_loader, table_p
         last_seq = max(json.loads(p)["seq"] for p in feed.published(0))
         assert state.cursor == f"c{last_seq:012x}"
         assert state.cursor != rows[-1].cursor or json.loads(rows[-1].payload)["seq"] == last_seq
+    # the rows alone cannot say that cursor: the rows commit (version 1) is followed by a state commit
+    assert DeltaTable(table_path).version() == 2 and not read_committed_state(table_path).ends_from_rows
+
+
+def test_a_sync_whose_rows_hold_its_cursors_is_one_commit_and_a_drained_partition_takes_a_state_commit(
+    spark, make_loader, table_path
+):
+    feed = DemoFeed(partitions=2, events=300, seed=6)
+    with DemoFeedServer(feed, dialect="published") as server:
+        loader = make_loader(server, page_size_hint=40)
+        loader.sync()
+        # each read ended after a page of events: its rows commit (version 1, after the table's creation)
+        # is the load's only commit, and the state it carries ends each partition at its newest row
+        one = read_committed_state(table_path)
+        assert (DeltaTable(table_path).version(), one.delta_version, one.ends_from_rows) == (1, 1, (0, 1))
+        for partition in (0, 1):
+            rows = table_rows(spark, table_path, partition)
+            assert [r.payload for r in rows] == feed.published(partition)
+            assert one.state.get(partition) == PartitionState(cursor=rows[-1].cursor, position=len(rows))
+        # read through Spark's session too (the table as a `FeedTable`): the same state
+        assert read_committed_state(FeedTable(spark, table_path)).state == one.state
+        feed.append(30)
+        feed.close(1)
+        make_loader(server, page_size_hint=40).sync()  # a new run: it discovers partition 1 closed
+    # partition 1 drained, which its rows cannot say: a state commit follows the rows commit
+    two = read_committed_state(table_path)
+    assert (DeltaTable(table_path).version(), two.delta_version, two.ends_from_rows) == (3, 3, ())
+    assert two.state.get(1).drained and not two.state.get(0).drained
+    for partition in (0, 1):
+        rows = table_rows(spark, table_path, partition)
+        assert [r.payload for r in rows] == feed.published(partition)
+        assert two.state.get(partition).position == len(rows) and two.state.get(partition).cursor == rows[-1].cursor
 
 
 def test_closed_partition_is_drained_and_not_read_again(spark, make_loader, table_path):
