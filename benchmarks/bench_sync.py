@@ -759,7 +759,7 @@ def stages(
         if read or quiet or kept:
             marks.setdefault("read start", at - float((read or quiet or kept).group(1)))
             marks.setdefault("read end", at)
-        if quiet or re.match(r"(cursors of partitions|committed partitions) .* as Delta version", message):
+        if quiet or re.match(r"(cursors of partitions|committed partitions) .* (as|of) Delta version", message):
             marks["commit end"] = at
     for text in log_path.read_text(errors="replace").splitlines():
         if text.startswith("BENCH "):
@@ -780,7 +780,7 @@ def stages(
             marks.get("read start"),
         ),
         (
-            "read ends (observed), state commit (no rows) + history check; kept: the commit (columns: shapes, typed write)",
+            "read ends (observed), their state read from the rows (a state commit where they cannot say it); kept: the commit (columns: shapes, typed write)",
             marks.get("read end"),
         ),
         ("Dagster: materializations, mirror check", marks.get("commit end")),

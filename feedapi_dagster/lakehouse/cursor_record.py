@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import ValidationError
 
@@ -54,6 +54,9 @@ from feedapi_dagster.lakehouse.delta_log import FILE_MAINTENANCE, DeltaLog, Hist
 from feedapi_dagster.lakehouse.feed_table import FeedTable
 from feedapi_dagster.planning import FeedState, PartitionState
 from feedapi_dagster.read.rows import PARTITION_COLUMN
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 METADATA_KEY = "feedapi_dagster"
 # Commits made by others (OPTIMIZE, manual writes) carry no state; look this far back first.
@@ -251,16 +254,22 @@ def _with_pending_rows(
     """A rows commit's state: each pending partition after its newest row, or at its start when the
     commit added none past it (the pages it read held no new event: read again, they give none).
 
-    Its newest rows are those of the commit's own files, read by delta-rs (`log`); where those cannot
-    be read (rewritten by OPTIMIZE, storage only the cluster reaches), those of the table as of the
-    commit, by Spark: the same newest rows, as every earlier row of a partition lies before its start."""
-    assert rows_commit.delta_version is not None  # a pending state is a commit's
-    last_rows = _commit_last_rows(log, rows_commit.delta_version, rows_commit.pending) if log is not None else None
+    Its newest rows are those of the commit's own files, read by delta-rs (`log`: milliseconds); where
+    an OPTIMIZE rewrote those, the partitions' rows at `rows_version` (the same rows), by delta-rs, or by
+    Spark where delta-rs cannot (storage only the cluster reaches, a reader feature delta-rs lacks). The
+    newest rows of a partition are its newest rows of the commit: its rows before lie before its start."""
+    assert rows_commit.delta_version is not None and rows_commit.rows_version is not None  # a commit's
+    last_rows = None
+    if log is not None:
+        rows = log.rows_added_by(rows_commit.delta_version, list(_NEWEST_ROW_COLUMNS))
+        if rows is None:
+            rows = _partitions_rows(log, rows_commit.rows_version, rows_commit.pending)
+        last_rows = _newest_rows(rows) if rows is not None and not rows.column("position").null_count else None
     if last_rows is None and table is None:
         raise RecoveryNeedsSpark(
-            f"the newest feed state in the Delta log of {path} is a load's rows commit whose data files "
-            "were rewritten since: its partitions' ends are read from the table's rows, which takes "
-            "Spark (`feedapi-dagster state` does it)"
+            f"the newest feed state in the Delta log of {path} is a load's rows commit: its partitions' ends "
+            "are read from the table's rows, which delta-rs cannot read here and Spark can "
+            "(`feedapi-dagster state` does it)"
         )
     if last_rows is None:
         assert table is not None  # raised above otherwise
@@ -284,13 +293,24 @@ def _with_pending_rows(
     )
 
 
-def _commit_last_rows(log: DeltaLog, version: int, partitions: tuple[int, ...]) -> dict[int, tuple[int, str]] | None:
-    """Each of `partitions`' newest row among the rows the commit at `version` added: its position
-    and its page's cursor; None where delta-rs cannot read that commit's rows (`rows_added_by`)."""
-    rows = log.rows_added_by(version, [PARTITION_COLUMN, "position", "cursor"])
-    if rows is None or rows.column("position").null_count:
+# a row's columns that say where its partition resumes after it
+_NEWEST_ROW_COLUMNS = (PARTITION_COLUMN, "position", "cursor")
+
+
+def _partitions_rows(log: DeltaLog, version: int, partitions: tuple[int, ...]) -> pa.Table | None:
+    """The rows of `partitions` at `version` (`_NEWEST_ROW_COLUMNS`), read by delta-rs; None where it
+    cannot read them."""
+    try:
+        snapshot = log.snapshot_at(version)
+        if snapshot.metadata().configuration.get("delta.columnMapping.mode", "none") != "none":
+            return None  # the files' columns have physical names: Arrow would read the logical ones as nulls
+        return log.partition_columns(snapshot, wanted=set(partitions), columns=_NEWEST_ROW_COLUMNS)
+    except Exception:  # noqa: BLE001 - delta-rs (a reader feature it lacks) and the storage raise many types
         return None
-    wanted = set(partitions)
+
+
+def _newest_rows(rows: pa.Table) -> dict[int, tuple[int, str]]:
+    """Each partition's newest row among `rows` (`_NEWEST_ROW_COLUMNS`): its position and its page's cursor."""
     newest = (
         rows.sort_by("position")
         .group_by(PARTITION_COLUMN, use_threads=False)  # in order: `last` is the newest row's cursor
@@ -302,7 +322,6 @@ def _commit_last_rows(log: DeltaLog, version: int, partitions: tuple[int, ...]) 
         for pid, position, cursor in zip(
             newest[PARTITION_COLUMN], newest["position_max"], newest["cursor_last"], strict=True
         )
-        if int(pid) in wanted
     }
 
 

@@ -142,7 +142,7 @@ def _count_delete(log: DeltaLog, version: int, count: _Count) -> None:
 
 def _removed_rows(log: DeltaLog, version: int) -> dict[int, int]:
     """Each partition's rows at the version before `version` less its rows at `version`."""
-    before, after = _snapshot_at(log, version - 1), _snapshot_at(log, version)
+    before, after = log.snapshot_at(version - 1), log.snapshot_at(version)
     if log.partitioned():
         had, has = _rows(partition_files(before)), _rows(partition_files(after))
     else:  # clustered: the rows of the files the commit removed, less those of the files it added
@@ -156,8 +156,8 @@ def _count_rewrite(log: DeltaLog, entry: HistoryEntry, count: _Count) -> None:
     """A load's overwrite (a rebuild): the partitions it rewrote start again from 0."""
     try:
         if log.partitioned():  # the partitions whose files it removed
-            before = partition_files(_snapshot_at(log, entry.version - 1))
-            after = partition_files(_snapshot_at(log, entry.version))
+            before = partition_files(log.snapshot_at(entry.version - 1))
+            after = partition_files(log.snapshot_at(entry.version))
             rewritten = {partition for partition, files in before.items() if set(files) - set(after.get(partition, {}))}
         else:  # a clustered table's files hold many partitions: the commit names those it replaced
             named = replaced_partitions(entry.user_metadata)
@@ -183,13 +183,6 @@ def _counts(columns) -> dict[int, int]:  # noqa: ANN001 - a pyarrow Table
 
 
 # The table's files at a version, read by delta-rs: what only the count of DELETEs needs of the log
-
-
-def _snapshot_at(log: DeltaLog, version: int) -> Any:
-    """A snapshot of a past version of the table, of its own (the log's current one stays as it is)."""
-    from deltalake import DeltaTable
-
-    return DeltaTable(log.path, version=version, storage_options=log.storage_options or None)
 
 
 def partition_files(snapshot: Any) -> dict[int, dict[str, int]]:

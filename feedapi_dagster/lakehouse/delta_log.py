@@ -97,6 +97,12 @@ class DeltaLog:
             self._snapshot.update_incremental()
         return self._snapshot
 
+    def snapshot_at(self, version: int) -> Any:
+        """A snapshot of a past version of the table, of its own (the current one stays as it is)."""
+        from deltalake import DeltaTable
+
+        return DeltaTable(self.path, version=version, storage_options=self.storage_options or None)
+
     def add_actions(self) -> dict[str, list]:
         """The data files of the current version with their partition values and statistics."""
         import pyarrow as pa
@@ -124,9 +130,13 @@ class DeltaLog:
         return {field.name: str(field.type.type) for field in self.snapshot().schema().fields}
 
     def partition_columns(
-        self, snapshot: Any = None, paths: set[str] | None = None, wanted: set[int] | None = None
+        self,
+        snapshot: Any = None,
+        paths: set[str] | None = None,
+        wanted: set[int] | None = None,
+        columns: tuple[str, ...] = (PARTITION_COLUMN, "position"),
     ) -> pa.Table:
-        """The columns `partition_id` and `position` of the table's rows (`snapshot`: of a version), read
+        """The `columns` (`partition_id` among them) of the table's rows (`snapshot`: of a version), read
         by delta-rs in this process: of the data files `paths` only, or of the files whose statistics
         (min/max `partition_id`) admit one of the `wanted` partitions, and then of those partitions'
         rows only. Raises where delta-rs cannot read the data (deletion vectors, column mapping)."""
@@ -140,7 +150,7 @@ class DeltaLog:
         if paths is not None:
             fragments = [fragment for fragment in dataset.get_fragments() if fragment.path in paths]
             dataset = ds.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
-        columns = dataset.to_table(columns=[PARTITION_COLUMN, "position"])
+        rows = dataset.to_table(columns=list(columns))
         if wanted is not None:
             import array
 
@@ -149,9 +159,9 @@ class DeltaLog:
             # built from a buffer: `pa.array(list)` makes pyarrow import pandas (~1.5 s, `read/rows.py`)
             values = array.array("q", sorted(wanted))
             value_set = pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
-            keys = columns[PARTITION_COLUMN].cast(pa.int64())
-            columns = columns.filter(pc.is_in(keys, value_set=value_set))
-        return columns
+            keys = rows[PARTITION_COLUMN].cast(pa.int64())
+            rows = rows.filter(pc.is_in(keys, value_set=value_set))
+        return rows
 
     def rows_added_by(self, version: int, columns: list[str]) -> pa.Table | None:
         """The `columns` of the rows the commit at `version` added, read by delta-rs from that commit's

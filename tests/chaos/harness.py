@@ -12,6 +12,7 @@ import os
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -88,6 +89,7 @@ class ChaosRun:
         self.work_dir = work_dir
         self.fault_rate = fault_rate
         self.kill_rate = kill_rate
+        self._run_seconds: list[float] = []  # how long the runs not killed took, start to exit
         self.tally = Tally()
         self.ancestors: dict[int, list[int]] = {}  # method-2 ancestry seen in discovery (ids are never reused)
         faults = Faults(fault_rate, seed=seed, retry_after=0)
@@ -299,6 +301,7 @@ class ChaosRun:
     def _launch(self, *specs: dict, kill: bool | None = None) -> None:
         self._check_pool()
         version = self._table_version()
+        started = time.monotonic()
         processes = [
             subprocess.Popen(
                 [sys.executable, str(RUN_JOB), json.dumps(spec)],
@@ -310,6 +313,7 @@ class ChaosRun:
             for spec in specs
         ]
         kill = self.rng.random() < self.kill_rate if kill is None else kill
+        codes = []
         if kill:
             how = self.rng.choice(["timer", "after_commit", "python_worker"])
             self.tally.kills[how] += 1
@@ -320,12 +324,15 @@ class ChaosRun:
         try:
             for process in processes:
                 code = self._wait(process)
+                codes.append(code)
                 self.tally.runs["killed" if code == -signal.SIGKILL else "succeeded" if code == 0 else "failed"] += 1
         finally:  # a run that timed out does not outlive the chaos run
             for process in processes:
                 if process.poll() is None:
                     process.kill()
                     process.wait()
+        if not kill and codes and all(code == 0 for code in codes):
+            self._run_seconds.append(time.monotonic() - started)
         self._fail_dead_runs()
 
     def _wait(self, process: subprocess.Popen, timeout: float = 600) -> int:
@@ -346,8 +353,10 @@ class ChaosRun:
 
     def _kill_later(self, processes: list[subprocess.Popen], how: str, version: int | None) -> None:
         # a run spends its first seconds importing and connecting; kill anywhere after that, within the
-        # few seconds a load of these small feeds takes on a warm server (later draws would miss it)
-        deadline = time.monotonic() + (self.rng.uniform(1.5, 7) if how == "timer" else 120)
+        # few seconds a load of these small feeds takes on a warm server: at most 7 s, and within 90% of
+        # what the runs not killed took so far (later draws would miss it)
+        upper = min(7.0, 0.9 * statistics.median(self._run_seconds)) if self._run_seconds else 7.0
+        deadline = time.monotonic() + (self.rng.uniform(1.5, max(2.0, upper)) if how == "timer" else 120)
         while time.monotonic() < deadline and any(p.poll() is None for p in processes):
             if how == "after_commit" and self._table_version() != version:
                 break  # a commit just landed: the run is between its commit and its end

@@ -282,8 +282,8 @@ def localised(code: str, folder: Path, demo_url: str, nakadi_url: str) -> str:
 
 
 def load_orders_table(spark, folder: Path, demo_url: str) -> None:
-    """`setup=orders_table`: the page's lakehouse/orders loaded from the demo feed (its creation, the
-    rows commit and the state commit: versions 0-2)."""
+    """`setup=orders_table`: the page's lakehouse/orders loaded from the demo feed (its creation and the
+    rows commit, whose rows hold the cursors: versions 0-1)."""
     from feedapi_dagster.lakehouse.feed_table import FeedTable
     from feedapi_dagster.lakehouse.loader import FeedLoader
     from feedapi_dagster.lakehouse.sink import DeltaSink

@@ -41,7 +41,8 @@ def test_a_json_table_switched_to_variant_gets_the_column_in_place_and_back_to_j
         feed.append(40)
         unparseable = add_odd_events(feed, partition=0)
         make_loader(server, payload_form="variant").sync()
-        assert operations(spark, table_path)[-3:] == ["ADD COLUMNS", "WRITE", "WRITE"]  # column, rows, state
+        # the column, then the rows (whose state ends each partition at its newest row: no state commit)
+        assert operations(spark, table_path)[-2:] == ["ADD COLUMNS", "WRITE"]
         frame = spark.read.format("delta").load(table_path)
         assert frame.schema["data"].dataType.simpleString() == "variant"
         assert frame.where(older).where("data IS NOT NULL").count() == 0  # the rows loaded before: NULL

@@ -141,7 +141,12 @@ def test_method1_split_children_after_parent_is_drained(spark, harness):
     history = list(reversed(read_history(harness.table, limit=None).states))
     drained_at = next(h.delta_version for h in history if h.state.get(0) and h.state.get(0).drained)
     for child in children:
-        first = next(h.delta_version for h in history if h.state.get(child) and h.state.get(child).position > 0)
+        # the first commit that read the child: a rows commit naming it pending, or one moving it
+        first = next(
+            h.delta_version
+            for h in history
+            if child in h.pending or (h.state.get(child) and h.state.get(child).position > 0)
+        )
         assert drained_at < first, "a method-1 child was loaded before its parent was drained"
 
 
