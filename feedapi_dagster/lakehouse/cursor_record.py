@@ -259,8 +259,9 @@ def _with_pending_rows(
     Spark where delta-rs cannot (storage only the cluster reaches, a reader feature delta-rs lacks). The
     newest rows of a partition are its newest rows of the commit: its rows before lie before its start."""
     assert rows_commit.delta_version is not None and rows_commit.rows_version is not None  # a commit's
-    last_rows = None
-    if log is not None:
+    key = (path, rows_commit.delta_version, rows_commit.load_id)
+    last_rows = _RESOLVED.get(key)
+    if last_rows is None and log is not None:
         rows = log.rows_added_by(rows_commit.delta_version, list(_NEWEST_ROW_COLUMNS))
         if rows is None:
             rows = _partitions_rows(log, rows_commit.rows_version, rows_commit.pending)
@@ -274,6 +275,9 @@ def _with_pending_rows(
     if last_rows is None:
         assert table is not None  # raised above otherwise
         last_rows = table.last_rows(rows_commit.rows_version, rows_commit.pending)
+    _RESOLVED[key] = last_rows
+    while len(_RESOLVED) > _RESOLVED_KEPT:
+        del _RESOLVED[next(iter(_RESOLVED))]
     state = rows_commit.state
     updates = {}
     for pid in rows_commit.pending:
@@ -295,6 +299,11 @@ def _with_pending_rows(
 
 # a row's columns that say where its partition resumes after it
 _NEWEST_ROW_COLUMNS = (PARTITION_COLUMN, "position", "cursor")
+# The newest rows of the rows commits resolved in this process (a load reads its own commit's again,
+# to plan its next wave and for its materializations; a sensor at each tick), by table, version and
+# the commit's load id (a table removed and made again reuses versions): a commit's rows never change.
+_RESOLVED: dict[tuple[str, int, str | None], dict[int, tuple[int, str]]] = {}
+_RESOLVED_KEPT = 64
 
 
 def _partitions_rows(log: DeltaLog, version: int, partitions: tuple[int, ...]) -> pa.Table | None:
@@ -310,18 +319,17 @@ def _partitions_rows(log: DeltaLog, version: int, partitions: tuple[int, ...]) -
 
 
 def _newest_rows(rows: pa.Table) -> dict[int, tuple[int, str]]:
-    """Each partition's newest row among `rows` (`_NEWEST_ROW_COLUMNS`): its position and its page's cursor."""
-    newest = (
-        rows.sort_by("position")
-        .group_by(PARTITION_COLUMN, use_threads=False)  # in order: `last` is the newest row's cursor
-        .aggregate([("position", "max"), ("cursor", "last")])
-        .to_pydict()
-    )
+    """Each partition's newest row among `rows` (`_NEWEST_ROW_COLUMNS`): its position and its page's cursor.
+    The highest positions first, then their rows by a hash join (a sort of millions of rows costs ten
+    times as much: `benchmarks/README.md`)."""
+    import pyarrow as pa
+
+    maxima = rows.select([PARTITION_COLUMN, "position"]).group_by(PARTITION_COLUMN).aggregate([("position", "max")])
+    highest = pa.table({PARTITION_COLUMN: maxima[PARTITION_COLUMN], "position": maxima["position_max"]})
+    newest = rows.join(highest, keys=[PARTITION_COLUMN, "position"], join_type="inner").to_pydict()
     return {
         int(pid): (position, cursor)
-        for pid, position, cursor in zip(
-            newest[PARTITION_COLUMN], newest["position_max"], newest["cursor_last"], strict=True
-        )
+        for pid, position, cursor in zip(newest[PARTITION_COLUMN], newest["position"], newest["cursor"], strict=True)
     }
 
 
