@@ -9,7 +9,7 @@ page's cursor and its position, so the rows themselves hold each partition's res
 A load whose rows are written by the same Spark job that reads them (`commit.py`) cannot know where
 its partitions stop before Delta commits the rows: that commit (the **rows commit**) carries the
 state the load started from and names its partitions as `pending`. Each pending partition resumes
-after its newest row in that commit (read from the commit's own data files, `DeltaLog.rows_added_by`:
+after its newest row in that commit (read from the commit's own data files, `DeltaLog.added_files`:
 milliseconds) or, with no row past its start, from its start. Where that is where the read ended
 (the usual case: the read stopped after a page of events), the rows commit is the load's only commit.
 Where the rows cannot say it (the read moved the cursor past its last row over pages without events,
@@ -44,8 +44,9 @@ loads that read the same version only one commits, and the other re-reads the st
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
@@ -259,13 +260,15 @@ def _with_pending_rows(
     Spark where delta-rs cannot (storage only the cluster reaches, a reader feature delta-rs lacks). The
     newest rows of a partition are its newest rows of the commit: its rows before lie before its start."""
     assert rows_commit.delta_version is not None and rows_commit.rows_version is not None  # a commit's
+    rows_version = rows_commit.rows_version
     key = (path, rows_commit.delta_version, rows_commit.load_id)
     last_rows = _RESOLVED.get(key)
     if last_rows is None and log is not None:
-        rows = log.rows_added_by(rows_commit.delta_version, list(_NEWEST_ROW_COLUMNS))
-        if rows is None:
-            rows = _partitions_rows(log, rows_commit.rows_version, rows_commit.pending)
-        last_rows = _newest_rows(rows) if rows is not None and not rows.column("position").null_count else None
+        added = log.added_files(rows_commit.delta_version)
+        rows = _read_rows(log, lambda: log.snapshot(), paths=added) if added is not None else None
+        if rows is None:  # its files rewritten since (OPTIMIZE): the same rows, those of its partitions then
+            rows = _read_rows(log, lambda: log.snapshot_at(rows_version), wanted=set(rows_commit.pending))
+        last_rows = _newest_rows(rows) if rows is not None else None
     if last_rows is None and table is None:
         raise RecoveryNeedsSpark(
             f"the newest feed state in the Delta log of {path} is a load's rows commit: its partitions' ends "
@@ -306,16 +309,16 @@ _RESOLVED: dict[tuple[str, int, str | None], dict[int, tuple[int, str]]] = {}
 _RESOLVED_KEPT = 64
 
 
-def _partitions_rows(log: DeltaLog, version: int, partitions: tuple[int, ...]) -> pa.Table | None:
-    """The rows of `partitions` at `version` (`_NEWEST_ROW_COLUMNS`), read by delta-rs; None where it
-    cannot read them."""
+def _read_rows(
+    log: DeltaLog, snapshot: Callable[[], Any], *, paths: set[str] | None = None, wanted: set[int] | None = None
+) -> pa.Table | None:
+    """`_NEWEST_ROW_COLUMNS` of the rows of the data files `paths` or of the partitions `wanted`, in
+    `snapshot()`, read by delta-rs (`DeltaLog.partition_columns`); None where it cannot read them."""
     try:
-        snapshot = log.snapshot_at(version)
-        if snapshot.metadata().configuration.get("delta.columnMapping.mode", "none") != "none":
-            return None  # the files' columns have physical names: Arrow would read the logical ones as nulls
-        return log.partition_columns(snapshot, wanted=set(partitions), columns=_NEWEST_ROW_COLUMNS)
+        rows = log.partition_columns(snapshot(), paths=paths, wanted=wanted, columns=_NEWEST_ROW_COLUMNS)
     except Exception:  # noqa: BLE001 - delta-rs (a reader feature it lacks) and the storage raise many types
         return None
+    return None if rows.column("position").null_count else rows
 
 
 def _newest_rows(rows: pa.Table) -> dict[int, tuple[int, str]]:

@@ -139,16 +139,24 @@ class DeltaLog:
         """The `columns` (`partition_id` among them) of the table's rows (`snapshot`: of a version), read
         by delta-rs in this process: of the data files `paths` only, or of the files whose statistics
         (min/max `partition_id`) admit one of the `wanted` partitions, and then of those partitions'
-        rows only. Raises where delta-rs cannot read the data (deletion vectors, column mapping)."""
+        rows only. Raises where delta-rs cannot read the data (deletion vectors, column mapping) and
+        where one of `paths` is not a file of the snapshot (rewritten by a later commit)."""
+        import urllib.parse
+
         import pyarrow.compute as pc
         import pyarrow.dataset as ds
 
         snapshot = snapshot or self.snapshot()
+        if snapshot.metadata().configuration.get("delta.columnMapping.mode", "none") != "none":
+            # the files' columns have physical names: Arrow would read the logical ones as nulls
+            raise StorageError(f"the Delta table {self.path} uses column mapping: its files are read by Spark")
         if wanted is not None and paths is None:
             paths = _files_admitting(snapshot, wanted)
         dataset = snapshot.to_pyarrow_dataset()
         if paths is not None:
-            fragments = [fragment for fragment in dataset.get_fragments() if fragment.path in paths]
+            fragments = [f for f in dataset.get_fragments() if urllib.parse.unquote(f.path) in paths]
+            if len(fragments) != len(paths):
+                raise StorageError(f"{len(paths) - len(fragments)} of the files asked for are not in {self.path} now")
             dataset = ds.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
         rows = dataset.to_table(columns=list(columns))
         if wanted is not None:
@@ -163,35 +171,22 @@ class DeltaLog:
             rows = rows.filter(pc.is_in(keys, value_set=value_set))
         return rows
 
-    def rows_added_by(self, version: int, columns: list[str]) -> pa.Table | None:
-        """The `columns` of the rows the commit at `version` added, read by delta-rs from that commit's
-        own data files (milliseconds: the table's other files are not opened). None where they cannot
-        be read so: the commit's file left the log (Delta's log cleanup), one of its data files is no
-        longer in the table (OPTIMIZE, a DELETE or a rebuild rewrote it), or delta-rs cannot read them.
+    def added_files(self, version: int) -> set[str] | None:
+        """The data files the commit at `version` added (paths as the table's dataset names them); None
+        where its commit file left the log (Delta's log cleanup) or cannot be read.
 
         delta-rs has no public call for one commit's actions: the commit file (`_delta_log/<version>.json`,
-        the Delta protocol's) is read through the table's own file system, the one its dataset reads."""
+        the Delta protocol's) is read through the file system the table's dataset reads with."""
         import json
         import urllib.parse
 
-        import pyarrow.dataset as ds
-
-        snapshot = self.snapshot()
-        if snapshot.metadata().configuration.get("delta.columnMapping.mode", "none") != "none":
-            return None  # the files' columns have physical names: Arrow would read the logical ones as nulls
         try:
-            dataset = snapshot.to_pyarrow_dataset()
-            with dataset.filesystem.open_input_stream(f"_delta_log/{version:020d}.json") as commit_file:
+            filesystem = self.snapshot().to_pyarrow_dataset().filesystem
+            with filesystem.open_input_stream(f"_delta_log/{version:020d}.json") as commit_file:
                 actions = [json.loads(line) for line in commit_file.read().decode().splitlines() if line.strip()]
-            added = {urllib.parse.unquote(a["add"]["path"]) for a in actions if "add" in a}
-            fragments = [f for f in dataset.get_fragments() if urllib.parse.unquote(f.path) in added]
-            if len(fragments) != len(added):
-                return None
-            return ds.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem).to_table(
-                columns=columns
-            )
-        except Exception:  # noqa: BLE001 - delta-rs (a reader feature it lacks), Arrow and the storage raise many types
+        except Exception:  # noqa: BLE001 - delta-rs (a reader feature it lacks) and the storage raise many types
             return None
+        return {urllib.parse.unquote(action["add"]["path"]) for action in actions if "add" in action}
 
     def history(self, limit: int | None) -> list[HistoryEntry]:
         """The table's commits, newest first (`limit`: the newest ones only)."""
