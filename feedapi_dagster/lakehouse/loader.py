@@ -106,14 +106,15 @@ class FeedLoader:
     # ------------------------------------------------------------------ entry points
     def load(
         self,
-        partitions: Iterable[int],
+        partitions: Iterable[int] | None,
         *,
         rebuild: Iterable[int] = (),
         drop: Iterable[int] = (),
         rebuild_closed: bool = False,
     ) -> LoadOutcome:
+        """Bring `partitions` (None: every partition the feed's discovery lists) up to date (`_load_all`)."""
         with self._reading():
-            return self._load_all(list(partitions), rebuild, drop, rebuild_closed)
+            return self._load_all(None if partitions is None else list(partitions), rebuild, drop, rebuild_closed)
 
     def sync(self, partition_ids: Iterable[int] | None = None) -> dict[int, PartitionReport]:
         with self._reading():
@@ -124,13 +125,14 @@ class FeedLoader:
             return self._rebuild(partition_ids, drop)
 
     def _load_all(
-        self, partitions: list[int], rebuild: Iterable[int], drop: Iterable[int], rebuild_closed: bool
+        self, partitions: list[int] | None, rebuild: Iterable[int], drop: Iterable[int], rebuild_closed: bool
     ) -> LoadOutcome:
         """Bring `partitions` up to date: `rebuild` ones (and, with `rebuild_closed`, the closed ones
         among them: a backfill of a closed partition) from `_first` with their rows replaced, together
         with the rows of `drop`; the others from their cursors of record."""
         info = self.client.info
-        partitions = list(partitions)
+        if partitions is None:
+            partitions = [p.id for p in info.partitions]
         rebuilt = set(rebuild)
         if rebuild_closed:
             rebuilt |= {pid for pid in partitions if (p := info.partition(pid)) is not None and p.closed}

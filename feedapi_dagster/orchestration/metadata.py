@@ -224,6 +224,14 @@ def materializations(
     ]
 
 
+def add_unknown_partitions(instance: dg.DagsterInstance, binding: FeedBinding, partition_ids: Iterable[int]) -> None:
+    """Add to the asset's dynamic partitions those of `partition_ids` it does not have yet (partitions a
+    stream found before the discovery sensor did): their materializations need keys."""
+    known = set(instance.get_dynamic_partitions(binding.partitions_name))
+    if new := sorted(str(pid) for pid in partition_ids if str(pid) not in known):
+        instance.add_dynamic_partitions(binding.partitions_name, new)
+
+
 def materialization(binding: FeedBinding, partition_key: str, metadata: PartitionMetadata) -> dg.AssetMaterialization:
     return dg.AssetMaterialization(binding.key, partition=partition_key, metadata=metadata.metadata())
 

@@ -31,8 +31,10 @@ from .loads import (
 )
 from .metadata import (
     PartitionMetadata,
+    add_unknown_partitions,
     maintenance_observation,
     materialization,
+    materializations,
     materialized_reports,
     mirror_repairs,
     payload_warnings,
@@ -207,11 +209,15 @@ class FeedApiResource(dg.ConfigurableResource):
         return wanted
 
     def _load_partitions(
-        self, context: dg.AssetExecutionContext, binding: FeedBinding, config: LoadConfig, wanted: list[int]
+        self,
+        context: dg.AssetExecutionContext | dg.OpExecutionContext,
+        binding: FeedBinding,
+        config: LoadConfig,
+        wanted: list[int] | None,
     ) -> LoadOutcome:
-        """The load of `wanted` into the feed's table, by the feed's loader; each partition it could not
-        load in the run's log."""
-        rebuild = set(config.rebuild) | (set(wanted) if context.run.tags.get(REBUILD_TAG) == "true" else set())
+        """The load of `wanted` (None: every partition of the feed) into the feed's table, by the feed's
+        loader; each partition it could not load in the run's log."""
+        rebuild = set(config.rebuild) | (set(wanted or ()) if context.run.tags.get(REBUILD_TAG) == "true" else set())
         table = self.table(binding)
         with failing_clearly(binding.name, "the load"):  # its token, its discovery
             loader = FeedLoader.into(
@@ -287,14 +293,41 @@ class FeedApiResource(dg.ConfigurableResource):
 
     def stream(
         self, context: dg.OpExecutionContext, binding: FeedBinding, config: StreamConfig | None = None
-    ) -> Iterator[dg.AssetMaterialization]:
-        """Run the feed as a Structured Streaming query for the run (`streams.py`): the materializations
-        of the partitions each micro-batch's commit moved, as they land."""
+    ) -> Iterator[dg.AssetMaterialization | dg.AssetObservation]:
+        """Run the feed as a Structured Streaming query for the run (`streams.py`), after its backlog's
+        batch load (`catch_up`): the materializations of the partitions each commit moved, as they land."""
+        config = config or StreamConfig()
         with signs_of_life(context, binding):
+            if config.catch_up:
+                yield from self._catch_up(context, binding)
+                if config.trigger == "available_now":  # what the feed held is in the table: nothing is left
+                    return
             # the stream's sink ensures the table, under the stream's watchdog (`stream_run`)
-            yield from stream_run(
-                context, self.table(binding), binding, config or StreamConfig(), self._ships_package()
-            )
+            yield from stream_run(context, self.table(binding), binding, config, self._ships_package())
+
+    def _catch_up(
+        self, context: dg.OpExecutionContext, binding: FeedBinding
+    ) -> Iterator[dg.AssetMaterialization | dg.AssetObservation]:
+        """The stream's backlog (every partition of the feed, from its cursor of record to where the feed is
+        now) read and committed by a batch load: one Spark job and one commit, where micro-batches pay a
+        query's start, a `foreachBatch` per micro-batch and its end (benchmarks/README.md, issue #38). The
+        query then starts from the cursor of record this commit left; both keep the same one. The
+        materializations of the partitions it moved, its observation; a `dg.Failure` naming the partitions
+        it could not load (the query does not start)."""
+        outcome = self._load_partitions(context, binding, LoadConfig(), None)
+        loaded = [r for r in outcome.reports.values() if r.status is LoadStatus.LOADED and r.delta_version is not None]
+        context.log.info(
+            "feed %s: caught up by a batch load: %d events of partitions %s (Delta version %s)",
+            binding.name,
+            sum(r.events for r in loaded),
+            [r.partition_id for r in loaded],
+            outcome.committed.delta_version,
+        )
+        add_unknown_partitions(context.instance, binding, [r.partition_id for r in loaded])
+        yield from materializations(binding, loaded, outcome)
+        yield sync_observation(binding, outcome, context.log)
+        if problem := failure(binding, outcome.reports.values()):
+            raise problem
 
     def maintain(self, context: dg.OpExecutionContext, binding: FeedBinding) -> dg.AssetObservation:
         """OPTIMIZE and VACUUM of the feed's table; the observation of what they did, for the asset's page."""

@@ -1,5 +1,7 @@
 """A feed run as a stream from Dagster: the job `feedapi_<feed>_stream`, one op that runs the feed's
-Structured Streaming query (`lakehouse.feed_stream.FeedStream`) for the run.
+Structured Streaming query (`lakehouse.feed_stream.FeedStream`) for the run. With `catch_up` (the
+default), `FeedApiResource.stream` first reads the feed's backlog by a batch load and the query starts
+from the cursor of record it committed (with `available_now`, that load is the whole run).
 
 * `trigger: available_now` (the default): the query reads what the feed holds now, in micro-batches,
   and the run ends. The feed's schedule runs it once per tick when `schedule.mode` is `stream`.
@@ -37,7 +39,7 @@ from feedapi_dagster.spark.failures import python_cause
 from feedapi_dagster.spark.watchdog import answering
 
 from .loads import FeedBinding, failing_clearly
-from .metadata import materializations, payload_warnings
+from .metadata import add_unknown_partitions, materializations, payload_warnings
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
@@ -62,6 +64,11 @@ class StreamConfig(dg.Config):
         default=3600.0, gt=0, description="available_now: fail the run when the catch-up has not ended by then"
     )
     max_events_per_trigger: int | None = Field(default=None, ge=1, description="events per micro-batch at most")
+    catch_up: bool = Field(
+        default=True,
+        description="read the feed's backlog by a batch load first (one Spark job and one commit, faster than "
+        "micro-batches), then start the query from there; with available_now that load is the whole run",
+    )
 
     def spark_trigger(self) -> dict[str, bool | str]:
         if self.trigger == "available_now":
@@ -193,10 +200,7 @@ class _Progress:
             sorted(reports),
             now.delta_version,
         )
-        known = set(self.context.instance.get_dynamic_partitions(self.binding.partitions_name))
-        if new := sorted(str(pid) for pid in reports if str(pid) not in known):
-            # partitions the stream found before the discovery sensor did: their materializations need keys
-            self.context.instance.add_dynamic_partitions(self.binding.partitions_name, new)
+        add_unknown_partitions(self.context.instance, self.binding, reports)
         outcome = LoadOutcome(reports, self.info, self.table, now)
         yield from materializations(self.binding, [*reports.values()], outcome)
 

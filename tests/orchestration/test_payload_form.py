@@ -75,7 +75,7 @@ def test_a_variant_feed_through_batch_loads_and_the_stream_job_parses_every_payl
     # the feed's stream job: its micro-batches commit through the same write
     harness.feed.append(40)
     unparseable += add_odd_events(harness.feed, partition=1, tag="-stream")
-    run = stream(harness)
+    run = stream(harness, catch_up=False)  # micro-batches
     assert run.success and materialized(run)
     assert_exactly_once(spark, harness, [0, 1])
     assert assert_data_is_the_payload(spark, harness.table, unparseable) == 150 + 10 + 10 + 40 + 10

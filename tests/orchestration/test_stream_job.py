@@ -1,6 +1,7 @@
 """A feed run as a stream from Dagster (`feedapi_<feed>_stream`), and switched between batch loads and
 streams: one cursor of record, every event once, the materializations mirroring the table's cursors."""
 
+import re
 import threading
 
 import dagster as dg
@@ -46,7 +47,7 @@ def test_a_feed_switched_between_batch_loads_and_streams_lands_every_event_once(
     harness.tick_sensor()
     load(harness)  # batch
     harness.feed.append(90)
-    run = stream(harness)  # availableNow, from the batch load's cursors
+    run = stream(harness, catch_up=False)  # availableNow micro-batches, from the batch load's cursors
     assert run.success
     state = read_committed_state(harness.log).state
     done = materialized(run)
@@ -61,7 +62,7 @@ def test_a_feed_switched_between_batch_loads_and_streams_lands_every_event_once(
     harness.feed.close(1)
     load(harness)  # batch again, from the stream's cursors
     assert_exactly_once(spark, harness, [0, 1, 2])
-    assert stream(harness).success  # nothing new: no micro-batch, nothing materialized
+    assert stream(harness, catch_up=False).success  # nothing new: no micro-batch, nothing materialized
     assert materialized(harness.runs[-1]) == {}
 
     logs = run_log(harness, harness.runs[-1])
@@ -95,13 +96,57 @@ def test_a_processing_time_stream_picks_up_events_as_they_are_published(spark, h
 def test_a_failing_stream_fails_its_run_clearly_and_the_next_run_continues(spark, harness):
     harness.tick_sensor()
     harness.server.faults = Faults(1.0, kinds=("500",), retry_after=0)  # every fetch fails
-    run = stream(harness, raise_on_error=False)
+    run = stream(harness, raise_on_error=False, catch_up=False)
     assert not run.success
     failure = run.failure_data_for_node(f"feedapi_{harness.name}_stream_op")
     assert failure is not None and failure.error is not None
     assert "the stream failed" in failure.error.message and "500" in failure.error.message
     harness.server.faults = None
     assert stream(harness).success
+    assert_exactly_once(spark, harness, [0, 1, 2])
+
+
+def test_the_stream_job_catches_up_by_a_batch_load_then_streams_from_the_cursor_it_committed(spark, harness):
+    harness.tick_sensor()
+    harness.server.faults = Faults(1.0, kinds=("500",), retry_after=0)  # the catch-up's fetches fail
+    failed = stream(harness, raise_on_error=False, trigger="processing_time", interval_seconds=1, run_seconds=5)
+    assert not failed.success
+    error = failed.failure_data_for_node(f"feedapi_{harness.name}_stream_op").error
+    assert "could not be loaded" in error.message and "500" in error.message
+    assert not any("stream started" in m for m in run_log(harness, failed))  # no query after a failed catch-up
+    harness.server.faults = None
+
+    backlog = sum(p.position for p in read_committed_state(harness.log).state.partitions.values())
+    harness.feed.append(300)
+    stop = threading.Event()
+
+    def publish():
+        while not stop.wait(0.5):
+            harness.feed.append(10)
+
+    publisher = threading.Thread(target=publish)
+    publisher.start()
+    try:
+        run = stream(harness, trigger="processing_time", interval_seconds=1, run_seconds=10)
+    finally:
+        stop.set()
+        publisher.join()
+    assert run.success
+    logs = run_log(harness, run)
+    caught_up = next(m for m in logs if "caught up by a batch load" in m)
+    assert "partitions [0, 1, 2]" in caught_up
+    assert int(re.search(r"caught up by a batch load: (\d+) events", caught_up)[1]) >= backlog + 300
+    started = next(i for i, m in enumerate(logs) if "stream started (processing_time" in m)
+    assert logs.index(caught_up) < started  # the query starts from the commit the catch-up left
+    assert [m for m in logs[started:] if "micro-batch" in m and "ran in" in m], logs  # then micro-batches
+    before = sum(p.position for p in read_committed_state(harness.log).state.partitions.values())
+
+    harness.feed.append(30)  # and what was published after the last trigger
+    run = stream(harness)  # available_now: the catch-up is the whole run, no query
+    assert run.success
+    after = sum(p.position for p in read_committed_state(harness.log).state.partitions.values())
+    assert sum(m["events"] for m in materialized(run).values()) == after - before >= 30
+    assert not any("stream started" in m for m in run_log(harness, run))
     assert_exactly_once(spark, harness, [0, 1, 2])
 
 
