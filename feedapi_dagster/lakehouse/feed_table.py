@@ -330,6 +330,9 @@ class FeedTable:
             frame = written.counts.observe(typed.frame, rescued=True).drop(DATA_COLUMN)
             evolves = typed.plan.changes_schema
             self.written_columns = typed.plan.columns
+        # the txn version is the commit's optimistic lock (`DeltaSink.commit`); Delta 4.4 answers "which
+        # versions has this app committed" by reconstructing the snapshot's state (a Spark job, 0.5-0.6 s
+        # a commit on this machine, whatever the rows: issue #38's notes), the price of that lock
         writer = (
             frame.write.format("delta")
             .option("txnAppId", TXN_APP_ID)
