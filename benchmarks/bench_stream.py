@@ -18,8 +18,10 @@ In order (benchmarks/README.md says what each line measures):
    `--partitions` x `--events`) read from `_first` by the batch load (`FeedLoader(...).sync()`) into
    one Delta table and by `spark.readStream.format("feedapi")` + `stream_to_delta(...)` with
    `trigger(availableNow=True)` into another (and, with `--max-events-per-trigger`, a third, the same
-   stream in micro-batches of at most that many events), and by `FeedStream(...).start({"availableNow":
-   True})` into a last one, as the Dagster stream job runs it. Each table is created untimed first (the
+   stream in micro-batches of at most that many events), by `FeedStream(...).start({"availableNow":
+   True})` into another, the query the Dagster stream job runs (with `catch_up: false`, or after its
+   catch-up), and by `FeedLoader.into(...).load(None)` into a last one, the stream job's catch-up (its
+   default: the backlog read by a batch load). Each table is created untimed first (the
    same `FeedTable.ensure_table` every mode runs). A warm-up round (printed, not counted) and then
    `--repeat` rounds, the order of the modes alternated from round to round; each table's rows
    checked against the feed's event count, and once the tables compared row for row;
@@ -62,7 +64,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -74,6 +76,7 @@ from procstat import find_free_port, release_spark_port, stop_process
 
 from feedapi_dagster.lakehouse.feed_stream import FeedStream, stream_to_delta
 from feedapi_dagster.lakehouse.feed_table import FeedTable
+from feedapi_dagster.lakehouse.load_settings import LoadSettings
 from feedapi_dagster.lakehouse.loader import FeedLoader
 from feedapi_dagster.lakehouse.sink import DeltaSink
 from feedapi_dagster.protocol import FeedSettings, feed_settings
@@ -84,10 +87,12 @@ from feedapi_dagster.spark.embedded import ensure_embedded_server
 from feedapi_dagster.spark.sessions import spark_session
 from feedapi_dagster.spark.settings import SparkSettings
 
-# the modes: the batch load, Delta's streaming sink (`stream_to_delta`), and the stream a Dagster stream
-# run runs (`FeedStream`: each micro-batch's rows and the cursor of record in one commit, `foreachBatch`)
-BATCH, STREAM, FEED_STREAM = "batch", "stream", "feedstream"
+# the modes: the batch load, Delta's streaming sink (`stream_to_delta`), the stream a Dagster stream
+# run runs (`FeedStream`: each micro-batch's rows and the cursor of record in one commit, `foreachBatch`),
+# and the Dagster stream job's catch-up (`catch_up`, its default: a batch load of every partition first)
+BATCH, STREAM, FEED_STREAM, JOB_CATCH_UP = "batch", "stream", "feedstream", "jobcatchup"
 FEED_STREAM_MODE = "stream as Dagster runs it (FeedStream: foreachBatch + cursor of record)"
+JOB_CATCH_UP_MODE = "the stream job's catch-up (catch_up: FeedLoader.load of every partition)"
 
 # the micro-batches' timings kept by Spark per query (default 100): the latency run may have more
 PROGRESS_KEPT = "10000"
@@ -158,19 +163,44 @@ def created_table(spark, path: str) -> float:
 def batch_load(spark, feed: FeedSettings, path: str, events: int) -> Load:
     """The feed read by the batch load (`FeedLoader.sync`: one Spark job reads and writes the rows,
     then the cursors' commit), timed from the loader's construction to the sync's return."""
+    return logged_load(
+        spark,
+        path,
+        events,
+        "batch load (FeedLoader.sync)",
+        lambda logger: FeedLoader(feed, DeltaSink(FeedTable(spark, path)), logger=logger).sync(),
+    )
+
+
+def job_catch_up(spark, feed: FeedSettings, path: str, events: int) -> Load:
+    """The feed read as the Dagster stream job reads a backlog (`catch_up`, `FeedApiResource._catch_up`):
+    `FeedLoader.into(...).load(None)`, every partition the discovery lists, timed from the loader's
+    construction to the load's return (its outcome's cursor of record read included)."""
+    return logged_load(
+        spark,
+        path,
+        events,
+        JOB_CATCH_UP_MODE,
+        lambda logger: FeedLoader.into(
+            FeedTable(spark, path), feed, LoadSettings(), run_id="bench-stream-job", logger=logger
+        ).load(None),
+    )
+
+
+def logged_load(spark, path: str, events: int, mode: str, load: Callable[[logging.Logger], object]) -> Load:
+    """`load(logger)` into a new table at `path`, timed, with the lines it logged."""
     table_seconds = created_table(spark, path)
-    logger = logging.getLogger("bench_stream.batch")
+    logger = logging.getLogger(f"bench_stream.{mode}")
     logger.propagate = False
     logger.setLevel(logging.INFO)
     started = time.perf_counter()
     lines = _Lines(started)
     logger.addHandler(lines)
     try:
-        FeedLoader(feed, DeltaSink(FeedTable(spark, path)), logger=logger).sync()
+        load(logger)
     finally:
         logger.removeHandler(lines)
-    seconds = time.perf_counter() - started
-    return Load("batch load (FeedLoader.sync)", seconds, events, table_seconds, lines.lines)
+    return Load(mode, time.perf_counter() - started, events, table_seconds, lines.lines)
 
 
 def stream_reader(spark, feed: FeedSettings, max_events_per_trigger: int | None = None):
@@ -296,7 +326,7 @@ def catch_up(spark, feed: FeedSettings, work: Path, args: argparse.Namespace) ->
     modes: list[tuple[str, int | None]] = [(BATCH, None), (STREAM, None)]
     if args.max_events_per_trigger:
         modes.append((STREAM, args.max_events_per_trigger))
-    modes.append((FEED_STREAM, None))
+    modes += [(FEED_STREAM, None), (JOB_CATCH_UP, None)]
     rounds: list[list[Load]] = []
     for index in range(args.repeat + 1):
         order = modes if index % 2 == 0 else modes[::-1]
@@ -309,6 +339,8 @@ def catch_up(spark, feed: FeedSettings, work: Path, args: argparse.Namespace) ->
                 load = batch_load(spark, feed, path, events)
             elif mode == FEED_STREAM:
                 load = feed_stream_available_now(spark, feed, path, events)
+            elif mode == JOB_CATCH_UP:
+                load = job_catch_up(spark, feed, path, events)
             else:
                 load = available_now(spark, feed, path, events, limit)
             check_rows(spark, path, events)
@@ -709,7 +741,7 @@ def report(
     }
     batch = next(mode for mode in modes if mode.startswith("batch"))
     for mode in modes:
-        ratio = "" if mode == batch else f"; stream / batch **{median[mode] / median[batch]:.2f}**"
+        ratio = "" if mode == batch else f"; / batch **{median[mode] / median[batch]:.2f}**"
         if mode == FEED_STREAM_MODE:
             ratio += f", / stream availableNow {median[mode] / median['stream availableNow']:.2f}"
         print(f"  median of {len(counted)} counted round(s): {mode} {median[mode]:,.0f} events/s{ratio}")

@@ -3,6 +3,8 @@ streams: one cursor of record, every event once, the materializations mirroring 
 
 import re
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import dagster as dg
 
@@ -24,6 +26,24 @@ def stream(harness, raise_on_error=True, **config) -> dg.ExecuteInProcessResult:
     )
     harness.runs.append(result)
     return result
+
+
+@contextmanager
+def publishing(harness) -> Iterator[None]:
+    """10 events appended to the feed every 0.5 s while the block runs."""
+    stop = threading.Event()
+
+    def publish():
+        while not stop.wait(0.5):
+            harness.feed.append(10)
+
+    publisher = threading.Thread(target=publish)
+    publisher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        publisher.join()
 
 
 def load(harness) -> dg.ExecuteInProcessResult:
@@ -71,19 +91,8 @@ def test_a_feed_switched_between_batch_loads_and_streams_lands_every_event_once(
 
 def test_a_processing_time_stream_picks_up_events_as_they_are_published(spark, harness):
     harness.tick_sensor()
-    stop = threading.Event()
-
-    def publish():
-        while not stop.wait(0.5):
-            harness.feed.append(10)
-
-    publisher = threading.Thread(target=publish)
-    publisher.start()
-    try:
+    with publishing(harness):
         run = stream(harness, trigger="processing_time", interval_seconds=1, run_seconds=12)
-    finally:
-        stop.set()
-        publisher.join()
     assert run.success
     logs = run_log(harness, run)
     batches = [m for m in logs if "micro-batch" in m and "ran in" in m]
@@ -118,19 +127,8 @@ def test_the_stream_job_catches_up_by_a_batch_load_then_streams_from_the_cursor_
 
     backlog = sum(p.position for p in read_committed_state(harness.log).state.partitions.values())
     harness.feed.append(300)
-    stop = threading.Event()
-
-    def publish():
-        while not stop.wait(0.5):
-            harness.feed.append(10)
-
-    publisher = threading.Thread(target=publish)
-    publisher.start()
-    try:
+    with publishing(harness):
         run = stream(harness, trigger="processing_time", interval_seconds=1, run_seconds=10)
-    finally:
-        stop.set()
-        publisher.join()
     assert run.success
     logs = run_log(harness, run)
     caught_up = next(m for m in logs if "caught up by a batch load" in m)
