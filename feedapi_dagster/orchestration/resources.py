@@ -214,12 +214,13 @@ class FeedApiResource(dg.ConfigurableResource):
         binding: FeedBinding,
         config: LoadConfig,
         wanted: list[int] | None,
+        what: str = "the load",
     ) -> LoadOutcome:
         """The load of `wanted` (None: every partition of the feed) into the feed's table, by the feed's
-        loader; each partition it could not load in the run's log."""
+        loader; each partition it could not load in the run's log. `what`: how its failure names it."""
         rebuild = set(config.rebuild) | (set(wanted or ()) if context.run.tags.get(REBUILD_TAG) == "true" else set())
         table = self.table(binding)
-        with failing_clearly(binding.name, "the load"):  # its token, its discovery
+        with failing_clearly(binding.name, what):  # its token, its discovery
             loader = FeedLoader.into(
                 table,
                 binding.feed.settings,
@@ -314,7 +315,7 @@ class FeedApiResource(dg.ConfigurableResource):
         query then starts from the cursor of record this commit left; both keep the same one. The
         materializations of the partitions it moved, its observation; a `dg.Failure` naming the partitions
         it could not load (the query does not start)."""
-        outcome = self._load_partitions(context, binding, LoadConfig(), None)
+        outcome = self._load_partitions(context, binding, LoadConfig(), None, "the stream's catch-up")
         loaded = [r for r in outcome.reports.values() if r.status is LoadStatus.LOADED and r.delta_version is not None]
         context.log.info(
             "feed %s: caught up by a batch load: %d events of partitions %s (Delta version %s)",

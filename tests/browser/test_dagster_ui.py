@@ -283,6 +283,22 @@ def _check_the_ui(
             assert COMMUNITY_DIALOG not in body, f"a dialog covers {path}"
             return leaves, body
 
+        def log_shows(filters: list[tuple[str, str]], name: str) -> None:
+            """The open run page's log list, filtered by each query as a user looks for a line (it shows
+            its newest lines), shows the text wanted."""
+            box = driver.find_element(By.XPATH, "//*[starts-with(@placeholder, 'Filter')]")
+            for query, wanted in filters:
+                box.send_keys(Keys.CONTROL, "a")  # a React input: `clear()` leaves its state as it was
+                box.send_keys(Keys.DELETE)
+                box.send_keys(query)
+                try:
+                    WebDriverWait(driver, PAGE_TIMEOUT, poll_frequency=0.5).until(
+                        lambda drv, wanted=wanted: wanted in drv.find_element(By.TAG_NAME, "body").text
+                    )
+                except TimeoutException:
+                    driver.save_screenshot(str(tmp_path / f"{name}-filtered.png"))
+                    pytest.fail(f"the run's log did not show {wanted!r} (screenshot {name}-filtered.png)")
+
         # partitions: the discovered keys, one column in order, all materialized by the load
         leaves, body = page(
             "/assets/feedapi/orders?view=partitions", ["3 Partitions Selected"], "partitions", own=tuple(EXPECTED_KEYS)
@@ -332,33 +348,35 @@ def _check_the_ui(
         assert lines[lines.index("partitions_synced") + 1] == "3", body[:3000]
         assert lines[lines.index("partitions_with_new_events") + 1] == "0", body[:3000]
 
-        # a run of the feed's stream job (it materializes the partitions it moved): its page's log says
-        # where the stream started and what each micro-batch did
+        # the feed's stream job (it materializes the partitions it moved): by default its run reads the
+        # backlog by a batch load, and its page's log says so
         feed_server.feed.append(30)
         defs = dg.load_from_defs_folder(path_within_project=user_project)
-        stream = defs.resolve_job_def("feedapi_orders_stream").execute_in_process(instance=instance)
+        job = defs.resolve_job_def("feedapi_orders_stream")
+        caught_up = job.execute_in_process(instance=instance)
+        assert caught_up.success
+        page(f"/runs/{caught_up.run_id}", ["RUN_SUCCESS", "feedapi_orders_stream_op"], "stream-catch-up-run")
+        log_shows([("caught up", "caught up by a batch load: 30 events of partitions")], "stream-catch-up-run")
+
+        # with `catch_up: false` it runs micro-batches: its page's log says where the stream started and
+        # what each micro-batch did
+        feed_server.feed.append(30)
+        stream = job.execute_in_process(
+            instance=instance, run_config={"ops": {"feedapi_orders_stream_op": {"config": {"catch_up": False}}}}
+        )
         assert stream.success
         moved = stream.get_asset_materialization_events()
         events = sum(e.materialization.metadata["events"].value for e in moved)
         assert moved and events >= 30
         page(f"/runs/{stream.run_id}", ["RUN_SUCCESS", "feedapi_orders_stream_op"], "stream-run")
-        # the log list shows its newest lines: filter it, as a user looks for a line
-        box = driver.find_element(By.XPATH, "//*[starts-with(@placeholder, 'Filter')]")
-        for query, wanted in (
-            ("stream started", "stream started (available_now"),
-            ("micro-batch", "micro-batch 0 ran in"),
-            ("committed", f"committed {events} events of partitions"),
-        ):
-            box.send_keys(Keys.CONTROL, "a")  # a React input: `clear()` leaves its state as it was
-            box.send_keys(Keys.DELETE)
-            box.send_keys(query)
-            try:
-                WebDriverWait(driver, PAGE_TIMEOUT, poll_frequency=0.5).until(
-                    lambda drv, wanted=wanted: wanted in drv.find_element(By.TAG_NAME, "body").text
-                )
-            except TimeoutException:
-                driver.save_screenshot(str(tmp_path / "stream-run-filtered.png"))
-                pytest.fail(f"the stream run's log did not show {wanted!r} (screenshot stream-run-filtered.png)")
+        log_shows(
+            [
+                ("stream started", "stream started (available_now"),
+                ("micro-batch", "micro-batch 0 ran in"),
+                ("committed", f"committed {events} events of partitions"),
+            ],
+            "stream-run",
+        )
         print(f"webserver up after {served - started:.1f} s, pages checked after {time.monotonic() - served:.1f} s")
     finally:
         if driver is not None:

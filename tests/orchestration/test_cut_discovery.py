@@ -65,13 +65,18 @@ def test_a_cut_discovery_is_retried_and_one_clear_line_where_it_never_comes_whol
         assert data.error.cls_name == "Failure" and data.error.cause is None
         one_clear_line(data.user_failure_data.description, cut, proxy, "the load")
 
-        # the stream job: its query is not even started
+        # the stream job: neither its catch-up (the default) nor its query is even started
         job = cut.defs.resolve_job_def("feedapi_orders_stream")
-        streamed = job.execute_in_process(instance=cut.instance, raise_on_error=False)
-        assert not streamed.success
-        (failed,) = streamed.get_step_failure_events()
-        assert failed.step_failure_data.user_failure_data is not None
-        one_clear_line(failed.step_failure_data.user_failure_data.description, cut, proxy, "the stream")
+        for config, what in (({}, "the stream's catch-up"), ({"catch_up": False}, "the stream")):
+            streamed = job.execute_in_process(
+                instance=cut.instance,
+                raise_on_error=False,
+                run_config={"ops": {"feedapi_orders_stream_op": {"config": config}}},
+            )
+            assert not streamed.success
+            (failed,) = streamed.get_step_failure_events()
+            assert failed.step_failure_data.user_failure_data is not None
+            one_clear_line(failed.step_failure_data.user_failure_data.description, cut, proxy, what)
 
         # the proxy mended: the next tick recovers (the next run is a load as any: tests/orchestration/test_flow.py)
         proxy.cuts = []
