@@ -61,7 +61,10 @@ class StreamConfig(dg.Config):
         default=None, gt=0, description="processing_time: stop the stream after this long (default: when terminated)"
     )
     timeout_seconds: float = Field(
-        default=3600.0, gt=0, description="available_now: fail the run when the catch-up has not ended by then"
+        default=3600.0,
+        gt=0,
+        description="available_now micro-batches (catch_up false): fail the run when they have not ended by then "
+        "(a catch-up's batch load is bounded as a load is)",
     )
     max_events_per_trigger: int | None = Field(default=None, ge=1, description="events per micro-batch at most")
     catch_up: bool = Field(
