@@ -90,6 +90,9 @@ class ChaosRun:
         self.fault_rate = fault_rate
         self.kill_rate = kill_rate
         self._run_seconds: list[float] = []  # how long the runs not killed took, start to exit
+        # a kill drawn for runs that all ended before it came: the next launch is killed instead, so that
+        # the kills a seed draws land whatever this machine's speed
+        self._kill_owed = False
         self.tally = Tally()
         self.ancestors: dict[int, list[int]] = {}  # method-2 ancestry seen in discovery (ids are never reused)
         faults = Faults(fault_rate, seed=seed, retry_after=0)
@@ -312,7 +315,8 @@ class ChaosRun:
             )
             for spec in specs
         ]
-        kill = self.rng.random() < self.kill_rate if kill is None else kill
+        drawn = self.rng.random() < self.kill_rate if kill is None else kill
+        kill = drawn or (kill is None and self._kill_owed)
         codes = []
         if kill:
             how = self.rng.choice(["timer", "after_commit", "python_worker"])
@@ -320,7 +324,7 @@ class ChaosRun:
             if how == "python_worker":
                 self._kill_python_workers_later(processes)
             else:
-                self._kill_later(processes, how, version)
+                self._kill_owed = not self._kill_later(processes, how, version)
         try:
             for process in processes:
                 code = self._wait(process)
@@ -351,7 +355,8 @@ class ChaosRun:
                 process.wait(timeout=5)
         return code
 
-    def _kill_later(self, processes: list[subprocess.Popen], how: str, version: int | None) -> None:
+    def _kill_later(self, processes: list[subprocess.Popen], how: str, version: int | None) -> bool:
+        """Whether a run was still running when the kill came (it was killed)."""
         # a run spends its first seconds importing and connecting; kill anywhere after that, within the
         # few seconds a load of these small feeds takes on a warm server: at most 7 s, and within 90% of
         # what the runs not killed took so far (later draws would miss it)
@@ -361,9 +366,12 @@ class ChaosRun:
             if how == "after_commit" and self._table_version() != version:
                 break  # a commit just landed: the run is between its commit and its end
             time.sleep(0.05)
+        landed = False
         for process in processes:
             if process.poll() is None:
                 process.send_signal(signal.SIGKILL)
+                landed = True
+        return landed
 
     def _kill_python_workers_later(self, processes: list[subprocess.Popen]) -> None:
         """SIGKILL the Spark server's Python workers while the runs read (their tasks are retried by
