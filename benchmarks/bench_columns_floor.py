@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from feedapi_dagster.demo.feedapi.demo_feed import DemoFeed
 from feedapi_dagster.demo.feedapi.server import DemoFeedServer
@@ -46,6 +48,9 @@ from feedapi_dagster.spark.embedded import ensure_embedded_server
 from feedapi_dagster.spark.sessions import spark_session
 from feedapi_dagster.spark.settings import SparkSettings
 
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
 log = logging.getLogger("bench_columns_floor")
 PORT = 15990
 
@@ -54,16 +59,17 @@ def say(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def timed(job: Callable[[], object], repeat: int) -> list[float]:
+def timed(job: Callable[[int], object], repeat: int) -> list[float]:
+    """The seconds of each of `repeat` calls of `job`, which is given the attempt's number."""
     seconds = []
-    for _ in range(repeat):
+    for attempt in range(repeat):
         started = time.perf_counter()
-        job()
+        job(attempt)
         seconds.append(time.perf_counter() - started)
     return seconds
 
 
-def typed_rows(spark, kept, columns_table: str):
+def typed_rows(spark: SparkSession, kept: DataFrame, columns_table: str) -> DataFrame:
     """`kept` with the columns table's payload columns: one `from_json` of `payload` (a projection of its
     own, as `typed_columns` does: each row parsed once), its fields under their columns' names."""
     from pyspark.sql import functions as F
@@ -83,13 +89,21 @@ def main() -> int:
     parser.add_argument("--page-size", type=int, default=5_000)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    from pyspark import StorageLevel
-
     work = Path(tempfile.mkdtemp(prefix="bench-columns-floor-"))
     if port_open(PORT):
         raise SystemExit(f"port {PORT} is taken")
     say(f"work dir {work}; starting the Spark Connect server on port {PORT}")
-    ensure_embedded_server(PORT, work_dir=work / "spark")
+    try:
+        with ensure_embedded_server(PORT, work_dir=work / "spark"):  # stopped on the way out
+            return measure(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(args: argparse.Namespace, work: Path) -> int:
+    """The loads, then the floors, on the server started on `PORT`; prints them."""
+    from pyspark import StorageLevel
+
     spark = spark_session(SparkSettings(mode="embedded", port=PORT))
     feed = DemoFeed(partitions=args.partitions, events=args.events)
     loads: dict[str, list[float]] = {"json": [], "columns": []}
@@ -119,8 +133,7 @@ def main() -> int:
     }
     found: dict[str, float] = {}
     for name, job in floors.items():
-        counter = iter(range(10_000))
-        seconds = timed(lambda job=job, counter=counter: job(next(counter)), args.repeat + 1)[1:]
+        seconds = timed(job, args.repeat + 1)[1:]  # the first pays its JIT: not counted
         found[name] = statistics.median(seconds)
         say(f"{name}: {' / '.join(f'{s:.2f}' for s in seconds)} s")
     json_load, columns_load = statistics.median(loads["json"]), statistics.median(loads["columns"])
