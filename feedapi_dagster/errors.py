@@ -13,6 +13,7 @@ subclass for one kind of failure.
     │   ├── CommitExhausted      Delta's optimistic commit lost every retry to other writers
     │   ├── PartitionConflict    another load committed a partition first (`partition_id`)
     │   ├── KeptReadLost         the read Spark kept was lost before its write: nothing committed
+    │   ├── RunGone              a stream's run stopped renewing its lease: its micro-batch committed nothing
     │   ├── PayloadSchemaFrozen  a key the frozen schema of a columns table has no column for: nothing committed
     │   └── RebuildAbandoned     a rebuild stopped before its atomic replace: nothing was replaced
     └── SparkError               Spark could not be started, reached or set up
@@ -101,6 +102,15 @@ class PartitionConflict(LoadError):
     def __init__(self, message: str, *, partition_id: int):
         super().__init__(message)
         self.partition_id = partition_id
+
+
+class RunGone(LoadError):
+    """A stream's micro-batch found that the run driving its query is gone (its lease expired,
+    `lakehouse.stream_lease`): it committed nothing, and the query stops."""
+
+    def __init__(self, message: str, *, run_id: str):
+        super().__init__(message)
+        self.run_id = run_id
 
 
 class KeptReadLost(LoadError):

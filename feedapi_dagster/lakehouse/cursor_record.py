@@ -151,6 +151,21 @@ def replaced_partitions(user_metadata: str | None) -> tuple[int, ...] | None:
         return None
 
 
+def commits_of_run_after(table: FeedTable | DeltaLog, run_id: str, after: float, limit: int = RECENT_HISTORY) -> int:
+    """How many of the table's newest `limit` commits the run `run_id` made later than `after` (a Unix
+    time): what a stream's query committed after its run was gone."""
+    count = 0
+    for entry in table.history(limit):
+        if entry.timestamp is not None and entry.timestamp <= after:
+            break  # newest first
+        try:
+            body = json.loads(entry.user_metadata or "")[METADATA_KEY]
+        except (ValueError, TypeError, KeyError):
+            continue
+        count += isinstance(body, dict) and body.get("run_id") == run_id
+    return count
+
+
 def decode(user_metadata: str | None, version: int) -> tuple[FeedState, str, tuple[int, ...]] | None:
     """The state a commit's user metadata carries; None when it carries none (others' commits)."""
     if not user_metadata:

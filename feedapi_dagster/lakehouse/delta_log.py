@@ -59,6 +59,7 @@ class HistoryEntry:
     user_metadata: str | None
     metrics: Mapping[str, str] = field(default_factory=dict, compare=False)
     parameters: Mapping[str, str] = field(default_factory=dict, compare=False)
+    timestamp: float | None = field(default=None, compare=False)  # the commit's time (Unix seconds)
 
     @property
     def restored_version(self) -> int | None:
@@ -197,6 +198,7 @@ class DeltaLog:
                 h.get("userMetadata"),
                 as_strings(h.get("operationMetrics")),
                 as_strings(h.get("operationParameters")),
+                h["timestamp"] / 1000 if h.get("timestamp") is not None else None,
             )
             for h in numbered_history(self.snapshot(), limit)
         ]

@@ -36,6 +36,7 @@ from feedapi_dagster.lakehouse.cursor_record import CommittedState
 from feedapi_dagster.lakehouse.feed_table import FeedTable, local_path
 from feedapi_dagster.lakehouse.payload_form import DATA_COLUMN, data_column
 from feedapi_dagster.lakehouse.sink import DeltaSink, partition_conflict
+from feedapi_dagster.lakehouse.stream_lease import LeaseCheck, LeaseRenewal, query_name, stop_queries_of_gone_runs
 from feedapi_dagster.planning import PartitionState
 from feedapi_dagster.planning.payload_columns import ColumnsSettings
 from feedapi_dagster.protocol import FeedClient, FeedInfo, FeedSettings
@@ -81,6 +82,7 @@ class FeedStream:
         self.on_moment = on_moment
         self.info: FeedInfo | None = None  # the discovery of the last `start`
         self.started_from: CommittedState | None = None  # the cursor of record it started from
+        self._lease = LeaseRenewal(table.spark, run_id)
         register_feed_source(table.spark, ship=ship_package, protocol=self.feed.protocol)
 
     def start(self, trigger: dict[str, Any]) -> StreamingQuery:
@@ -92,13 +94,9 @@ class FeedStream:
             if self.table.form == "columns":
                 self.table.declare(client.declared_columns())
         spark = self.table.spark
-        name = f"feedapi {self.table.path}"  # one query per table: Spark refuses a second of the same name
-        for running in spark.streams.active:
-            if running.name == name:
-                # a query on a Spark Connect server outlives the client that started it (a killed run):
-                # its run is gone (one stream or load of a feed at a time), so is its purpose
-                log.warning("stopping the query %s (%s) an earlier run left running", name, running.id)
-                running.stop()
+        # a query on a Spark Connect server outlives the client that started it (a killed run): one
+        # whose run is gone has no purpose left
+        stop_queries_of_gone_runs(spark, self.table.path, self.run_id)
         self.started_from = self.sink.committed_state(refresh=True)
         start = StreamOffset.of_state(self.started_from.state)  # the partitions' cursors of record
         options = FeedSourceOptions(self.feed, checkpoint_rows=True).spark_options()
@@ -107,17 +105,28 @@ class FeedStream:
             options[MAX_EVENTS_PER_TRIGGER] = str(self.max_events_per_trigger)
         events = spark.readStream.format(SOURCE_NAME).options(**options).load()
         commit = MicroBatchCommit(self.table.path, self.run_id, self.info, self.on_moment, self.table.columns)
-        return (
-            events.writeStream.foreachBatch(commit)
-            .option("checkpointLocation", self.checkpoint)
-            .queryName(name)
-            .trigger(**trigger)
-            .start()
-        )
+        self._lease.start()
+        try:
+            query = (
+                events.writeStream.foreachBatch(commit)
+                .option("checkpointLocation", self.checkpoint)
+                .queryName(query_name(self.table.path, self.run_id))
+                .trigger(**trigger)
+                .start()
+            )
+        except BaseException:
+            self._lease.end()
+            raise
+        self._lease.query = query
+        return query
 
-    def remove_checkpoint(self) -> None:
-        """Remove the query's checkpoint (it is not a record: the table's commits are) where it is on a
-        local file system; on object storage it stays (no public Spark API deletes a path)."""
+    def stop(self, query: StreamingQuery) -> None:
+        """Stop the query (after its micro-batch's commit or before it), give its lease up and remove its
+        checkpoint (it is not a record: the table's commits are) where it is on a local file system; on
+        object storage it stays (no public Spark API deletes a path)."""
+        if query.isActive:
+            query.stop()
+        self._lease.end()
         if folder := local_path(self.checkpoint):
             shutil.rmtree(folder, ignore_errors=True)
         else:
@@ -143,6 +152,7 @@ class MicroBatchCommit:
         self.run_id = run_id
         self.info = info
         self.on_moment = on_moment
+        self.lease = LeaseCheck(run_id)
         self._committer: ReadCommit | None = None
 
     def __getstate__(self) -> dict:
@@ -160,6 +170,7 @@ class MicroBatchCommit:
     def _commit(self, frame: DataFrame, batch_id: int) -> None:
         from pyspark.sql import functions as F
 
+        self.lease.ensure_alive(frame.sparkSession)  # before the feed is read for it
         offsets = frame.where(F.col(END_COLUMN).isNotNull()).select(END_COLUMN).collect()
         if not offsets:
             return
@@ -192,6 +203,7 @@ class MicroBatchCommit:
         # thousand events (one task: the write's job 100-150 ms shorter, benchmarks/README.md)
         rows = rows.coalesce(-(-sum(a.events for a in advances.values()) // WRITE_TASK_EVENTS) or 1)
         staged = committer.stage(rows, starts, advances, base)
+        self.lease.ensure_alive(frame.sparkSession)  # the read and staging took time: once more, last
         committer.commit(staged.rows, staged.states, base)
 
     def _committer_of(self, spark: SparkSession) -> ReadCommit:

@@ -268,7 +268,7 @@ class FeedTable:
         clause = f" LIMIT {limit}" if limit else ""
         rows = (
             self.spark.sql(f"DESCRIBE HISTORY delta.`{self.path}`{clause}")
-            .select("version", "operation", "userMetadata", "operationMetrics", "operationParameters")
+            .select("version", "timestamp", "operation", "userMetadata", "operationMetrics", "operationParameters")
             .collect()
         )
         entries = [
@@ -278,6 +278,7 @@ class FeedTable:
                 r["userMetadata"],
                 as_strings(r["operationMetrics"]),
                 as_strings(r["operationParameters"]),
+                r["timestamp"].timestamp() if r["timestamp"] is not None else None,
             )
             for r in rows
         ]

@@ -3,7 +3,8 @@ by `build_feedapi_definitions` from a `ProjectConfig`, or by the `FeedApiCompone
 
 from .config import FeedConfig, ProjectConfig
 from .definitions import build_feedapi_definitions, feed_bindings
-from .resources import RESOURCE_KEY, FeedApiResource, SparkResource
+from .loads import RESOURCE_KEY
+from .resources import FeedApiResource, SparkResource
 from .translator import FeedApiTranslator, FeedTranslatorData
 
 __all__ = [

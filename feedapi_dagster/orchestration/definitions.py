@@ -19,9 +19,9 @@ from dagster._core.definitions.unresolved_asset_job_definition import Unresolved
 from .assets import Execute, build_feed_asset, load_feed
 from .automation import build_discovery_sensor, build_load_schedule
 from .config import ProjectConfig
-from .loads import FeedBinding
+from .loads import RESOURCE_KEY, FeedBinding
 from .maintenance_jobs import build_maintenance_job, build_maintenance_schedule
-from .resources import RESOURCE_KEY, FeedApiResource, SparkResource, shared_resource
+from .resources import FeedApiResource, SparkResource, shared_resource
 from .stalled_loads import build_stalled_load_sensor
 from .stream_jobs import build_stream_job
 from .translator import FeedApiTranslator, FeedTranslatorData

@@ -39,8 +39,7 @@ from feedapi_dagster.spark.settings import SparkSettings, installation_port
 from .automation import load_request, register_discovered_partitions
 from .config import FeedConfig, ProjectConfig, ScheduleConfig
 from .definitions import build_feedapi_definitions, feed_bindings
-from .loads import FeedBinding
-from .resources import RESOURCE_KEY
+from .loads import RESOURCE_KEY, FeedBinding
 from .warm_up import WARM_UP_EVENTS, WarmUpFailed, warm_up
 
 # package data: Dagster's default launcher and coordinator, and the `concurrency` a deployment needs

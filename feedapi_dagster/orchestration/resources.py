@@ -16,13 +16,16 @@ from feedapi_dagster.lakehouse.feed_table import FeedTable
 from feedapi_dagster.lakehouse.load_report import LoadOutcome, LoadStatus
 from feedapi_dagster.lakehouse.loader import FeedLoader
 from feedapi_dagster.lakehouse.maintenance import due, maintain
+from feedapi_dagster.spark.connect_server import port_open
 from feedapi_dagster.spark.sessions import spark_session
 from feedapi_dagster.spark.settings import SparkSettings
 from feedapi_dagster.spark.watchdog import DEFAULT_UNRESPONSIVE_SECONDS, answering, is_connect
 
 from .checks import CheckedLoad, feed_check_results
+from .dead_streams import RUNNING, STREAM_QUERY_TAG, Logger, clear_dead_streams, mark_query_stopped
 from .loads import (
     BACKFILL_TAG,
+    FEED_TAG,
     REBUILD_TAG,
     FeedBinding,
     LoadConfig,
@@ -53,10 +56,6 @@ from .warm_up import log_warm_up
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-# The key the definitions bind the `FeedApiResource` to: the name of the parameter by which each feed's
-# asset and maintenance op declare it.
-RESOURCE_KEY = "feedapi"
 
 
 class SparkResource(dg.ConfigurableResource):
@@ -177,6 +176,7 @@ class FeedApiResource(dg.ConfigurableResource):
         long while it runs (`stalled_loads.signs_of_life`)."""
         config = config or LoadConfig()
         with signs_of_life(context, binding):
+            self.clear_dead_streams(context.instance, binding, context.log, own_run_id=context.run.run_id)
             wanted = self._partitions_to_load(context, binding, config)
             outcome = self._load_partitions(context, binding, config, wanted)
             mirrored = yield from self._materialize(context, binding, outcome, wanted)
@@ -299,6 +299,7 @@ class FeedApiResource(dg.ConfigurableResource):
         batch load (`catch_up`): the materializations of the partitions each commit moved, as they land."""
         config = config or StreamConfig()
         with signs_of_life(context, binding):
+            self.clear_dead_streams(context.instance, binding, context.log, own_run_id=context.run.run_id)
             if config.catch_up:
                 yield from self._catch_up(context, binding)
                 if config.trigger == "available_now":  # what the feed held is in the table: nothing is left
@@ -333,10 +334,39 @@ class FeedApiResource(dg.ConfigurableResource):
     def maintain(self, context: dg.OpExecutionContext, binding: FeedBinding) -> dg.AssetObservation:
         """OPTIMIZE and VACUUM of the feed's table; the observation of what they did, for the asset's page."""
         with signs_of_life(context, binding):
+            self.clear_dead_streams(context.instance, binding, context.log, own_run_id=context.run.run_id)
             table = self.table(binding)
             with self._answering(binding, table):
                 table.ensure_table()
             return self._maintain(context, binding, table, operations=None)
+
+    def clear_dead_streams(
+        self,
+        instance: dg.DagsterInstance,
+        binding: FeedBinding,
+        log: Logger,
+        own_run_id: str | None = None,
+    ) -> list[str]:
+        """Stop the queries that stream runs of the feed no longer alive left running (`dead_streams.py`),
+        each with a line in `log`; the lines. No Spark session is made when no stream run may have left one."""
+        wanted = dg.RunsFilter(tags={FEED_TAG: binding.name, STREAM_QUERY_TAG: RUNNING})
+        if not (left := [run for run in instance.get_runs(wanted) if run.run_id != own_run_id]):
+            return []
+        settings = self.spark.spark_settings if isinstance(self.spark, SparkResource) else None
+        if settings is not None and settings.mode == "embedded" and not port_open(settings.port):
+            # no embedded server runs: the queries ended with the one that ran them (none is started here)
+            for run in left:
+                mark_query_stopped(instance, run.run_id)
+            return []
+        return clear_dead_streams(
+            instance,
+            binding,
+            self.table(binding),
+            log,
+            own_run_id=own_run_id,
+            remote_url=settings.remote if settings is not None and settings.mode == "remote" else None,
+            unresponsive_seconds=binding.feed.load.spark_unresponsive_seconds,
+        )
 
     def _maintain(
         self,

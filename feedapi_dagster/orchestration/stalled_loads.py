@@ -40,6 +40,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import dagster as dg
 
@@ -189,13 +190,15 @@ def build_stalled_load_sensor(binding: FeedBinding) -> dg.SensorDefinition:
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=f"Marks failed the runs of feed `{binding.name}` whose log has been silent for "
         f"{limit} s (their process is gone), so that the feed's pool slot is freed; hands a free slot "
-        "to a load Dagster left waiting for one.",
+        "to a load Dagster left waiting for one; stops the streaming queries of stream runs that are gone.",
     )
-    def stalled(context: dg.SensorEvaluationContext) -> dg.SkipReason:
+    def stalled(context: dg.SensorEvaluationContext, feedapi: dg.ResourceParam[Any]) -> dg.SkipReason:
         now = time.time()
         done = fail_stalled_loads(context.instance, binding, now) + hand_out_free_slots(context.instance, binding, now)
         for line in done:
             context.log.warning("feed %s: %s", binding.name, line)
+        # `feedapi` (RESOURCE_KEY) is the definitions' `FeedApiResource`, whose module imports this one
+        done += feedapi.clear_dead_streams(context.instance, binding, context.log)
         return dg.SkipReason(
             "; ".join(done) if done else f"no run of feed {binding.name} has been silent for {limit} s"
         )

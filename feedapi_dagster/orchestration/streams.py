@@ -38,6 +38,7 @@ from feedapi_dagster.protocol import FeedInfo
 from feedapi_dagster.spark.failures import python_cause
 from feedapi_dagster.spark.watchdog import answering
 
+from .dead_streams import mark_query_started, mark_query_stopped
 from .loads import FeedBinding, failing_clearly
 from .metadata import add_unknown_partitions, materializations, payload_warnings
 
@@ -98,8 +99,14 @@ def stream_run(
             max_events_per_trigger=config.max_events_per_trigger,
             ship_package=ship_package,
         )
-        with failing_clearly(binding.name, "the stream"):  # its discovery
-            query = stream.start(config.spark_trigger())
+        # said before the query starts: a run killed at any moment after leaves a query the next run finds
+        mark_query_started(context.instance, binding, run_id, spark)
+        try:
+            with failing_clearly(binding.name, "the stream"):  # its discovery
+                query = stream.start(config.spark_trigger())
+        except BaseException:
+            mark_query_stopped(context.instance, run_id)
+            raise
         assert stream.started_from is not None and stream.info is not None  # set by `start`
         context.log.info(
             "feed %s: stream started (%s, query %s) from the cursor of record: %s",
@@ -127,9 +134,8 @@ def stream_run(
                     )
                     break
         finally:  # also when the run is terminated: the query must not outlive its run
-            if query.isActive:
-                query.stop()
-            stream.remove_checkpoint()
+            stream.stop(query)
+            mark_query_stopped(context.instance, run_id)
         yield from seen.new_commits(query)
         if (error := query.exception()) is not None:
             failure = python_cause(error)

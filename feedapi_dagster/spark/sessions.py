@@ -32,7 +32,7 @@ import tempfile
 import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 from urllib.parse import urlsplit
 
 from feedapi_dagster.errors import SparkError
@@ -134,6 +134,32 @@ def _connect_client(url: str, unresponsive_seconds: float) -> SparkSession:
         _closed_at_exit.add(session)
     register_client(urlsplit(url).port, session)
     return session
+
+
+@contextlib.contextmanager
+def joined_session(url: str, session_id: str, unresponsive_seconds: float) -> Iterator[SparkSession]:
+    """A second client of the server at ``url``, in its server-side session ``session_id`` (another
+    run's), its retries bounded as `_connect_client`'s; closed at the end without releasing that
+    session. It is made with the Connect `SparkSession` class itself: the builder's `create` would make
+    it this process's default session."""
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    base = url if "/;" in url else url.rstrip("/") + "/"
+    session = cast("SparkSession", ConnectSession(connection=f"{base};session_id={session_id}"))
+    retries = 3 + math.ceil((unresponsive_seconds * 1000 + _RETRY_PAST_BOUND_MS) / _RETRY_BACKOFF_MS)
+    session.client.set_retry_policies(
+        [DefaultPolicy(max_retries=retries, max_backoff=_RETRY_BACKOFF_MS, max_server_retry_delay=_RETRY_BACKOFF_MS)]
+    )
+    try:
+        yield session
+    finally:
+        _close(session)
+
+
+def connect_session_id(session: SparkSession) -> str | None:
+    """The server-side session a Spark Connect session is (None: a classic session)."""
+    return cast("str", session.session_id) if is_connect(session) else None  # type: ignore[attr-defined]
 
 
 def _refuse_token_without_tls(url: str) -> None:

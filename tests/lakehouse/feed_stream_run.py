@@ -19,7 +19,7 @@ def main() -> None:
     url, path, checkpoint, connect_url, trigger = sys.argv[1:6]
     spark = connect_session(connect_url)
     feed = feed_settings(url=url, page_size_hint=20, retry=RetryPolicy(base_delay=0.001, max_delay=0.01))
-    stream = FeedStream(feed, FeedTable(spark, path), run_id="stream-process", checkpoint=checkpoint)
+    stream = FeedStream(feed, FeedTable(spark, path), run_id=f"stream-{trigger}", checkpoint=checkpoint)
     query = stream.start({"availableNow": True} if trigger == "availableNow" else {"processingTime": "0.5 seconds"})
     print("started", flush=True)
     query.awaitTermination()

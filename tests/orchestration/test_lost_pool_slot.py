@@ -29,7 +29,8 @@ def _instance(tmp_path: Path) -> dg.DagsterInstance:
 
 def _sensor_tick(instance: dg.DagsterInstance, defs: dg.Definitions) -> str:
     sensor = defs.get_sensor_def("feedapi_orders_stalled_loads")
-    result = sensor.evaluate_tick(dg.build_sensor_context(instance=instance))
+    with dg.build_sensor_context(instance=instance, resources=dict(defs.resources)) as context:
+        result = sensor.evaluate_tick(context)
     return result.skip_message or ""
 
 
