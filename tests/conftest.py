@@ -171,6 +171,7 @@ def s3_lakehouse(request) -> Lakehouse:
 # only); every other file after them, in collection order. A new long file goes in this list.
 LONGEST_FILES = {
     "tests/lakehouse/test_crash.py": 290,
+    "tests/orchestration/test_killed_stream_run.py": 260,
     "tests/cluster/test_standalone_cluster.py": 220,
     "tests/lakehouse/test_stream_source.py": 210,
     "tests/lakehouse/test_durable_state.py": 200,

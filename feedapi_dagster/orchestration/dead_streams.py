@@ -8,7 +8,8 @@ sensor first look for stream runs of the feed whose query may still run (the run
 `feedapi/stream_query: running`, which a stream run sets when its query starts and changes to
 `stopped` when it stopped it), and, for each whose run is no longer alive (ended in Dagster, or its
 lease expired), stop its query in the Spark session the run tagged (`feedapi/spark_session`), with
-one line in the log: which run, and how many micro-batches it committed after its run ended.
+one line in the log (and in the dead run's own): which run, and how many micro-batches it committed
+after its run ended.
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ def clear_dead_streams(
                     stopped = stop_query(session, table.path, run.run_id)
         line = _what_was_done(instance, binding, table, run, renewed, stopped)
         log.warning(line)
+        # and on the dead run's own page, where its operator looks
+        instance.report_engine_event(line, run)
         said.append(line)
         mark_query_stopped(instance, run.run_id)
     return said
