@@ -172,6 +172,7 @@ def s3_lakehouse(request) -> Lakehouse:
 LONGEST_FILES = {
     "tests/lakehouse/test_crash.py": 290,
     "tests/orchestration/test_killed_stream_run.py": 260,
+    "tests/lakehouse/test_killed_load_work.py": 110,
     "tests/cluster/test_standalone_cluster.py": 220,
     "tests/lakehouse/test_stream_source.py": 210,
     "tests/lakehouse/test_durable_state.py": 200,

@@ -39,6 +39,18 @@ from feedapi_dagster.spark.settings import (
 log = logging.getLogger(__name__)
 
 
+# The work of a client gone (a run killed mid-load: its Spark job, its read tasks' Python workers
+# still fetching pages) is interrupted once its RPC has been detached for `detachedTimeout`, looked for
+# every `maintenanceInterval`. The server sees a silent RPC as detached only when it ends it itself, at
+# `senderMaxStreamDuration` (a live client then reattaches at once). Spark's defaults: 2 minutes, 5
+# minutes and 30 s, up to 7.5 minutes of a dead client's work; these: at most 70 s.
+DEAD_CLIENT_CONF = {
+    "spark.connect.execute.reattachable.senderMaxStreamDuration": "30s",
+    "spark.connect.execute.manager.detachedTimeout": "30s",
+    "spark.connect.execute.manager.maintenanceInterval": "10s",
+}
+
+
 def port_open(port: int, host: str = LOOPBACK, timeout: float = 0.5) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout):
@@ -212,6 +224,7 @@ class SparkConnectServer:
                 "spark.connect.grpc.binding.port": str(self.port),
                 # fail instead of silently moving to port+1 when the port is taken
                 "spark.connect.grpc.port.maxRetries": "0",
+                **{key: value for key, value in DEAD_CLIENT_CONF.items() if key not in (self._conf or {})},
             }
         )
         cmd = [
