@@ -18,6 +18,11 @@ with the same checkpoint) finds the table's cursors already at its end and commi
 load that committed the partitions meanwhile (a stream and a load at once: the Dagster pool prevents
 it) makes the micro-batch's commit fail with `PartitionConflict`, nothing of it written.
 
+**Its run's lease.** A query on a Spark Connect server outlives the client that started it: the stream
+renews a lease while its query runs, and each micro-batch checks it before it reads and before it
+commits (`stream_lease.py`): a query whose run is gone commits nothing once the lease has expired, and
+the next query of the table stops it.
+
 **The commit** is the batch loads' (`commit.ReadCommit`): deduplication of at-least-once feeds against
 the rows the table holds (on top of the source's window of recent ids within the query), the new
 partition states, the sink's commit and its dangerous moments.
