@@ -129,6 +129,8 @@ def test_a_killed_stream_runs_query_stops_at_its_lease_and_the_feeds_runs_go_on(
                 publisher.join()
             last = _launch_stream(port)  # available_now: what the feed holds now
             _wait("the last stream run", lambda: instance.get_run_by_id(last).is_finished, 240, logs)
+            # the schedule's loads launched meanwhile end too (the daemon stops at the end of the block)
+            _wait("every run", lambda: all(run.is_finished for run in instance.get_runs()), 240, logs)
 
         runs = {run.run_id: run for run in instance.get_runs()}
         assert runs[dead].status == dg.DagsterRunStatus.FAILURE
