@@ -19,7 +19,6 @@ import time
 
 import dagster as dg
 import pytest
-import yaml
 from dagster._core.instance.ref import InstanceRef
 from deltalake import DeltaTable
 
@@ -31,7 +30,15 @@ from tests.ports import find_free_port
 from ..backfills import running_daemon
 from ..lakehouse.test_feed_stream import ORPHAN_COMMIT_SECONDS
 from ..user_project import write_user_project
-from .test_stalled_loads import INSTANCE_TEMPLATE, _graphql, _messages, _parent, _wait, _worker_pid, running_webserver
+from .test_stalled_loads import (
+    _graphql,
+    _messages,
+    _parent,
+    _wait,
+    _worker_pid,
+    quick_monitoring_home,
+    running_webserver,
+)
 
 LAUNCH = """mutation($params: ExecutionParams!) { launchRun(executionParams: $params) {
   __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message } } }"""
@@ -61,11 +68,7 @@ def test_a_killed_stream_runs_query_stops_at_its_lease_and_the_feeds_runs_go_on(
     """`publishing`: events keep coming, the orphan's micro-batches run and stop at its lease. `idle`:
     nothing is published until the dead run has been failed: the orphan runs no micro-batch (no lease is
     checked) and is stopped by the first of the feed's runs or sensor ticks that looks."""
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    settings = yaml.safe_load(INSTANCE_TEMPLATE.read_text())
-    settings["run_monitoring"] |= {"poll_interval_seconds": 5, "free_slots_after_run_end_seconds": 5}
-    (home / "dagster.yaml").write_text(yaml.safe_dump(settings))
+    home = quick_monitoring_home(tmp_path)
     logs = [tmp_path / "daemon.log", tmp_path / "webserver.log"]
     feed = DemoFeed(partitions=2, events=200, seed=47)
     stop_publishing = threading.Event()

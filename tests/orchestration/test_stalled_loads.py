@@ -164,16 +164,22 @@ def _longest_silence(instance: dg.DagsterInstance, run_id: str) -> float:
     return max(later - earlier for earlier, later in zip(times, times[1:], strict=False))
 
 
-@pytest.mark.spark
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the run worker's parent through /proc")
-def test_a_dead_load_is_failed_and_its_slot_freed_while_a_slow_live_load_finishes(tmp_path, connect_server):
+def quick_monitoring_home(tmp_path: Path) -> Path:
+    """A Dagster home with the shipped settings, run monitoring polling every 5 s (30 in the shipped
+    file) and freeing a failed run's slots 5 s after its end (30): what is tested is that it frees
+    them, not how soon."""
     home = tmp_path / "dagster_home"
     home.mkdir()
     settings = yaml.safe_load(INSTANCE_TEMPLATE.read_text())
-    # the shipped settings, with run monitoring polling every 5 s (30 in the shipped file) and freeing a
-    # failed run's slots 5 s after its end (30): what is tested is that it frees them, not how soon
     settings["run_monitoring"] |= {"poll_interval_seconds": 5, "free_slots_after_run_end_seconds": 5}
     (home / "dagster.yaml").write_text(yaml.safe_dump(settings))
+    return home
+
+
+@pytest.mark.spark
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the run worker's parent through /proc")
+def test_a_dead_load_is_failed_and_its_slot_freed_while_a_slow_live_load_finishes(tmp_path, connect_server):
+    home = quick_monitoring_home(tmp_path)
     logs = [tmp_path / "daemon.log", tmp_path / "webserver.log"]
     # 1,500 events of 50 a page: 30 s of throttled reading for `orders` (killed within it); `slow` reads
     # a page every 3 s until the dead load has been failed, far longer than the stall limit, logging
