@@ -145,9 +145,10 @@ def test_a_killed_stream_runs_query_stops_at_its_lease_and_the_feeds_runs_go_on(
         assert not failed, failed
         said = _messages(instance, dead)
         (cleared,) = [m for m in said if f"run {dead}" in m and "after its run ended" in m]
+        # the lease expires before Dagster's run monitoring marks the run failed: either can be seen first
         assert re.fullmatch(
             rf"feed orders: (stopped the stream query that run {dead} left running|the stream query of run {dead} "
-            r"had stopped) \(FAILURE in Dagster, its lease last renewed at \d\d:\d\d:\d\d UTC\): it committed \d+ "
+            r"had stopped) \((FAILURE|STARTED) in Dagster, its lease last renewed at \d\d:\d\d:\d\d UTC\): it committed \d+ "
             r"micro-batch(es)? after its run ended",
             cleared,
         ), cleared
