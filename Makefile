@@ -3,11 +3,11 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-JARS_STAMP := $(VENV)/share/feedapi-dagster/delta-jars/manifest.json
 
 .PHONY: setup demo dev test lint docs clean browser postgres
 
-setup: $(STAMP) $(JARS_STAMP)
+setup: $(STAMP)
+	$(BIN)/feedapi-dagster setup-jars
 
 # uv makes the install a matter of seconds once its cache is warm; it is bootstrapped into the venv
 # so that nothing outside the repository is touched. Bytecode is compiled once here, so that every
@@ -18,10 +18,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -e ".[test]"
 	touch $@
 
-# Resolved once into .cache/delta-jars; Spark sessions then use spark.jars with these files and never
-# touch the network again.
-$(JARS_STAMP): $(STAMP)
-	$(BIN)/feedapi-dagster setup-jars
+# `setup-jars` (above) resolves the Delta jars once into .venv/share/feedapi-dagster/delta-jars (Spark
+# sessions then use those files and never touch the network again) and trains the Spark server's class
+# archive beside them; it returns at once when both are there.
 
 demo: setup
 	$(BIN)/feedapi-dagster demo

@@ -847,16 +847,19 @@ def stages(
     return result, startup
 
 
-def start_spark(port: int, work: Path, s3: S3Lake | None):
+def start_spark(port: int, work: Path, s3: S3Lake | None, class_archive: bool = True):
     """The embedded server as a deployment's first run would start it (the lakehouse's s3a settings and
-    credentials come with each run's session, not with the server)."""
+    credentials come with each run's session, not with the server); `class_archive`: mapping the class
+    archive `setup-jars` trained (`spark/class_archive.py`)."""
     from feedapi_dagster.spark.connect_server import port_open
     from feedapi_dagster.spark.embedded import ensure_embedded_server
 
     if port_open(port):
         raise RuntimeError(f"port {port} is taken")
     settings = project_config(work, "feedapi", "http://127.0.0.1/feed", 1, port, s3).spark
-    return ensure_embedded_server(port, work_dir=work, conf=settings.conf)
+    return ensure_embedded_server(
+        port, work_dir=work, conf=settings.conf, class_archive="installed" if class_archive else None
+    )
 
 
 def measure_floors(port: int, url: str, page_size: int, events: int, table_path: str, work: Path) -> list[Line]:
@@ -1020,6 +1023,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the cold run on a server nobody warmed (as when a run starts the server itself)",
     )
+    parser.add_argument(
+        "--no-class-archive",
+        action="store_true",
+        help="the server started without the class archive `setup-jars` trained (as before issue #48)",
+    )
     parser.add_argument("--repeat", type=int, default=2, help="warm runs (each into a fresh table)")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (tables, logs, DAGSTER_HOMEs)")
     parser.add_argument(
@@ -1141,7 +1149,7 @@ def main(argv: list[str] | None = None) -> int:
 
         say(f"starting the Spark Connect server on port {spark_port}; load average {load_average()}")
         started = time.perf_counter()
-        spark = start_spark(spark_port, work / "spark", s3)
+        spark = start_spark(spark_port, work / "spark", s3, class_archive=not args.no_class_archive)
         lines.append(Line("Spark Connect server start (until it listens)", time.perf_counter() - started))
         watch.watch("Spark server", spark.pid)
         spark_peaks["after start"] = status_mb(spark.pid) or 0.0

@@ -16,6 +16,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "feedapi_dagster.orchestration.doctor",
     "feedapi_dagster.orchestration.discover_command",
     "feedapi_dagster.orchestration.warm_up",
+    "feedapi_dagster.orchestration.setup_command",
     "feedapi_dagster.spark.commands",
     "feedapi_dagster.lakehouse.state_command",
     "feedapi_dagster.demo.feedapi.command",

@@ -170,7 +170,7 @@ def warm_up(
         log.info("warming the Spark server on port %d up: %s", port, record.describe())
         scratch = Path(server.work_dir) / "warm-up" / uuid.uuid4().hex
         try:
-            _scratch_loads(port, scratch, forms, events)
+            scratch_loads(port, scratch, forms, events)
         except Exception as error:
             failed = replace(record, state="failed", error=str(error).splitlines()[0])
             _write(server, failed)
@@ -183,7 +183,7 @@ def warm_up(
         return done
 
 
-def _scratch_loads(port: int, scratch: Path, forms: Sequence[PayloadForm], events: int) -> None:
+def scratch_loads(port: int, scratch: Path, forms: Sequence[PayloadForm], events: int) -> None:
     """A run's load, as a run does it, of a scratch demo feed into one scratch table per form."""
     # imported here: a run's process imports this module for `log_warm_up`, never the demo servers
     from feedapi_dagster.demo.feedapi.demo_feed import DemoFeed

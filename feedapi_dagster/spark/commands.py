@@ -1,6 +1,7 @@
-"""The Spark runtime's commands: `feedapi-dagster setup-jars` (the Delta and s3a jars), `spark-server`
-(the embedded Spark Connect server until Ctrl-C) and `spark status|stop` (the server the runs left
-running). `feedapi_dagster/cli.py` registers them."""
+"""The Spark runtime's commands: `feedapi-dagster spark-server` (the embedded Spark Connect server until
+Ctrl-C) and `spark status|stop` (the server the runs left running). `feedapi_dagster/cli.py` registers
+them; `setup-jars` is `orchestration/setup_command.py`'s (it trains the server's class archive with a
+load)."""
 
 from __future__ import annotations
 
@@ -20,19 +21,6 @@ if TYPE_CHECKING:
 def _configure_logging() -> None:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
-
-
-def _setup_jars(args: argparse.Namespace) -> int:
-    from feedapi_dagster.spark.jars import DeltaJarsError, jars_dir, setup_delta_jars
-
-    _configure_logging()
-    try:
-        jars = setup_delta_jars(force=args.force, resolver=args.resolver)
-    except DeltaJarsError as exc:
-        print(f"setup-jars failed: {exc}", file=sys.stderr)
-        return 1
-    print(f"{len(jars)} jars (Delta, s3a) in {jars_dir()}")
-    return 0
 
 
 def _spark_server(args: argparse.Namespace) -> int:
@@ -166,19 +154,6 @@ def _spark_stop(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from feedapi_dagster.spark.settings import installation_port
-
-    setup = subparsers.add_parser(
-        "setup-jars",
-        help="resolve the Delta Lake jars once into the local cache (the only step that needs Maven)",
-    )
-    setup.add_argument("--force", action="store_true", help="resolve again even if the cache is complete")
-    setup.add_argument(
-        "--resolver",
-        choices=("auto", "ivy", "maven"),
-        default="auto",
-        help="Spark's Ivy resolver, mvn, or Ivy then mvn (default)",
-    )
-    setup.set_defaults(func=_setup_jars)
 
     server = subparsers.add_parser(
         "spark-server",

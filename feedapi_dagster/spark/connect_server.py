@@ -23,10 +23,12 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from feedapi_dagster.errors import SparkError
+from feedapi_dagster.spark.class_archive import archive_path, class_path, sharing_options
 from feedapi_dagster.spark.jar_resolution import log_tail, pyspark_home
+from feedapi_dagster.spark.jars import delta_jars
 from feedapi_dagster.spark.server_record import read_record, remove_server_files, stop_process_group, write_record
 from feedapi_dagster.spark.settings import (
     CONNECT_SERVER_CLASS,
@@ -133,6 +135,7 @@ class SparkConnectServer:
         env: Mapping[str, str] | None = None,
         startup_timeout: float = 180.0,
         detach: bool = False,
+        class_archive: Path | Literal["installed"] | None = "installed",
     ) -> None:
         self.port = port
         self.host = LOOPBACK
@@ -141,6 +144,9 @@ class SparkConnectServer:
         self._conf = dict(conf or {})
         self._jars = jars
         self._java_options = list(java_options)
+        # "installed": the archive `setup-jars` made, where it did; None: none (a training server's, a benchmark's)
+        self._class_archive = class_archive
+        self._mapped_archive: Path | None = None  # the archive the started server maps
         self._env = dict(env or {})
         self._work_dir = Path(work_dir).resolve() if work_dir is not None else None
         self._remove_work_dir = False
@@ -210,14 +216,22 @@ class SparkConnectServer:
 
     def command(self) -> list[str]:
         """The spark-submit command line (configuration included)."""
+        jars = delta_jars() if self._jars is None else list(self._jars)
+        archive = archive_path() if self._class_archive == "installed" else self._class_archive
+        self._mapped_archive = archive if sharing_options(archive) else None
         # The server lives long and does the loads' heavy lifting (JSON functions, Parquet encoding),
         # where C1-only code is slow (the benchmark's JVM time per commit): full JIT (C2) back.
         conf = build_conf(
             self._prepared_work_dir(),
             self._conf,
-            jars=self._jars,
-            java_options=(FULL_JIT_JAVA_OPTION, *self._java_options),
+            jars=jars,
+            java_options=(FULL_JIT_JAVA_OPTION, *sharing_options(self._mapped_archive), *self._java_options),
         )
+        # the Delta jars on the JVM's class path too: the class archive holds only the class path's
+        # classes (`class_archive.py`), and a class is found there first; `spark.jars` stays for a
+        # cluster's executors (`spark.master` in `conf`), which get them from it
+        own_path = self._conf.get("spark.driver.extraClassPath")
+        conf["spark.driver.extraClassPath"] = os.pathsep.join(p for p in (class_path(jars), own_path) if p)
         conf.update(
             {
                 "spark.connect.grpc.binding.address": self.host,
@@ -300,7 +314,13 @@ class SparkConnectServer:
                 f"Spark Connect server on {self.url} did not start ({exc}); last log lines:\n{tail}"
             ) from None
         log.info(
-            "Spark Connect server ready on %s after %.1f s (pid %s)", self.url, time.monotonic() - started, self.pid
+            "Spark Connect server ready on %s after %.1f s (pid %s; %s)",
+            self.url,
+            time.monotonic() - started,
+            self.pid,
+            f"classes mapped from {self._mapped_archive}"
+            if self._mapped_archive is not None
+            else "no class archive: `feedapi-dagster setup-jars` makes one",
         )
         return self
 

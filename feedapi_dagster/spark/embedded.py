@@ -17,7 +17,7 @@ import os
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TypedDict, Unpack
+from typing import Literal, TypedDict, Unpack
 
 from feedapi_dagster.errors import SparkError
 from feedapi_dagster.spark.connect_server import SparkConnectServer, close_clients, port_open
@@ -40,6 +40,7 @@ class EmbeddedServerOptions(TypedDict, total=False):
     work_dir: Path | None
     detach: bool
     startup_timeout: float
+    class_archive: Path | Literal["installed"] | None
 
 
 # the servers this process started, by port (a stopped one is replaced by the next `ensure_embedded_server`)

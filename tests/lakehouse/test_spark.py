@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from feedapi_dagster.spark.class_archive import archive_path, sharing_options
 from feedapi_dagster.spark.connect_server import SparkConnectServer, port_open, read_token
 from feedapi_dagster.spark.embedded import ensure_embedded_server
 from feedapi_dagster.spark.jars import (
@@ -255,6 +256,21 @@ def test_a_client_without_the_servers_token_is_refused(connect_server: SparkConn
     assert outcomes["no token"].startswith("refused"), outcomes
     assert outcomes["wrong token"].startswith("refused"), outcomes
     assert outcomes["the server's token"] == "accepted", outcomes
+
+
+@pytest.mark.spark
+def test_the_server_maps_the_class_archive_setup_jars_trained(connect_server: SparkConnectServer) -> None:
+    """`make setup` ran `setup-jars`, which trained the archive for this JDK, pyspark and jars: the
+    server's JVM maps it (its memory map names the file), and its log line says so."""
+    archive = archive_path()
+    assert archive.is_file(), f"no class archive at {archive}: `feedapi-dagster setup-jars` trains it"
+    assert connect_server.pid is not None
+    jvms = [pid for pid in process_group(connect_server.pid) if "java" in Path(f"/proc/{pid}/exe").resolve().name]
+    assert jvms, process_group(connect_server.pid)
+    mapped = [pid for pid in jvms if str(archive) in Path(f"/proc/{pid}/maps").read_text()]
+    assert mapped, f"the server's JVM {jvms} does not map {archive}"
+    # an archive of another JDK, pyspark or jars is a file of another name: never handed to the JVM
+    assert sharing_options(archive.with_name("spark-server-classes-other.jsa")) == []
 
 
 @pytest.mark.spark
