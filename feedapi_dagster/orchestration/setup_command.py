@@ -46,10 +46,11 @@ def _free_port() -> int:
         return port
 
 
-def train_class_archive(directory: Path | None = None) -> Path:
-    """The class archive for this JDK, pyspark and the Delta jars in `directory` (the jars' cache),
-    trained anew (see the module docstring); `ClassArchiveFailed` when the JVM wrote none."""
-    target = archive_path(directory)
+def train_class_archive() -> Path:
+    """The class archive for this JDK, pyspark and the Delta jars, trained anew (see the module
+    docstring); `ClassArchiveFailed` when the JVM wrote none."""
+    target = archive_path()
+    target.parent.mkdir(parents=True, exist_ok=True)
     scratch = target.with_name(f"{target.name}.{os.getpid()}.tmp")
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="feedapi-dagster-class-training-") as work:

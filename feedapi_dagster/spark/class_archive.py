@@ -2,7 +2,7 @@
 
 A new server's first load used to spend much of its time loading and verifying the classes of Spark
 SQL, Delta, Parquet and Spark Connect, one jar entry at a time. `feedapi-dagster setup-jars` records
-them once (`orchestration.warm_up.train_class_archive`: a training server started with
+them once, in this installation (`archive_dir`) (`orchestration.warm_up.train_class_archive`: a training server started with
 `-XX:ArchiveClassesAtExit`, scratch loads in each payload form, then stopped, which is when the JVM
 writes the archive), and every embedded server maps them at start (`-XX:SharedArchiveFile`), already
 parsed and verified. The JIT's work is not archived by Java 17: the server still compiles its hot paths
@@ -11,8 +11,8 @@ in its first minutes.
 The archive is the JVM's own format and the JVM checks it: an archive of another JDK, or of a class
 path whose jars changed, is refused with a line in the server's log and the server runs as without
 one. So that this never happens silently after an upgrade, the archive's name carries what it was made
-with (the pyspark installation and its version, the `java` that runs the server, the Delta jars'
-coordinates): an archive for another of those is not used, and `setup-jars` makes a new one. CDS archives only the classes of the
+with (the `java` that runs the server, the pyspark installation and its version, the jars' folder and
+their coordinates): an archive for another of those is not used, and `setup-jars` makes a new one. CDS archives only the classes of the
 JVM's own class path, not those a class loader of Spark's adds (`spark.jars`): the server gets the
 Delta jars on its class path (`spark.driver.extraClassPath`) instead.
 """
@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -42,17 +43,18 @@ def _key(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def _pyspark_prefix() -> str:
-    """The first part of an archive's name: the pyspark installation whose jars are the class path
-    (two virtualenvs may share a jars cache, `FEEDAPI_DAGSTER_JARS_DIR`: each gets its archive)."""
+def archive_dir() -> Path:
+    """This installation's folder of class archives (beside its pyspark, not in the jars' cache, which
+    several virtualenvs may share: `FEEDAPI_DAGSTER_JARS_DIR`)."""
+    return Path(sys.prefix) / "share" / "feedapi-dagster" / "class-archive"
+
+
+def archive_path() -> Path:
+    """Where the class archive for this JDK, pyspark and the Delta jars is (it may not exist)."""
     from pyspark.version import __version__
 
-    return f"{ARCHIVE_PREFIX}{_key(f'{pyspark_home()}{os.pathsep}{__version__}')}-"
-
-
-def archive_path(directory: Path | None = None) -> Path:
-    """Where the class archive for this JDK, pyspark and the Delta jars is (it may not exist)."""
-    return (directory or jars_dir()) / f"{_pyspark_prefix()}{_key(chr(10).join([_java(), *delta_coordinates()]))}.jsa"
+    made_with = [_java(), str(pyspark_home()), __version__, str(jars_dir()), *delta_coordinates()]
+    return archive_dir() / f"{ARCHIVE_PREFIX}{_key(chr(10).join(made_with))}.jsa"
 
 
 def sharing_options(archive: Path | None) -> list[str]:
@@ -72,7 +74,7 @@ def class_path(jars: Sequence[Path]) -> str:
 
 
 def remove_other_archives(keep: Path) -> None:
-    """Remove the archives of this pyspark's earlier JDKs or jars beside `keep` (each is ~200 MB)."""
-    for found in keep.parent.glob(f"{_pyspark_prefix()}*.jsa"):
+    """Remove the archives of earlier JDKs, pyspark versions or jars beside `keep` (each is ~200 MB)."""
+    for found in keep.parent.glob(f"{ARCHIVE_PREFIX}*.jsa"):
         if found != keep:
             found.unlink(missing_ok=True)
