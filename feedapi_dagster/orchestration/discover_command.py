@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
+from pydantic import ValidationError
 
 from feedapi_dagster.errors import FeedApiDagsterError
 
 from .doctor import dagster_home_setting
 
 SENSOR_PREFIX, SENSOR_SUFFIX = "feedapi_", "_discovery"
+_PYDANTIC_DETAILS = re.compile(r"\s*\[type=[^\]]*\]")
 
 
 def register(subparsers: Any) -> None:
@@ -38,7 +41,11 @@ def run(args: argparse.Namespace) -> int:
     if home is None:
         print("DAGSTER_HOME is not set: set it (in the environment, or the project's .env) and run this again")
         return 1
-    defs = dg.load_from_defs_folder(path_within_project=Path.cwd())
+    try:
+        defs = dg.load_from_defs_folder(path_within_project=Path.cwd())
+    except Exception as error:  # the project's own code and YAML: what `dg check defs` reports, in one line
+        print(f"the dg project at {Path.cwd()} does not load: {_root_cause(error)}")
+        return 1
     sensors = [
         sensor
         for sensor in defs.get_repository_def().sensor_defs
@@ -53,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
             try:
                 result = sensor(dg.build_sensor_context(instance=instance, definitions=defs))
             except (dg.Failure, FeedApiDagsterError) as error:
-                print(f"feed {feed}: {getattr(error, 'description', None) or error}")
+                said = str(getattr(error, "description", None) or error)
+                print(said if said.startswith(f"feed {feed}:") else f"feed {feed}: {said}")
                 return 1
             assert isinstance(result, dg.SensorResult)  # what a discovery sensor returns
             for request in result.dynamic_partitions_requests or []:
@@ -62,6 +70,18 @@ def run(args: argparse.Namespace) -> int:
             keys = instance.get_dynamic_partitions(f"{SENSOR_PREFIX}{feed}")
             print(f"feed {feed}: partitions {', '.join(keys) or 'none'}")
     return 0
+
+
+def _root_cause(error: BaseException) -> str:
+    """The error a load's chain of exceptions began with, in one line (of a pydantic error, its
+    errors: `attributes.feeds.0.page_size_hnt at .../defs.yaml:10 Extra inputs are not permitted`)."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if isinstance(error, ValidationError):
+        # not its count line, its link, nor the value it refused (a misspelt `token:` holds a secret)
+        lines = [_PYDANTIC_DETAILS.sub("", line) for line in lines[1:] if not line.startswith("For further")]
+    return " ".join(line.replace("`", "") for line in lines) or type(error).__name__
 
 
 def _load_env_file(root: Path) -> None:

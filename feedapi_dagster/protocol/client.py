@@ -363,5 +363,10 @@ def _cut_short(what: str, response: requests.Response, error: BaseException) -> 
 
 def _describe(error: BaseException) -> str:
     """`error` in one line, without the credentials a URL in it may hold (`requests` quotes the URL it
-    could not parse)."""
-    return f"{type(error).__name__}: {_USERINFO.sub('//', ' '.join(str(error).split()))[:200]}"
+    could not parse). Of a connection that failed, urllib3's reason (`Failed to establish a new
+    connection: [Errno 111] Connection refused`), not the retries' wrapping around it, which quotes
+    the whole URL first and left the reason past the cut."""
+    wrapped = error.args[0] if error.args else None
+    reason = getattr(wrapped, "reason", None)  # requests' ConnectionError holds urllib3's MaxRetryError
+    text = str(reason if isinstance(reason, BaseException) else error)
+    return f"{type(error).__name__}: {_USERINFO.sub('//', ' '.join(text.split()))[:300]}"

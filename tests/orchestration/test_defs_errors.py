@@ -5,6 +5,11 @@ pydantic's wrapping; exit code 1 for each."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import dagster as dg
 import pytest
 from pydantic import ValidationError
@@ -166,3 +171,34 @@ def test_a_value_a_template_rendered_wrong_is_reported_at_its_line_without_pydan
         f"{path}:{line_of(path, 'url:')} - attributes.feeds.0.url: url must be an http:// or https:// URL\n" in report
     ), report[-3000:]
     assert "errors.pydantic.dev" not in report and "input_value" not in report
+
+
+def _discover(root, tmp_path) -> subprocess.CompletedProcess:
+    """`feedapi-dagster discover` in the project at `root`, as a user runs it there."""
+    home = tmp_path / "dagster_home"
+    home.mkdir(exist_ok=True)
+    env = {**os.environ, "DAGSTER_HOME": str(home), "PYTHONPATH": str(root)}
+    command = [str(Path(sys.executable).parent / "feedapi-dagster"), "discover"]
+    return subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_discover_says_why_a_feed_cannot_be_reached_once_and_whole(user_project, tmp_path):
+    # the project's feed is http://127.0.0.1:9/feed: nothing listens there
+    found = _discover(user_project, tmp_path)
+    assert found.returncode == 1, found.stdout + found.stderr
+    said = found.stdout.strip().splitlines()[-1]
+    assert said.startswith("feed orders: discovery failed: feed http://127.0.0.1:9/feed: giving up after"), said
+    assert said.count("feed orders:") == 1, said
+    assert said.endswith("Failed to establish a new connection: [Errno 111] Connection refused"), said
+
+
+def test_discover_reports_a_misspelt_key_in_one_line_at_its_file_and_line(user_project, tmp_path):
+    path = defs_yaml(user_project)
+    path.write_text(path.read_text().replace("page_size_hint:", "page_size_hnt:"))
+    found = _discover(user_project, tmp_path)
+    assert found.returncode == 1, found.stdout + found.stderr
+    assert found.stdout.strip() == (
+        f"the dg project at {user_project} does not load: attributes.feeds.0.page_size_hnt at "
+        f"{path}:{line_of(path, 'page_size_hnt')} Extra inputs are not permitted"
+    ), found.stdout
+    assert "Traceback" not in found.stdout + found.stderr, found.stderr[-3000:]

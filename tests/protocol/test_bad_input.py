@@ -94,3 +94,16 @@ def test_a_50_megabyte_event_is_read_whole():
         pages = pages_of(FeedClient(feed_settings(url=server.url)), 0)
     raws = [raw for page in pages for raw in page.raw_events]
     assert len(raws) == 3 and raws[-1] == big.encode()
+
+
+def test_an_unreachable_feed_says_why_whole() -> None:
+    """The reason of a refused connection is what the message ends with, not cut off after the URL."""
+    from tests.ports import find_free_port
+
+    closed = f"http://127.0.0.1:{find_free_port()}/feed"
+    client = FeedClient(feed_settings(url=closed, retry=NO_WAIT))
+    with pytest.raises(ProtocolError) as raised:
+        client.discover()
+    message = str(raised.value)
+    assert message.endswith("Failed to establish a new connection: [Errno 111] Connection refused"), message
+    assert "Max retries exceeded" not in message, message
