@@ -25,6 +25,7 @@ from deltalake import DeltaTable
 
 import feedapi_dagster.demo
 from feedapi_dagster.demo import DemoFeed, DemoFeedServer
+from feedapi_dagster.spark.class_archive import archive_path
 from tests.conftest import TEST_SERVER_CONF
 from tests.ports import find_free_port
 
@@ -120,10 +121,11 @@ def test_a_backfill_of_up_to_date_partitions_completes_successfully(tmp_path, mo
             said = _messages(instance, first)
             starting = next(m for m in said if m.startswith(f"Starting Spark Connect server on sc://127.0.0.1:{port}"))
             assert f"(log: /tmp/feedapi-dagster-spark-{port}/spark-connect-server.log)" in starting, said
-            assert any(
-                re.match(rf"Spark Connect server ready on sc://127.0.0.1:{port} after [\d.]+ s \(pid \d+\)", m)
-                for m in said
-            ), said
+            # the server the run started maps the class archive `make setup` trained
+            ready = (
+                rf"Spark Connect server ready on sc://127.0.0.1:{port} after [\d.]+ s \(pid \d+; classes mapped from "
+            )
+            assert any(re.fullmatch(ready + re.escape(f"{archive_path()})"), m) for m in said), said
             # it started the server itself: nobody warmed it up, and the run says what that costs
             assert any(
                 m.startswith(f"the Spark server on port {port} was not warmed up: the first loads") for m in said
