@@ -15,6 +15,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "feedapi_dagster.orchestration.demo_commands",
     "feedapi_dagster.orchestration.doctor",
     "feedapi_dagster.orchestration.discover_command",
+    "feedapi_dagster.orchestration.sql_command",
     "feedapi_dagster.orchestration.warm_up",
     "feedapi_dagster.orchestration.setup_command",
     "feedapi_dagster.spark.commands",

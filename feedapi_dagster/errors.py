@@ -129,3 +129,7 @@ class SparkError(FeedApiDagsterError):
 class SparkUnresponsive(SparkError):
     """The Spark Connect server did not answer within the bound (`load.spark_unresponsive_seconds`):
     the load was abandoned and its Spark client closed; what it committed stays."""
+
+
+class ProjectDoesNotLoad(FeedApiDagsterError):
+    """A dg project's definitions do not load (its code, its defs.yaml): what `dg check defs` reports."""

@@ -19,7 +19,7 @@ from dagster._core.definitions.unresolved_asset_job_definition import Unresolved
 from .assets import Execute, build_feed_asset, load_feed
 from .automation import build_discovery_sensor, build_load_schedule
 from .config import ProjectConfig
-from .loads import RESOURCE_KEY, FeedBinding
+from .loads import RESOURCE_KEY, TABLE_METADATA_PREFIX, FeedBinding
 from .maintenance_jobs import build_maintenance_job, build_maintenance_schedule
 from .resources import FeedApiResource, SparkResource, shared_resource
 from .stalled_loads import build_stalled_load_sensor
@@ -85,5 +85,11 @@ def feed_definitions(
         if (maintenance_schedule := build_maintenance_schedule(binding, maintenance)) is not None:
             schedules.append(maintenance_schedule)
     return dg.Definitions(
-        assets=assets, jobs=jobs, sensors=sensors, schedules=schedules, resources={RESOURCE_KEY: resource}
+        assets=assets,
+        jobs=jobs,
+        sensors=sensors,
+        schedules=schedules,
+        resources={RESOURCE_KEY: resource},
+        # which table each feed has: `feedapi-dagster sql` names the tables by their feeds from these
+        metadata={f"{TABLE_METADATA_PREFIX}{feed.name}": project.table_path(feed) for feed in project.feeds},
     )

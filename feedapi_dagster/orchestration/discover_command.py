@@ -10,20 +10,17 @@ its partitions are added, its run requests are not launched (the sensor, once on
 from __future__ import annotations
 
 import argparse
-import os
-import re
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
-from pydantic import ValidationError
 
-from feedapi_dagster.errors import FeedApiDagsterError
+from feedapi_dagster.errors import FeedApiDagsterError, ProjectDoesNotLoad
 
 from .doctor import dagster_home_setting
+from .project_definitions import load_project_definitions
 
 SENSOR_PREFIX, SENSOR_SUFFIX = "feedapi_", "_discovery"
-_PYDANTIC_DETAILS = re.compile(r"\s*\[type=[^\]]*\]")
 
 
 def register(subparsers: Any) -> None:
@@ -36,15 +33,14 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    _load_env_file(Path.cwd())
+    try:
+        defs = load_project_definitions(Path.cwd())
+    except ProjectDoesNotLoad as error:
+        print(error)
+        return 1
     home = dagster_home_setting()
     if home is None:
         print("DAGSTER_HOME is not set: set it (in the environment, or the project's .env) and run this again")
-        return 1
-    try:
-        defs = dg.load_from_defs_folder(path_within_project=Path.cwd())
-    except Exception as error:  # the project's own code and YAML: what `dg check defs` reports, in one line
-        print(f"the dg project at {Path.cwd()} does not load: {_root_cause(error)}")
         return 1
     sensors = [
         sensor
@@ -70,24 +66,3 @@ def run(args: argparse.Namespace) -> int:
             keys = instance.get_dynamic_partitions(f"{SENSOR_PREFIX}{feed}")
             print(f"feed {feed}: partitions {', '.join(keys) or 'none'}")
     return 0
-
-
-def _root_cause(error: BaseException) -> str:
-    """The error a load's chain of exceptions began with, in one line (of a pydantic error, its
-    errors: `attributes.feeds.0.page_size_hnt at .../defs.yaml:10 Extra inputs are not permitted`)."""
-    while error.__cause__ is not None:
-        error = error.__cause__
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    if isinstance(error, ValidationError):
-        # not its count line, its link, nor the value it refused (a misspelt `token:` holds a secret)
-        lines = [_PYDANTIC_DETAILS.sub("", line) for line in lines[1:] if not line.startswith("For further")]
-    return " ".join(line.replace("`", "") for line in lines) or type(error).__name__
-
-
-def _load_env_file(root: Path) -> None:
-    """The project's `.env` into this process, as `dg` reads it (the environment wins)."""
-    # the `.env` reader `dg` uses (Dagster has no public one)
-    from dagster._core.secrets.env_file import get_env_var_dict
-
-    for name, value in get_env_var_dict(str(root)).items():
-        os.environ.setdefault(name, value)

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 # The key the definitions bind the `FeedApiResource` to: the name of the parameter by which each feed's
 # asset and maintenance op declare it.
 RESOURCE_KEY = "feedapi"
+# a key of the feeds' definitions' metadata per feed (`feedapi/table/orders`): the URI of its table
+TABLE_METADATA_PREFIX = "feedapi/table/"
 FEED_TAG = "feedapi/feed"
 PARTITIONS_TAG = "feedapi/partitions"  # the partition ids a run of the sensor or the schedule loads (`partitions_tag`)
 # The instance indexes run tags, and PostgreSQL refuses an index row over 8191 bytes: a run tagged with

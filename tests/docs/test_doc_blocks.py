@@ -7,7 +7,8 @@ What each fence's language means:
   example URLs served by the bundled demo servers; `url`, `partition_id` and `my_defs`, which blocks
   use as given, are defined; a DataFrame a block makes must read a row, a streaming query it
   starts is awaited.
-- `sql`: each statement run by that Spark session, in the page's folder.
+- `sql`: each statement run as `feedapi-dagster sql` runs it in a project's folder (the page's folder;
+  its feed `orders` a view by that name, a relative ``delta.`lakehouse/orders` `` the folder's), unchanged.
 - `yaml`: loaded as what it is: a defs.yaml (`type: ...`) or a part of one (`attributes:`, or the
   attributes' own keys) by the real `FeedApiComponent` (its pydantic attributes, the templates
   rendered, its definitions built); a Dagster instance's dagster.yaml (`docs-test: yaml=instance`) by
@@ -78,6 +79,9 @@ def blocks_of(page: Path) -> list[Block]:
 
 # a page whose every block its own test runs (and fails on a block it does not run)
 RUN_BY_ITS_OWN_TEST = {
+    "docs/getting-started/look-at-the-data.md": (
+        "tests/orchestration/test_sql_command.py::test_the_look_at_the_data_pages_blocks_run_in_a_loaded_project"
+    ),
     "docs/protocols/adding-a-protocol.md": (
         "tests/protocol/test_protocol_kit.py::test_the_pages_protocol_reads_its_server_and_loads_it_through_spark_connect"
     ),
@@ -326,6 +330,9 @@ def test_python_and_sql_blocks_run(
     from pyspark.sql import DataFrame
     from pyspark.sql.streaming import StreamingQuery
 
+    from feedapi_dagster.lakehouse.feed_views import register_feed_views
+    from feedapi_dagster.orchestration.sql_command import feed_sql
+
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"spark": spark, "url": demo_feed_server.url, "partition_id": 0, "my_defs": dg.Definitions()}
     for block in (b for b in blocks_of(page) if b.lang in ("python", "sql")):
@@ -334,9 +341,10 @@ def test_python_and_sql_blocks_run(
         code = localised(block.body, tmp_path, demo_feed_server.url, nakadi_server.url)
         before = dict(namespace)
         try:
-            if block.lang == "sql":
-                for statement in filter(str.strip, re.sub(r"--[^\n]*", "", code).split(";")):
-                    spark.sql(statement).collect()
+            if block.lang == "sql":  # as `feedapi-dagster sql` runs it in the project's folder: the block unchanged
+                register_feed_views(spark, {"orders": str(tmp_path / "lakehouse" / "orders")})
+                for statement in filter(str.strip, re.sub(r"--[^\n]*", "", block.body).split(";")):
+                    feed_sql(spark, statement, tmp_path).collect()
                 continue
             exec(compile(code, block.where, "exec"), namespace)
             for name, value in namespace.items():

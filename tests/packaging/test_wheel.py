@@ -363,6 +363,10 @@ def test_the_readme_quick_start_pasted_in_an_empty_folder_loads_a_partition(whee
     assert "feed orders: partitions 0, 1" in output, output[-4000:]
     row = re.search(r"^\s*0\s+(\d+)\s+(yes|no)\s+\S+\s*$", output, re.M)
     assert row and int(row.group(1)) > 0, f"no loaded partition 0 in `feedapi-dagster state`:\n{output[-4000:]}"
+    # `feedapi-dagster sql`'s table: partition 0's rows, counted by the feed's table name
+    printed = re.search(r"^\|\s*0\|\s*(\d+)\|\s*(\d+)\|$", output, re.M)
+    assert printed, f"no table printed by `feedapi-dagster sql`:\n{output[-4000:]}"
+    assert int(printed.group(1)) > 0 and int(printed.group(2)) == int(printed.group(1)) - 1, output[-4000:]
     project = workdir / "my-feeds"
     assert (project / "lakehouse" / "orders" / "_delta_log").is_dir(), output[-4000:]
 
