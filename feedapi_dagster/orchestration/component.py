@@ -28,12 +28,12 @@ from typing import Any, TypeVar
 import dagster as dg
 from dagster.components.resolved.errors import ResolutionException
 from dagster.components.utils.translation import TranslationFn, TranslationFnResolver
-from pydantic import BaseModel, SecretStr, ValidationError
+from pydantic import BaseModel, SecretStr, ValidationError, field_validator
 
 from feedapi_dagster.spark.settings import SparkSettings
 
 from .assets import LoadEvent
-from .config import FeedConfig, ProjectConfig, StorageConfig
+from .config import FeedConfig, ProjectConfig, StorageConfig, checked_feed_name
 from .definitions import feed_definitions
 from .loads import FeedBinding, LoadConfig
 from .resources import FeedApiResource, shared_resource
@@ -171,6 +171,12 @@ class FeedApiAttributes(ProjectConfig):
 class FeedApiScaffoldParams(BaseModel):
     name: str = "orders"
     url: str = "https://feeds.example.com/orders"
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        """A name the component refuses is refused at `dg scaffold`, not at the next `dg check defs`."""
+        return checked_feed_name(value)
 
 
 class FeedApiScaffolder(dg.Scaffolder[FeedApiScaffoldParams]):

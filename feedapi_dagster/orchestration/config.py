@@ -37,6 +37,19 @@ from feedapi_dagster.spark.settings import SparkSettings
 from feedapi_dagster.spark.storage import S3Storage, check_storage, is_s3
 
 _FEED_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def checked_feed_name(value: str) -> str:
+    """`value` where it is a feed's name; a `ValueError` saying the rule (and the name it may mean) otherwise."""
+    if not _FEED_NAME.fullmatch(value):
+        hint = re.sub(r"[^a-z0-9_]+", "_", value.lower()).strip("_")
+        maybe = f" (`{hint}`?)" if _FEED_NAME.fullmatch(hint) else ""
+        raise ValueError(
+            f"feed name must match [a-z][a-z0-9_]* (it names a table and Dagster objects), got {value!r}{maybe}"
+        )
+    return value
+
+
 _TEMPLATE = re.compile(r"\s*\{\{.*\}\}")  # a defs.yaml template, validated once rendered
 
 
@@ -176,11 +189,7 @@ class FeedConfig(BaseModel):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not _FEED_NAME.fullmatch(value):
-            raise ValueError(
-                f"feed name must match [a-z][a-z0-9_]* (it names a table and Dagster objects), got {value!r}"
-            )
-        return value
+        return checked_feed_name(value)
 
     @model_serializer(mode="wrap")
     def _flat_dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

@@ -137,6 +137,17 @@ def test_dg_check_names_a_misspelt_key_with_its_file_and_line_and_scaffold_write
     assert scaffolded.returncode == 0, scaffolded.stderr[-3000:]
     text = (user_project / MODULE / "defs" / "audit_feed" / "defs.yaml").read_text()
     assert "name: audit" in text and "{{ env.AUDIT_FEED_TOKEN }}" in text
+    # a name the component would refuse is refused by the scaffold, which then writes nothing
+    refused = dg_command(
+        user_project, "scaffold", "defs", "feedapi_dagster.FeedApiComponent", "shop_feed", "--name", "Shop"
+    )
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    said = refused.stdout + refused.stderr
+    assert "Error validating scaffold parameters for `feedapi_dagster.FeedApiComponent`:" in said, said[-3000:]
+    assert (
+        "Value error, feed name must match [a-z][a-z0-9_]* (it names a table and Dagster objects), got 'Shop' (`shop`?)"
+    ) in said, said[-3000:]
+    assert not (user_project / MODULE / "defs" / "shop_feed").exists()
     monkeypatch.setenv("AUDIT_FEED_TOKEN", "tok-audit")  # the token the scaffolded feed reads (not set: an error)
     checked = dg_command(user_project, "check", "defs")
     assert checked.returncode == 0, (checked.stdout + checked.stderr)[-3000:]
