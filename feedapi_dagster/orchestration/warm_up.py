@@ -235,7 +235,8 @@ def log_warm_up(port: int, logger: logging.Logger | logging.LoggerAdapter) -> No
     if record is None:
         logger.info(
             "the Spark server on port %d was not warmed up: the first loads on it pay for the JVM's class "
-            "loading and JIT (`feedapi-dagster dev`, `dg dev` and `dagster dev` start and warm it ahead)",
+            "loading and JIT (`feedapi-dagster warm-up` warms it now; `dg dev`, `dagster dev` and "
+            "`feedapi-dagster dev` start and warm a server ahead)",
             port,
         )
     else:
