@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo dev test lint docs clean browser postgres
+.PHONY: setup demo dev test test-fast lint docs clean browser postgres
 
 setup: $(STAMP)
 	$(BIN)/feedapi-dagster setup-jars
@@ -56,6 +56,12 @@ docs: setup
 
 test: setup browser postgres lint docs
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
+
+# The inner loop: the layers that need no JVM (protocols, planning, configuration, the docs'
+# references to the code), their tests marked `spark` left to `make test`, which runs everything.
+test-fast: setup
+	$(BIN)/python -m pytest -q -n 2 -m "not spark" tests/protocol tests/planning \
+		tests/orchestration/test_config.py tests/docs/test_doc_references.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .cache
