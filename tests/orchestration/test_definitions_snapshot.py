@@ -55,6 +55,8 @@ def test_definitions_match_the_snapshot():
     defs = dg.load_from_defs_folder(path_within_project=Path(__file__).resolve().parents[2])
     dg.Definitions.validate_loadable(defs)
     current = describe(defs)
-    if os.environ.get("UPDATE_SNAPSHOTS") or not SNAPSHOT.exists():
+    if os.environ.get("UPDATE_SNAPSHOTS"):
         SNAPSHOT.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
+    # a missing snapshot fails: deleting it must not make the test pass
+    assert SNAPSHOT.exists(), f"{SNAPSHOT.name} is missing: UPDATE_SNAPSHOTS=1 writes it after an intended change"
     assert current == json.loads(SNAPSHOT.read_text())
