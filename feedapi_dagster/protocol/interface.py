@@ -16,6 +16,7 @@ when the module is imported (docs/protocols/adding-a-protocol.md).
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
@@ -55,7 +56,7 @@ class Response:
         return json.loads(self.body)
 
 
-class BodyReader:
+class BodyReader(ABC):
     """Reads one response body into the `PageRun`s of one partition. The client asks the protocol
     for a new one for each attempt of a fetch (`FeedProtocol.reader`, with the cursor that attempt
     reads after), so a reader's state is that of one body: what it carries between chunks, and
@@ -64,6 +65,7 @@ class BodyReader:
 
     caught_up: bool = False
 
+    @abstractmethod
     def runs(self, chunks: Iterable[bytes]) -> Iterator[PageRun]:
         """The runs of the body `chunks` (its bytes as they arrive, cut anywhere): each as soon as the
         bytes that complete it have come, so that a body cut short later loses none of them. Raises
@@ -72,9 +74,11 @@ class BodyReader:
         raise NotImplementedError
 
 
-class FeedProtocol(Generic[Settings]):
+class FeedProtocol(ABC, Generic[Settings]):
     """One protocol. `settings` is its settings model: the configuration accepts `protocol: <name>`
-    with that model's fields once the protocol is registered."""
+    with that model's fields once the protocol is registered. A subclass that lacks one of the abstract
+    methods cannot be made; one whose method takes other parameters than these is refused when it is
+    registered (`registry.register_protocol`), not in a Spark worker at its first call."""
 
     name: ClassVar[str]
     settings: ClassVar[type[FeedSettings]]
@@ -84,11 +88,13 @@ class FeedProtocol(Generic[Settings]):
     # (`retention_gap`): the feed's asset then has a check of events that expired unread
     reports_retention_gaps: ClassVar[bool] = False
 
+    @abstractmethod
     def discovery_request(self, feed: Settings) -> Request | None:
         """The request whose answer says the feed's partitions; None: there is none to send (the
         settings say them, as FeedAPI v1's `partition_count`)."""
         raise NotImplementedError
 
+    @abstractmethod
     def discovered(self, feed: Settings, response: Response | None) -> FeedInfo:
         """The partitions, from the answer to `discovery_request` (None when there was none); raises
         `ProtocolError` for a refused or unreadable answer (`refusal`, `discovery.document`)."""
@@ -106,6 +112,7 @@ class FeedProtocol(Generic[Settings]):
         `ProtocolError` for a refused or unreadable answer (`refusal`)."""
         return {}
 
+    @abstractmethod
     def fetch(self, feed: Settings, info: FeedInfo, partition_id: int, cursor: str) -> Request:
         """The request for the events of `partition_id` after `cursor`."""
         raise NotImplementedError
@@ -120,6 +127,7 @@ class FeedProtocol(Generic[Settings]):
         next `duration_ms` milliseconds, in one response (where `stream_ms` is not None)."""
         raise NotImplementedError
 
+    @abstractmethod
     def reader(
         self, feed: Settings, info: FeedInfo, partition_id: int, cursor: str, max_page_bytes: int | None
     ) -> BodyReader:

@@ -11,6 +11,7 @@ module's package with each load, so that it can: `spark/artifacts.py`).
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,10 +43,30 @@ def register_protocol(protocol: FeedProtocol) -> None:
             f"protocol {protocol.name!r}: its settings model must extend FeedSettings with "
             f"`protocol: Literal[{protocol.name!r}] = {protocol.name!r}`"
         )
+    if wrong := _methods_not_taking_the_interfaces_parameters(protocol):
+        raise ProtocolError(f"protocol {protocol.name!r}: " + "; ".join(wrong))
     known = _PROTOCOLS.get(protocol.name)
     if known is not None and _origin(known) != _origin(protocol):
         raise ProtocolError(f"protocol {protocol.name!r} is already registered by {_origin(known)}")
     _PROTOCOLS[protocol.name] = protocol
+
+
+def _methods_not_taking_the_interfaces_parameters(protocol: FeedProtocol) -> list[str]:
+    """Each method of `protocol` that overrides `FeedProtocol`'s and cannot be called as the loads call it."""
+    wrong = []
+    for name, expected in vars(FeedProtocol).items():
+        own = getattr(type(protocol), name, expected)
+        if name.startswith("_") or not inspect.isfunction(expected) or own is expected:
+            continue
+        parameters = list(inspect.signature(expected).parameters)
+        try:
+            inspect.signature(own).bind(*parameters)
+        except TypeError:
+            wrong.append(
+                f"{type(protocol).__name__}.{name}({', '.join(inspect.signature(own).parameters)}) does not take "
+                f"the interface's parameters: {name}({', '.join(parameters)})"
+            )
+    return wrong
 
 
 def registered_protocols() -> Mapping[str, FeedProtocol]:

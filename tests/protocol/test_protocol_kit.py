@@ -147,3 +147,38 @@ def test_the_pages_protocol_reads_its_server_and_loads_it_through_spark_connect(
         for n, event in enumerate(events[p])
     ]
     assert loaded["rows"] == pages
+
+
+def test_a_protocol_is_checked_against_the_interface_when_it_is_registered() -> None:
+    """A protocol written against the previous `reader()` (no `max_page_bytes`) is refused when it is
+    registered, naming the method and the parameters it must take; one lacking a method cannot be made."""
+    from tests.protocol.third_protocol import JsonLines
+
+    class OldReader(JsonLines):
+        def reader(self, feed, info, partition_id, cursor):  # type: ignore[override]
+            raise AssertionError("never called")
+
+    with pytest.raises(ProtocolError) as refused:
+        registry.register_protocol(OldReader())
+    assert str(refused.value) == (
+        "protocol 'jsonlines': OldReader.reader(self, feed, info, partition_id, cursor) does not take the "
+        "interface's parameters: reader(self, feed, info, partition_id, cursor, max_page_bytes)"
+    )
+    assert registry.registered_protocols().get("jsonlines") is not OldReader
+
+    from feedapi_dagster.protocol.interface import FeedProtocol
+
+    class NoFetch(FeedProtocol):
+        name = "nofetch"
+
+        def discovery_request(self, feed):
+            return None
+
+        def discovered(self, feed, response):
+            raise AssertionError
+
+        def reader(self, feed, info, partition_id, cursor, max_page_bytes):
+            raise AssertionError
+
+    with pytest.raises(TypeError, match="Can't instantiate abstract class NoFetch with abstract method fetch"):
+        NoFetch()  # type: ignore[abstract]
