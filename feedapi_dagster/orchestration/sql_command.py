@@ -15,8 +15,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from feedapi_dagster.errors import FeedApiDagsterError, ProjectDoesNotLoad
+from feedapi_dagster.errors import FeedApiDagsterError
 from feedapi_dagster.lakehouse.feed_views import register_feed_views, with_project_paths
+from feedapi_dagster.spark.watchdog import answering
 
 from .loads import RESOURCE_KEY, TABLE_METADATA_PREFIX
 from .project_definitions import load_project_definitions
@@ -43,17 +44,13 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     root = Path.cwd()
     try:
-        defs = load_project_definitions(root)
-        spark, tables = _session_of(defs)
-    except (ProjectDoesNotLoad, _NoFeeds) as error:
-        print(error, file=sys.stderr)
-        return 1
-    without_table = register_feed_views(spark, tables)
-    if without_table:
-        print(f"no table yet (nothing loaded) for: {', '.join(without_table)}", file=sys.stderr)
-    try:
-        frame = feed_sql(spark, args.statement, root)
-        frame.show(n=args.limit, truncate=args.truncate or False)
+        spark, tables = _session_of(load_project_definitions(root))
+        # a server that stops answering ends the command with `SparkUnresponsive`, as it ends a run
+        with answering(spark, "the SQL statement"):
+            without_table = register_feed_views(spark, tables)
+            if without_table:
+                print(f"no table yet (nothing loaded) for: {', '.join(without_table)}", file=sys.stderr)
+            feed_sql(spark, args.statement, root).show(n=args.limit, truncate=args.truncate or False)
     except FeedApiDagsterError as error:
         print(error, file=sys.stderr)
         return 1
@@ -78,7 +75,7 @@ def sql_session(project: str | Path = ".") -> SparkSession:
 
 
 class _NoFeeds(FeedApiDagsterError):
-    pass
+    """A project whose definitions have no feed."""
 
 
 def _session_of(defs: dg.Definitions) -> tuple[SparkSession, dict[str, str]]:
