@@ -8,7 +8,8 @@ Then a backfill of the three partitions, which have nothing new, is recorded as 
 and run by `dagster-daemon` (its backfill loop, the run queue, a run process of its own).
 `dagster-webserver` serves the project against that instance; headless Chromium opens the asset's
 page and must show the partition keys 0, 1 and 2 materialized, the sensor and schedule that load it,
-Dagster's standard table metadata (row count, columns, storage URI), the checks of the load passed,
+Dagster's standard table metadata (row count, columns, storage URI), the loads' figures plotted per
+partition (the metadata's Plots toggle), the checks of the load passed,
 the backfill completed with its three partitions succeeded, and the asset's last sync (the load's
 observation: `last_synced`, partitions synced).
 
@@ -62,6 +63,8 @@ CHROMIUM_FLAGS = [
 SERVER_START_TIMEOUT = 90  # dagster-webserver + its code server take 20-40 s on a 2-core machine
 PAGE_TIMEOUT = 45
 EXPECTED_KEYS = ["0", "1", "2"]
+# numeric metadata of each partition's latest materialization, drawn by the metadata's Plots toggle
+PLOTTED = ["events", "read_seconds", "load_seconds", "pages"]
 
 
 def _require_browser():
@@ -318,6 +321,20 @@ def _check_the_ui(
         # Dagster's standard metadata: the row count (dagster/row_count), the columns, the table's URI
         assert lines[lines.index("Row count") + 1] == str(sum(len(feed_server.feed.published(p)) for p in range(3)))
         assert {"Columns", "partition_id", "event_id", "Storage", "feedapi_orders_load"} <= set(lines), body[:4000]
+        # plots, not the table (Dagster 1.13 has no Plots tab: the overview's metadata table has a Table/Plots toggle, which
+        # for a partitioned asset plots each partition's latest materialization): a plot per load figure
+        plots = driver.find_element(By.XPATH, "//button[normalize-space()='Plots']")
+        driver.execute_script("arguments[0].scrollIntoView(); arguments[0].click();", plots)
+        try:
+            WebDriverWait(driver, PAGE_TIMEOUT, poll_frequency=0.5).until(
+                lambda drv: (
+                    "Table" in drv.find_element(By.TAG_NAME, "body").text
+                    and all(drv.find_elements(By.XPATH, f"//*[normalize-space()='{name}']") for name in PLOTTED)
+                    and not drv.find_elements(By.XPATH, "//tbody//td[normalize-space()='load_seconds']")
+                )
+            )
+        finally:
+            driver.save_screenshot(str(tmp_path / "plots.png"))
         # checks: the three checks of a FeedAPI feed's load, passed
         _, body = page(
             "/assets/feedapi/orders?view=checks",
